@@ -1,0 +1,1 @@
+"""Driver side: coordinator, metadata, shared-state registry, retention, savepoints, state assignment."""

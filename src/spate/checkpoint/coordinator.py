@@ -1,0 +1,294 @@
+"""The checkpoint coordinator: runs on the driver, one per query (checkpoint root).
+
+``start`` fences older drivers, finds the latest complete checkpoint and removes orphan files; ``begin``
+plans a checkpoint for every subtask; ``acknowledge`` accepts exactly one ack per subtask; ``complete``
+writes the metadata atomically (the checkpoint is complete iff it exists and verifies), registers shared
+files, subsumes checkpoints beyond the retention and deletes what no retained checkpoint references.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+
+from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state
+from spate.checkpoint.metadata import (
+    METADATA_FILE,
+    QUERY_FILE,
+    CheckpointMetadata,
+    QueryInfo,
+    SubtaskState,
+    checkpoint_dir,
+    metadata_path,
+    read_metadata,
+)
+from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.checkpoint.registry import SharedStateRegistry
+from spate.checkpoint.savepoint import write_savepoint
+from spate.errors import CheckpointError, FencedError, IncompatibleStateError
+from spate.fs import CheckpointStorage
+from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
+
+log = logging.getLogger(__name__)
+_CHK = re.compile(r"^chk-(\d+)$")
+DEFAULT_RETAINED = 3
+
+
+@dataclass
+class _Pending:
+    checkpoint_id: int
+    parallelism: int
+    processing_time_ms: int
+    acks: dict[int, SubtaskAck]
+
+
+def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
+    """Ids of every ``chk-<n>`` directory holding a metadata file, ascending (not yet verified)."""
+    ids = [int(m.group(1)) for name in storage.list_dirs() if (m := _CHK.match(name))]
+    return sorted(n for n in ids if storage.exists(metadata_path(n)))
+
+
+class Coordinator:
+    """Driver-side checkpoint coordination for one checkpoint root."""
+
+    def __init__(self, root: str | CheckpointStorage, parallelism: int, *, max_parallelism: int | None = None,
+                 retained: int = DEFAULT_RETAINED, restore_from: str | None = None,
+                 watermark_delay_ms: int | None = None) -> None:
+        self.storage = root if isinstance(root, CheckpointStorage) else CheckpointStorage(root)
+        if parallelism < 1:
+            raise ValueError(f"parallelism must be >= 1, got {parallelism}")
+        if max_parallelism is not None and not 1 <= max_parallelism <= MAX_MAX_PARALLELISM:
+            raise ValueError(f"max_parallelism must be in 1..{MAX_MAX_PARALLELISM}, got {max_parallelism}")
+        if retained < 1:
+            raise ValueError(f"retained must be >= 1, got {retained}")
+        self.parallelism = parallelism
+        self.requested_max_parallelism = max_parallelism
+        self.retained = retained
+        self.restore_from = restore_from
+        self.watermark_delay_ms = watermark_delay_ms
+        self.query: QueryInfo | None = None
+        self.completed: list[CheckpointMetadata] = []
+        self.base: CheckpointMetadata | None = None
+        self._base_storage: CheckpointStorage | None = None
+        self._pending: _Pending | None = None
+        self.registry = SharedStateRegistry(self._discard)
+        self.files_deleted = 0
+
+    # -- start ----------------------------------------------------------------------------------------
+    def start(self) -> CheckpointMetadata | None:
+        """Take over the root (fencing older drivers), discover the latest complete checkpoint, remove
+        orphans. Returns the checkpoint the query resumes from (None for a fresh start)."""
+        ids = list_complete_checkpoints(self.storage)
+        self.completed = [read_metadata(self.storage, metadata_path(n)) for n in ids[-self.retained:]]
+        savepoint = self._read_savepoint() if not self.completed and self.restore_from else None
+        self.query = self._take_over(savepoint)
+        for n in ids[:-self.retained]:
+            self._drop_checkpoint(n)
+        for meta in self.completed:
+            self._register(meta)
+        self.remove_orphans()
+        self.base = self.completed[-1] if self.completed else savepoint
+        self._base_storage = self.storage if self.completed or savepoint is None else \
+            CheckpointStorage(self.restore_from)  # type: ignore[arg-type]
+        if self.base is not None and self.parallelism > self.base.max_parallelism:
+            raise IncompatibleStateError(
+                f"parallelism {self.parallelism} exceeds max parallelism {self.base.max_parallelism} of "
+                f"{self._base_storage.uri}; use at most {self.base.max_parallelism} subtasks")
+        return self.base
+
+    def _read_savepoint(self) -> CheckpointMetadata:
+        sp = CheckpointStorage(self.restore_from)  # type: ignore[arg-type]
+        if not sp.exists(METADATA_FILE):
+            raise CheckpointError(f"no savepoint at {self.restore_from}: {sp.path(METADATA_FILE)} is missing")
+        return read_metadata(sp, METADATA_FILE)
+
+    def _take_over(self, savepoint: CheckpointMetadata | None) -> QueryInfo:
+        info = QueryInfo.read(self.storage)
+        requested = self.requested_max_parallelism
+        if info is None:
+            if self.completed:
+                raise CheckpointError(f"{self.storage.path(QUERY_FILE)} is missing but checkpoints exist; "
+                                      "the root is damaged")
+            stored = savepoint.max_parallelism if savepoint else None
+            max_p = stored or requested or default_max_parallelism(self.parallelism)
+            info = QueryInfo(uuid.uuid4().hex, max_p, 0)
+        stored = info.max_parallelism
+        if requested is not None and requested != stored:
+            raise IncompatibleStateError(
+                f"checkpoint state at {self.storage.uri} was written with max parallelism {stored}, but "
+                f"max_parallelism={requested} was requested. Max parallelism (the number of key groups) "
+                f"cannot change; set it to {stored} or leave it unset, or start a new checkpoint root")
+        if self.parallelism > stored:
+            raise IncompatibleStateError(f"parallelism {self.parallelism} exceeds max parallelism {stored} of "
+                                         f"{self.storage.uri}; use at most {stored} subtasks")
+        info = QueryInfo(info.query_id, stored, info.epoch + 1)
+        self.storage.replace(QUERY_FILE, info.to_bytes())
+        return info
+
+    def _register(self, meta: CheckpointMetadata) -> None:
+        for path in meta.shared_files():
+            self.registry.register(path, path, meta.checkpoint_id)
+
+    def remove_orphans(self) -> list[str]:
+        """Delete every file under the root that no retained complete checkpoint references (leftovers of
+        failed attempts and crashes). Savepoints and the query file are kept."""
+        keep = {QUERY_FILE} | {metadata_path(m.checkpoint_id) for m in self.completed}
+        for meta in self.completed:
+            keep.update(meta.files())
+        removed = []
+        for rel, _size in self.storage.list_files():
+            if rel in keep or rel.startswith("savepoints/"):
+                continue
+            self.storage.delete(rel)
+            removed.append(rel)
+        retained_dirs = {checkpoint_dir(m.checkpoint_id) for m in self.completed}
+        for name in self.storage.list_dirs():
+            if _CHK.match(name) and name not in retained_dirs:
+                self.storage.delete_dir(name)
+        if removed:
+            log.info("removed %d orphan files under %s", len(removed), self.storage.uri)
+        self.files_deleted += len(removed)
+        return removed
+
+    # -- one checkpoint -------------------------------------------------------------------------------
+    @property
+    def max_parallelism(self) -> int:
+        assert self.query is not None, "call start() first"
+        return self.query.max_parallelism
+
+    @property
+    def latest(self) -> CheckpointMetadata | None:
+        return self.completed[-1] if self.completed else None
+
+    @property
+    def next_checkpoint_id(self) -> int:
+        return self.base.checkpoint_id + 1 if self.base is not None else 0
+
+    def begin(self, checkpoint_id: int, processing_time_ms: int | None = None) -> list[SubtaskPlan]:
+        """Plan checkpoint ``checkpoint_id`` (= micro-batch) for every subtask."""
+        if self.query is None:
+            raise CheckpointError("Coordinator.start() must be called before begin()")
+        if self._pending is not None:
+            self.abort(self._pending.checkpoint_id, "superseded by a new checkpoint")
+        if self.base is not None and checkpoint_id <= self.base.checkpoint_id:
+            raise CheckpointError(f"checkpoint {checkpoint_id} is not newer than the latest complete "
+                                  f"checkpoint {self.base.checkpoint_id}")
+        now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
+        p, base = self.parallelism, self.base
+        keyed: list[list] = [[] for _ in range(p)]
+        operator: list[list] = [[] for _ in range(p)]
+        if base is not None:
+            keyed = assign_keyed_state([s.keyed for s in base.subtasks], base.max_parallelism, p)
+            operator = assign_operator_state([s.operator for s in base.subtasks], p)
+        self._pending = _Pending(checkpoint_id, p, now, {})
+        return [SubtaskPlan(
+            checkpoint_id=checkpoint_id, index=i, parallelism=p, max_parallelism=self.max_parallelism,
+            query_id=self.query.query_id, epoch=self.query.epoch, checkpoint_uri=self.storage.uri,
+            base_checkpoint_id=base.checkpoint_id if base else None,
+            base_uri=self._base_storage.uri if base and self._base_storage else None,
+            base_is_savepoint=bool(base and base.is_savepoint), keyed=keyed[i], operator=operator[i],
+            processing_time_ms=now, watermark_ms=base.watermark_ms if base else None) for i in range(p)]
+
+    def acknowledge(self, ack: SubtaskAck) -> bool:
+        """Accept the first ack of each subtask for the pending checkpoint; discard any other (its files
+        are deleted, so a retried or speculative attempt can never leave two versions of a subtask)."""
+        pending = self._pending
+        valid = (pending is not None and ack.checkpoint_id == pending.checkpoint_id
+                 and self.query is not None and ack.epoch == self.query.epoch
+                 and 0 <= ack.index < pending.parallelism and ack.index not in pending.acks)
+        if not valid:
+            for rel in ack.new_files:
+                self._discard(rel)
+            return False
+        pending.acks[ack.index] = ack  # type: ignore[union-attr]
+        return True
+
+    def complete(self, checkpoint_id: int) -> CheckpointMetadata:
+        """Write ``chk-<n>/_metadata``; afterwards checkpoint n is the one any restart resumes from."""
+        pending = self._pending
+        if pending is None or pending.checkpoint_id != checkpoint_id:
+            raise CheckpointError(f"checkpoint {checkpoint_id} is not pending")
+        missing = sorted(set(range(pending.parallelism)) - set(pending.acks))
+        if missing:
+            raise CheckpointError(f"checkpoint {checkpoint_id} lacks acks of subtasks {missing}")
+        self._check_fence()
+        meta = self._build_metadata(pending)
+        try:
+            self.storage.create_exclusive(metadata_path(checkpoint_id), meta.to_bytes())
+        except FileExistsError as e:
+            raise FencedError(f"{self.storage.path(metadata_path(checkpoint_id))} already exists: another "
+                              "driver completed this checkpoint; stop this query") from e
+        self._pending = None
+        self.completed.append(meta)
+        self.base, self._base_storage = meta, self.storage
+        self._register(meta)
+        self._subsume()
+        return meta
+
+    def _build_metadata(self, pending: _Pending) -> CheckpointMetadata:
+        assert self.query is not None
+        acks = [pending.acks[i] for i in range(pending.parallelism)]
+        events = [a.max_event_time_ms for a in acks if a.max_event_time_ms is not None]
+        prev = self.base.max_event_time_ms if self.base else None
+        max_event = max([*events, *([prev] if prev is not None else [])], default=None)
+        watermark = self.base.watermark_ms if self.base else None
+        if max_event is not None and self.watermark_delay_ms is not None:
+            watermark = max(watermark if watermark is not None else max_event - self.watermark_delay_ms,
+                            max_event - self.watermark_delay_ms)
+        return CheckpointMetadata(
+            pending.checkpoint_id, self.query.query_id, self.query.epoch, pending.parallelism,
+            self.query.max_parallelism, pending.processing_time_ms,
+            [SubtaskState(a.keyed, a.operator, a.stats) for a in acks], max_event, watermark)
+
+    def _check_fence(self) -> None:
+        assert self.query is not None
+        current = QueryInfo.read(self.storage)
+        if current is None or current.epoch != self.query.epoch or current.query_id != self.query.query_id:
+            theirs = current.epoch if current else "none"
+            raise FencedError(f"checkpoint root {self.storage.uri} was taken over by another driver (epoch "
+                              f"{theirs}, this driver has {self.query.epoch}); stop this query, only one "
+                              "driver may run per checkpoint root")
+
+    def _subsume(self) -> None:
+        while len(self.completed) > self.retained:
+            self._drop_checkpoint(self.completed.pop(0).checkpoint_id)
+        self.registry.unregister_unused(self.completed[0].checkpoint_id)
+
+    def _drop_checkpoint(self, checkpoint_id: int) -> None:
+        # metadata first: once it is gone the checkpoint is no longer complete, whatever happens next
+        if self.storage.delete(metadata_path(checkpoint_id)):
+            self.files_deleted += 1
+        for rel, _ in self.storage.list_files(checkpoint_dir(checkpoint_id)):
+            self._discard(rel)
+        self.storage.delete_dir(checkpoint_dir(checkpoint_id))
+
+    def abort(self, checkpoint_id: int, reason: str = "") -> None:
+        """Give up checkpoint ``checkpoint_id``: delete the files its acks wrote."""
+        pending = self._pending
+        if pending is None or pending.checkpoint_id != checkpoint_id:
+            return
+        log.info("aborting checkpoint %d: %s", checkpoint_id, reason)
+        for ack in pending.acks.values():
+            for rel in ack.new_files:
+                self._discard(rel)
+        self._pending = None
+
+    def _discard(self, rel: str) -> None:
+        if self.storage.delete(rel):
+            self.files_deleted += 1
+
+    # -- savepoints -----------------------------------------------------------------------------------
+    def savepoint(self, target_uri: str | None = None, checkpoint_id: int | None = None) -> str:
+        """Copy a retained checkpoint (default: the latest) into a self-contained, relocatable directory
+        (default ``<root>/savepoints/savepoint-<n>-<random>``). Returns its URI."""
+        metas = {m.checkpoint_id: m for m in self.completed}
+        cid = checkpoint_id if checkpoint_id is not None else (self.latest.checkpoint_id if self.latest else None)
+        if cid is None or cid not in metas:
+            raise CheckpointError(f"no retained complete checkpoint {cid if cid is not None else ''} to take a "
+                                  f"savepoint of; retained: {sorted(metas)}")
+        target = target_uri or f"{self.storage.uri.rstrip('/')}/savepoints/savepoint-{cid}-{uuid.uuid4().hex[:8]}"
+        write_savepoint(self.storage, metas[cid], CheckpointStorage(target))
+        return target

@@ -1,0 +1,133 @@
+"""Checkpoint metadata (``chk-<n>/_metadata``) and the query file (``_query``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from spate.errors import CorruptFileError
+from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
+from spate.snapshot.handles import KeyGroupsHandle, OperatorStateHandle
+
+METADATA_FORMAT_VERSION = 1
+QUERY_FILE = "_query"
+METADATA_FILE = "_metadata"
+
+
+def checkpoint_dir(checkpoint_id: int) -> str:
+    return f"chk-{checkpoint_id}"
+
+
+def metadata_path(checkpoint_id: int) -> str:
+    return f"{checkpoint_dir(checkpoint_id)}/{METADATA_FILE}"
+
+
+@dataclass
+class SubtaskState:
+    """The handles of one subtask in a checkpoint, and its statistics."""
+
+    keyed: list[KeyGroupsHandle] = field(default_factory=list)
+    operator: OperatorStateHandle | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"keyed": [h.to_dict() for h in self.keyed],
+                "operator": self.operator.to_dict() if self.operator else None, "stats": self.stats}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> SubtaskState:
+        op = data.get("operator")
+        return SubtaskState([KeyGroupsHandle.from_dict(h) for h in data["keyed"]],
+                            OperatorStateHandle.from_dict(op) if op else None, data.get("stats", {}))
+
+
+@dataclass
+class CheckpointMetadata:
+    """Everything needed to restore a query from checkpoint ``checkpoint_id``."""
+
+    checkpoint_id: int
+    query_id: str
+    epoch: int
+    parallelism: int
+    max_parallelism: int
+    timestamp_ms: int
+    subtasks: list[SubtaskState]
+    max_event_time_ms: int | None = None
+    watermark_ms: int | None = None
+    is_savepoint: bool = False
+    format_version: int = METADATA_FORMAT_VERSION
+
+    def files(self) -> dict[str, int]:
+        """Every file this checkpoint references, with its size."""
+        out: dict[str, int] = {}
+        for st in self.subtasks:
+            for h in st.keyed:
+                out[h.path] = h.size
+            if st.operator:
+                out[st.operator.path] = st.operator.size
+        return out
+
+    def shared_files(self) -> list[str]:
+        """Files that may be referenced by several checkpoints (keyed snapshots under ``shared/``)."""
+        return sorted({h.path for st in self.subtasks for h in st.keyed})
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(self.files().values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format_version": self.format_version, "checkpoint_id": self.checkpoint_id,
+                "query_id": self.query_id, "epoch": self.epoch, "parallelism": self.parallelism,
+                "max_parallelism": self.max_parallelism, "timestamp_ms": self.timestamp_ms,
+                "max_event_time_ms": self.max_event_time_ms, "watermark_ms": self.watermark_ms,
+                "is_savepoint": self.is_savepoint, "subtasks": [s.to_dict() for s in self.subtasks]}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> CheckpointMetadata:
+        return CheckpointMetadata(
+            data["checkpoint_id"], data["query_id"], data["epoch"], data["parallelism"], data["max_parallelism"],
+            data["timestamp_ms"], [SubtaskState.from_dict(s) for s in data["subtasks"]],
+            data.get("max_event_time_ms"), data.get("watermark_ms"), data.get("is_savepoint", False),
+            data["format_version"])
+
+    def to_bytes(self) -> bytes:
+        return frame(FrameKind.METADATA, json.dumps(self.to_dict(), separators=(",", ":")).encode())
+
+
+def read_metadata(storage: CheckpointStorage, path: str) -> CheckpointMetadata:
+    """Read and verify a metadata file; errors name the file."""
+    where = storage.path(path)
+    payload = read_single_frame(storage.read(path, "checkpoint metadata"), where, FrameKind.METADATA)
+    try:
+        data = json.loads(payload)
+    except ValueError as e:
+        raise CorruptFileError(f"{where}: metadata is not valid JSON ({e})") from e
+    version = data.get("format_version", 0)
+    if version > METADATA_FORMAT_VERSION:
+        raise CorruptFileError(f"{where}: metadata format version {version} is newer than this spate "
+                               f"supports ({METADATA_FORMAT_VERSION}); upgrade spate")
+    meta = CheckpointMetadata.from_dict(data)
+    for rel in meta.files():
+        storage.path(rel)  # validates every referenced path stays under the root
+    return meta
+
+
+@dataclass
+class QueryInfo:
+    """``_query``: identity of the query owning a checkpoint root, and the fencing epoch of its driver."""
+
+    query_id: str
+    max_parallelism: int
+    epoch: int
+    format_version: int = METADATA_FORMAT_VERSION
+
+    def to_bytes(self) -> bytes:
+        return frame(FrameKind.QUERY, json.dumps(self.__dict__).encode())
+
+    @staticmethod
+    def read(storage: CheckpointStorage) -> QueryInfo | None:
+        if not storage.exists(QUERY_FILE):
+            return None
+        payload = read_single_frame(storage.read(QUERY_FILE), storage.path(QUERY_FILE), FrameKind.QUERY)
+        return QueryInfo(**json.loads(payload))

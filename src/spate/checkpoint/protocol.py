@@ -1,0 +1,81 @@
+"""The messages of the driver/task protocol: a plan per subtask per checkpoint, and the subtask's ack.
+
+Both travel as plain dicts (``to_dict``/``from_dict``) so any transport can carry them: direct calls in
+the in-process runner, Arrow rows on Spark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spate.keygroups import key_group_range
+from spate.snapshot.handles import KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
+
+
+@dataclass
+class SubtaskPlan:
+    """What subtask ``index`` of ``parallelism`` needs to take part in checkpoint ``checkpoint_id``.
+
+    ``base_checkpoint_id`` is the checkpoint its state must reflect before processing: local state tagged
+    with it is reused; otherwise the subtask restores ``keyed`` and ``operator`` from ``base_uri``.
+    """
+
+    checkpoint_id: int
+    index: int
+    parallelism: int
+    max_parallelism: int
+    query_id: str
+    epoch: int
+    checkpoint_uri: str
+    base_checkpoint_id: int | None = None
+    base_uri: str | None = None
+    base_is_savepoint: bool = False
+    keyed: list[KeyGroupsHandle] = field(default_factory=list)
+    operator: list[OperatorStatePiece] = field(default_factory=list)
+    processing_time_ms: int = 0
+    watermark_ms: int | None = None
+
+    @property
+    def key_groups(self) -> range:
+        return key_group_range(self.max_parallelism, self.parallelism, self.index)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["keyed"] = [h.to_dict() for h in self.keyed]
+        d["operator"] = [p.to_dict() for p in self.operator]
+        return d
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> SubtaskPlan:
+        d = dict(data)
+        d["keyed"] = [KeyGroupsHandle.from_dict(h) for h in d["keyed"]]
+        d["operator"] = [OperatorStatePiece.from_dict(p) for p in d["operator"]]
+        return SubtaskPlan(**d)
+
+
+@dataclass
+class SubtaskAck:
+    """A subtask's part of checkpoint ``checkpoint_id``: its state handles and what it wrote."""
+
+    checkpoint_id: int
+    index: int
+    epoch: int
+    keyed: list[KeyGroupsHandle] = field(default_factory=list)
+    operator: OperatorStateHandle | None = None
+    new_files: list[str] = field(default_factory=list)
+    max_event_time_ms: int | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["keyed"] = [h.to_dict() for h in self.keyed]
+        d["operator"] = self.operator.to_dict() if self.operator else None
+        return d
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> SubtaskAck:
+        d = dict(data)
+        d["keyed"] = [KeyGroupsHandle.from_dict(h) for h in d["keyed"]]
+        d["operator"] = OperatorStateHandle.from_dict(d["operator"]) if d["operator"] else None
+        return SubtaskAck(**d)

@@ -1,0 +1,249 @@
+"""Checkpoint storage I/O on ``pyarrow.fs`` URIs, and the checksummed frame every spate file is made of.
+
+Paths handed to :class:`CheckpointStorage` are relative to its root and validated so that nothing read from
+metadata can point outside the root.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import struct
+import uuid
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+import zstandard
+
+from spate.errors import CorruptFileError, MissingFileError
+
+FRAME_MAGIC = b"SPTF"
+FRAME_FORMAT_VERSION = 1
+_HEADER = struct.Struct(">4sHBBQI")  # magic, format version, kind, flags, payload length, crc32
+FRAME_HEADER_SIZE = _HEADER.size
+_FLAG_ZSTD = 1
+
+
+class FrameKind:
+    """The kind byte of a frame: what its payload holds."""
+
+    QUERY = 1
+    METADATA = 2
+    KEY_GROUP = 3
+    OPERATOR_STATE = 4
+    SAVEPOINT_NOTE = 5
+
+
+def frame(kind: int, payload: bytes, compress: bool = False) -> bytes:
+    """Wrap ``payload`` in a frame: header (magic, version, kind, flags, length, crc32) + payload."""
+    flags = 0
+    if compress:
+        payload = zstandard.ZstdCompressor(level=1).compress(payload)
+        flags |= _FLAG_ZSTD
+    return _HEADER.pack(FRAME_MAGIC, FRAME_FORMAT_VERSION, kind, flags, len(payload), zlib.crc32(payload)) + payload
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: int
+    payload: bytes
+    offset: int
+    length: int
+
+
+def iter_frames(data: bytes, where: str, base_offset: int = 0) -> Iterator[Frame]:
+    """Yield every frame of ``data``, verifying each; ``where`` names the file in error messages."""
+    view = memoryview(data)
+    pos = 0
+    while pos < len(data):
+        yield _read_frame(view, pos, where, base_offset)
+        pos += FRAME_HEADER_SIZE + _HEADER.unpack_from(view, pos)[4]
+
+
+def read_single_frame(data: bytes, where: str, expected_kind: int | None = None) -> bytes:
+    """Verify that ``data`` is exactly one frame (of ``expected_kind``) and return its payload."""
+    if len(data) < FRAME_HEADER_SIZE:
+        raise CorruptFileError(f"{where}: truncated ({len(data)} bytes, not a spate file)")
+    fr = _read_frame(memoryview(data), 0, where, 0)
+    if fr.length != len(data):
+        raise CorruptFileError(f"{where}: {len(data) - fr.length} unexpected trailing bytes")
+    if expected_kind is not None and fr.kind != expected_kind:
+        raise CorruptFileError(f"{where}: frame kind {fr.kind}, expected {expected_kind}")
+    return fr.payload
+
+
+def _read_frame(view: memoryview, pos: int, where: str, base_offset: int) -> Frame:
+    at = f"{where} at offset {base_offset + pos}"
+    if len(view) - pos < FRAME_HEADER_SIZE:
+        raise CorruptFileError(f"{at}: truncated frame header; the file is damaged, restore from an older "
+                               "checkpoint or a savepoint")
+    magic, version, kind, flags, length, crc = _HEADER.unpack_from(view, pos)
+    if magic != FRAME_MAGIC:
+        raise CorruptFileError(f"{at}: not a spate frame (bad magic {magic!r})")
+    if version > FRAME_FORMAT_VERSION:
+        raise CorruptFileError(f"{at}: frame format version {version} is newer than this spate "
+                               f"(supports {FRAME_FORMAT_VERSION}); upgrade spate")
+    start = pos + FRAME_HEADER_SIZE
+    if len(view) - start < length:
+        raise CorruptFileError(f"{at}: truncated (frame says {length} bytes, {len(view) - start} present)")
+    payload = bytes(view[start:start + length])
+    if zlib.crc32(payload) != crc:
+        raise CorruptFileError(f"{at}: checksum mismatch; the file is corrupt, restore from an older "
+                               "checkpoint or a savepoint")
+    if flags & _FLAG_ZSTD:
+        payload = zstandard.ZstdDecompressor().decompress(payload)
+    return Frame(kind, payload, base_offset + pos, FRAME_HEADER_SIZE + length)
+
+
+def validate_relative_path(rel: str) -> str:
+    """Return ``rel`` normalised, or raise ``ValueError`` if it could escape the storage root."""
+    if not isinstance(rel, str) or not rel:
+        raise ValueError(f"invalid storage path {rel!r}: must be a non-empty relative path")
+    if rel.startswith("/") or "\\" in rel or "://" in rel:
+        raise ValueError(f"invalid storage path {rel!r}: must be relative to the checkpoint root")
+    norm = posixpath.normpath(rel)
+    if norm == "." or norm.startswith("../") or norm == ".." or "/../" in f"/{norm}/":
+        raise ValueError(f"invalid storage path {rel!r}: escapes the checkpoint root")
+    return norm
+
+
+def random_name(suffix: str = "") -> str:
+    """An attempt-unique file name (never reused, so a late write cannot clobber another file)."""
+    return uuid.uuid4().hex + suffix
+
+
+class CheckpointStorage:
+    """Files under one root URI: a local path, ``file://``, ``s3://``, ``gs://`` or ``hdfs://``."""
+
+    def __init__(self, uri: str, filesystem: pafs.FileSystem | None = None) -> None:
+        self.uri = uri
+        if filesystem is not None:
+            self.fs, self.root = filesystem, uri.rstrip("/")
+        elif "://" in uri:
+            self.fs, self.root = pafs.FileSystem.from_uri(uri)
+        else:
+            self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(uri)
+        self.root = self.root.rstrip("/") or "/"
+        self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"CheckpointStorage({self.uri!r})"
+
+    def path(self, rel: str) -> str:
+        return f"{self.root}/{validate_relative_path(rel)}"
+
+    def sub(self, rel: str) -> CheckpointStorage:
+        """A storage rooted at ``rel`` below this one, on the same file system."""
+        sub = CheckpointStorage.__new__(CheckpointStorage)
+        sub.uri = f"{self.uri.rstrip('/')}/{validate_relative_path(rel)}"
+        sub.fs, sub.root, sub.is_local = self.fs, self.path(rel), self.is_local
+        return sub
+
+    def write(self, rel: str, data: bytes) -> None:
+        """Write a new file (callers use random names; no atomicity needed)."""
+        full = self.path(rel)
+        self.fs.create_dir(posixpath.dirname(full), recursive=True)
+        with self.fs.open_output_stream(full) as out:
+            out.write(data)
+
+    def create_exclusive(self, rel: str, data: bytes) -> None:
+        """Atomically create ``rel`` with ``data``; raise ``FileExistsError`` if it exists.
+
+        Local file systems: write a temporary file and hard-link it into place (atomic, no overwrite).
+        Object stores: a single PUT is atomic in visibility; the existence check before it is best effort.
+        """
+        full = self.path(rel)
+        if not self.is_local:
+            if self.exists(rel):
+                raise FileExistsError(full)
+            self.write(rel, data)
+            return
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        tmp = f"{full}.{random_name('.tmp')}"
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(tmp, full)
+        finally:
+            os.unlink(tmp)
+
+    def replace(self, rel: str, data: bytes) -> None:
+        """Atomically write or overwrite ``rel`` (rename on local file systems, one PUT elsewhere)."""
+        full = self.path(rel)
+        if not self.is_local:
+            self.write(rel, data)
+            return
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        tmp = f"{full}.{random_name('.tmp')}"
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, full)
+
+    def read(self, rel: str, context: str = "") -> bytes:
+        try:
+            with self.fs.open_input_stream(self.path(rel)) as f:
+                return f.read()
+        except FileNotFoundError as e:
+            raise self._missing(rel, context) from e
+
+    def read_range(self, rel: str, offset: int, length: int, context: str = "") -> bytes:
+        try:
+            with self.fs.open_input_file(self.path(rel)) as f:
+                data = f.read_at(length, offset)
+        except FileNotFoundError as e:
+            raise self._missing(rel, context) from e
+        if len(data) != length:
+            raise CorruptFileError(f"{self.path(rel)}{_ctx(context)}: truncated, wanted {length} bytes at "
+                                   f"offset {offset}, got {len(data)}")
+        return data
+
+    def _missing(self, rel: str, context: str) -> MissingFileError:
+        return MissingFileError(f"{self.path(rel)}{_ctx(context)}: file is missing; it was deleted outside "
+                                "spate or the storage is incomplete; restore from an older checkpoint or a "
+                                "savepoint")
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+
+    def size(self, rel: str) -> int:
+        info = self.fs.get_file_info(self.path(rel))
+        if info.type == pafs.FileType.NotFound:
+            raise self._missing(rel, "")
+        return info.size
+
+    def delete(self, rel: str) -> bool:
+        """Delete a file; return False if it did not exist."""
+        try:
+            self.fs.delete_file(self.path(rel))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def delete_dir(self, rel: str) -> None:
+        try:
+            self.fs.delete_dir(self.path(rel))
+        except FileNotFoundError:
+            pass
+
+    def list_files(self, rel: str = "") -> list[tuple[str, int]]:
+        """Every file below ``rel`` (recursive) as (path relative to the root, size)."""
+        base = self.path(rel) if rel else self.root
+        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        prefix = self.root.rstrip("/") + "/"
+        return sorted((i.path[len(prefix):], i.size) for i in infos if i.type == pafs.FileType.File)
+
+    def list_dirs(self, rel: str = "") -> list[str]:
+        """Immediate sub-directories of ``rel`` (names only)."""
+        base = self.path(rel) if rel else self.root
+        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+def _ctx(context: str) -> str:
+    return f" ({context})" if context else ""

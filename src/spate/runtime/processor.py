@@ -1,0 +1,122 @@
+"""The processor API (Flink style): ``open(ctx)`` obtains state, ``process(key, rows, ctx)`` handles one key's
+rows of a micro-batch, ``on_timer`` handles a timer, ``end_batch`` runs once per subtask and batch."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+from spate.state.descriptors import StateDescriptor
+from spate.state.keyed import KeyedStateBackend
+from spate.state.operator import BroadcastState, ListOperatorState, OperatorStateBackend
+from spate.state.timers import EVENT_TIME, PROCESSING_TIME
+
+Row = dict[str, Any]
+
+
+class Context:
+    """What a processor sees: its subtask, the time, the current key, state and timers.
+
+    The same object is passed to ``open``, ``process``, ``on_timer`` and ``end_batch``.
+    """
+
+    def __init__(self, keyed: KeyedStateBackend, operator: OperatorStateBackend, index: int,
+                 parallelism: int, max_parallelism: int) -> None:
+        self._keyed = keyed
+        self._operator = operator
+        self.subtask_index = index
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.batch_id = -1
+        self.processing_time_ms = 0
+        self.watermark_ms: int | None = None
+        self.timer_domain: str | None = None
+        self.timer_namespace: Any = None
+
+    # -- keyed state ----------------------------------------------------------------------------------
+    def state(self, descriptor: StateDescriptor) -> Any:
+        """The keyed state object of ``descriptor``, scoped to whichever key is being processed."""
+        return self._keyed.get_state(descriptor)
+
+    @property
+    def key(self) -> Any:
+        """The key being processed (None in ``open`` and ``end_batch``)."""
+        return self._keyed.current_key
+
+    def keys(self, descriptor: StateDescriptor, namespace: Any = None) -> Iterable[Any]:
+        """Every key of this subtask with a value in ``descriptor``'s state (a scan: use sparingly)."""
+        return self._keyed.keys(descriptor, namespace)
+
+    # -- operator state -------------------------------------------------------------------------------
+    def get_list_state(self, name: str, serializer: Any = None) -> ListOperatorState:
+        """Operator list state, split among subtasks on rescale (FLIP-8)."""
+        return self._operator.get_list_state(name, serializer)
+
+    def get_union_list_state(self, name: str, serializer: Any = None) -> ListOperatorState:
+        """Operator list state of which every subtask receives the union on restore."""
+        return self._operator.get_union_list_state(name, serializer)
+
+    def get_broadcast_state(self, name: str, serializer: Any = None) -> BroadcastState:
+        """A map state each subtask holds one copy of."""
+        return self._operator.get_broadcast_state(name, serializer)
+
+    # -- timers ---------------------------------------------------------------------------------------
+    def register_event_time_timer(self, timestamp_ms: int, namespace: Any = None) -> None:
+        """Call ``on_timer`` for the current key once the watermark reaches ``timestamp_ms``."""
+        self._keyed.timers.register(EVENT_TIME, timestamp_ms, namespace)
+
+    def delete_event_time_timer(self, timestamp_ms: int, namespace: Any = None) -> None:
+        self._keyed.timers.delete(EVENT_TIME, timestamp_ms, namespace)
+
+    def register_processing_time_timer(self, timestamp_ms: int, namespace: Any = None) -> None:
+        """Call ``on_timer`` for the current key at the first batch starting at or after ``timestamp_ms``."""
+        self._keyed.timers.register(PROCESSING_TIME, timestamp_ms, namespace)
+
+    def delete_processing_time_timer(self, timestamp_ms: int, namespace: Any = None) -> None:
+        self._keyed.timers.delete(PROCESSING_TIME, timestamp_ms, namespace)
+
+    def event_time_timers(self, namespace: Any = None) -> list[int]:
+        return self._keyed.timers.list(EVENT_TIME, namespace)
+
+    def processing_time_timers(self, namespace: Any = None) -> list[int]:
+        return self._keyed.timers.list(PROCESSING_TIME, namespace)
+
+
+class Processor(ABC):
+    """Subclass and override :meth:`process` (and any of the other hooks).
+
+    One instance runs per subtask; it is re-created when the subtask restores its state.
+    """
+
+    def open(self, ctx: Context) -> None:
+        """Obtain state handles here: ``self.count = ctx.state(ValueStateDescriptor("count", default=0))``."""
+
+    @abstractmethod
+    def process(self, key: Any, rows: list[Row], ctx: Context) -> Iterable[Row] | None:
+        """Handle the rows of one key in this micro-batch; return or yield output rows."""
+
+    def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> Iterable[Row] | None:
+        """A timer of ``key`` fired (``ctx.timer_domain`` is "event" or "processing")."""
+        return None
+
+    def end_batch(self, ctx: Context) -> Iterable[Row] | None:
+        """Called once per subtask after every key and timer of the batch (operator state goes here)."""
+        return None
+
+    def close(self) -> None:
+        """Release resources; state is already checkpointed."""
+
+
+def to_epoch_ms(value: Any) -> int:
+    """An event-time column value as epoch milliseconds (int ms, float seconds are not guessed)."""
+    if isinstance(value, bool):
+        raise TypeError(f"event time must be int milliseconds or a datetime, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.UTC)
+        return int(value.timestamp() * 1000)
+    raise TypeError(f"event time must be int milliseconds or a datetime, got {type(value).__name__}")

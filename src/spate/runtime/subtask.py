@@ -1,0 +1,262 @@
+"""One subtask: open or restore its state for a plan, process a batch, snapshot, acknowledge.
+
+Transport-agnostic: the in-process runner calls it directly; the Spark transport calls it inside a Python
+worker. Live state is tagged with the checkpoint it reflects and reused when the plan's base matches;
+otherwise it is restored from checkpoint storage (keyed state by key-group intersection, operator state
+by the FLIP-8 pieces the coordinator assigned).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.fs import CheckpointStorage, random_name
+from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
+from spate.snapshot.keyed import restore_keyed_snapshot, write_keyed_snapshot
+from spate.snapshot.operator import read_operator_piece, write_operator_snapshot
+from spate.state.heap import HeapTable
+from spate.state.keyed import KeyedStateBackend
+from spate.state.lmdb_table import LmdbTable
+from spate.state.operator import OperatorStateBackend, RestoredOperatorState
+from spate.state.table import StateTable
+from spate.state.timers import EVENT_TIME, PROCESSING_TIME
+
+TABLE_KINDS = ("heap", "lmdb")
+_TAG = "checkpoint"
+_DIRTY = b"dirty"
+_EMPTY = -1  # tag of state that reflects "no checkpoint yet"
+
+
+@dataclass
+class SubtaskConfig:
+    """Settings of a subtask's state (shared by every subtask of a query)."""
+
+    table: str = "heap"
+    local_dir: str | None = None
+    allow_pickle: bool = False
+    compress: bool = False
+    key_types: Any = None
+    event_time_column: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.table not in TABLE_KINDS:
+            raise ValueError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
+        if self.table == "lmdb" and not self.local_dir:
+            raise ValueError("the lmdb table needs local_dir (a directory on local disk for live state)")
+
+
+ProcessorFactory = Callable[[], Processor]
+
+
+def processor_factory(processor: Processor | type[Processor] | ProcessorFactory) -> ProcessorFactory:
+    """Accept a Processor instance (deep-copied per subtask), a class, or a zero-argument factory."""
+    if isinstance(processor, Processor):
+        return lambda: copy.deepcopy(processor)
+    if callable(processor):
+        return processor  # type: ignore[return-value]
+    raise TypeError(f"processor must be a Processor, a Processor class or a factory, got {processor!r}")
+
+
+@dataclass
+class BatchOutput:
+    ack: SubtaskAck
+    rows: list[Row]
+
+
+class Subtask:
+    """Subtask ``index`` of ``parallelism``: owns the key groups ``key_group_range(maxP, P, index)``."""
+
+    def __init__(self, index: int, parallelism: int, factory: ProcessorFactory, config: SubtaskConfig) -> None:
+        self.index, self.parallelism = index, parallelism
+        self.factory = factory
+        self.config = config
+        self.keyed: KeyedStateBackend | None = None
+        self.operator: OperatorStateBackend | None = None
+        self.processor: Processor | None = None
+        self.ctx: Context | None = None
+        self._tag: int | None = None  # checkpoint the live state reflects; None = unknown/dirty
+        self._handles: tuple[int, list] | None = None  # (checkpoint, keyed handles) equal to the live state
+        self.restored_from: int | None = None
+
+    # -- the batch ------------------------------------------------------------------------------------
+    def run(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> BatchOutput:
+        """Process one micro-batch: ``rows`` are (key group, key, row) of this subtask's key groups."""
+        self._check_plan(plan)
+        self._prepare(plan)
+        out = self._process(plan, rows)
+        return BatchOutput(self._snapshot(plan, rows), out)
+
+    def _check_plan(self, plan: SubtaskPlan) -> None:
+        if (plan.index, plan.parallelism) != (self.index, self.parallelism):
+            raise ValueError(f"plan for subtask {plan.index}/{plan.parallelism} given to subtask "
+                             f"{self.index}/{self.parallelism}")
+
+    def _prepare(self, plan: SubtaskPlan) -> None:
+        base = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
+        if self.keyed is None and self.config.table == "lmdb":
+            self._open_local_lmdb(plan)
+        if self.keyed is None or self._tag != base or plan.base_is_savepoint:
+            self._restore(plan)
+        assert self.keyed is not None
+        self._mark_dirty()
+
+    def _open_local_lmdb(self, plan: SubtaskPlan) -> None:
+        """Reopen this subtask's lmdb directory; keep it only if its tag says it reflects a checkpoint."""
+        table = LmdbTable(self._lmdb_dir(plan))
+        tag = table.get_meta(_TAG)
+        self._tag = int(tag) if tag and tag != _DIRTY else None
+        self._install(plan, table, {})
+        self._handles = None
+
+    def _lmdb_dir(self, plan: SubtaskPlan) -> str:
+        assert self.config.local_dir
+        return os.path.join(self.config.local_dir, plan.query_id, f"subtask-{self.index}-of-{self.parallelism}")
+
+    def _new_table(self, plan: SubtaskPlan) -> StateTable:
+        if self.config.table == "heap":
+            return HeapTable()
+        path = self._lmdb_dir(plan)
+        shutil.rmtree(path, ignore_errors=True)
+        return LmdbTable(path)
+
+    def _restore(self, plan: SubtaskPlan) -> None:
+        if self.keyed is not None:
+            self.close(destroy=True)
+        table = self._new_table(plan)
+        restored_ops: dict[str, RestoredOperatorState] = {}
+        started = time.perf_counter()
+        if plan.base_checkpoint_id is not None:
+            assert plan.base_uri is not None
+            storage = CheckpointStorage(plan.base_uri)
+            context = f"restoring subtask {self.index} from checkpoint {plan.base_checkpoint_id}"
+            for piece in plan.operator:
+                elems = read_operator_piece(storage, piece, context)
+                r = restored_ops.setdefault(piece.name, RestoredOperatorState(piece.mode, piece.serializer, []))
+                r.encoded.extend(elems)
+        self._install(plan, table, restored_ops)
+        assert self.keyed is not None
+        if plan.base_checkpoint_id is not None:
+            for handle in plan.keyed:
+                restore_keyed_snapshot(self.keyed, storage, handle, context)
+            self.keyed.timers.rebuild()
+        self.restore_ms = (time.perf_counter() - started) * 1000
+        self.restored_from = plan.base_checkpoint_id
+        self._tag = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
+        reusable = plan.base_checkpoint_id is not None and not plan.base_is_savepoint
+        self._handles = (plan.base_checkpoint_id, list(plan.keyed)) if reusable else None  # type: ignore[assignment]
+        self.keyed.dirty = False
+
+    def _install(self, plan: SubtaskPlan, table: StateTable, restored_ops: dict[str, RestoredOperatorState]) -> None:
+        cfg = self.config
+        self.keyed = KeyedStateBackend(table, plan.max_parallelism, plan.key_groups, allow_pickle=cfg.allow_pickle,
+                                       key_types=cfg.key_types)
+        self.operator = OperatorStateBackend(restored_ops, allow_pickle=cfg.allow_pickle)
+        self.ctx = Context(self.keyed, self.operator, self.index, self.parallelism, plan.max_parallelism)
+        self.processor = self.factory()
+        self.processor.open(self.ctx)
+
+    def _mark_dirty(self) -> None:
+        """From here on the live state no longer equals any checkpoint until the next snapshot."""
+        assert self.keyed is not None
+        self.keyed.table.put_meta(_TAG, _DIRTY)
+        self.keyed.table.commit()
+        self._tag = None
+
+    def _process(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> list[Row]:
+        keyed, ctx, proc = self.keyed, self.ctx, self.processor
+        assert keyed is not None and ctx is not None and proc is not None
+        keyed.now_ms = ctx.processing_time_ms = plan.processing_time_ms
+        ctx.watermark_ms, ctx.batch_id = plan.watermark_ms, plan.checkpoint_id
+        out: list[Row] = []
+        self._fire(PROCESSING_TIME, plan.processing_time_ms, out)
+        for (kg, key), key_rows in _group_by_key(rows).items():
+            keyed.set_current_key(key, kg)
+            _extend(out, proc.process(key, key_rows, ctx))
+        if plan.watermark_ms is not None:
+            self._fire(EVENT_TIME, plan.watermark_ms, out)
+        keyed.current_key = None
+        _extend(out, proc.end_batch(ctx))
+        return out
+
+    def _fire(self, domain: str, up_to: int, out: list[Row]) -> None:
+        keyed, ctx, proc = self.keyed, self.ctx, self.processor
+        assert keyed is not None and ctx is not None and proc is not None
+        ctx.timer_domain = domain
+        for ts, namespace in keyed.timers.pop_due(domain, up_to):
+            ctx.timer_namespace = namespace
+            _extend(out, proc.on_timer(keyed.current_key, ts, ctx))
+        ctx.timer_domain = ctx.timer_namespace = None
+
+    def _snapshot(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> SubtaskAck:
+        keyed, operator = self.keyed, self.operator
+        assert keyed is not None and operator is not None
+        started = time.perf_counter()
+        storage = CheckpointStorage(plan.checkpoint_uri)
+        new_files: list[str] = []
+        reuse = (self._handles is not None and self._handles[0] == plan.base_checkpoint_id
+                 and not keyed.dirty and not keyed.has_ttl_state())
+        if reuse:
+            keyed_handles = self._handles[1]  # type: ignore[index]
+        else:
+            path = f"shared/subtask-{self.index}-{self.parallelism}/{random_name('.kg')}"
+            handle = write_keyed_snapshot(keyed, storage, path, self.config.compress)
+            keyed_handles = [handle] if handle else []
+            new_files += [h.path for h in keyed_handles]
+        op_handle = write_operator_snapshot(operator, storage,
+                                            f"chk-{plan.checkpoint_id}/op-{self.index}-{random_name('.op')}")
+        if op_handle:
+            new_files.append(op_handle.path)
+        keyed.table.put_meta(_TAG, str(plan.checkpoint_id).encode())
+        keyed.table.commit()
+        keyed.dirty = False
+        self._tag = plan.checkpoint_id
+        self._handles = (plan.checkpoint_id, keyed_handles)
+        stats = {"rows": len(rows), "snapshot_ms": round((time.perf_counter() - started) * 1000, 3),
+                 "keyed_bytes": sum(h.state_bytes for h in keyed_handles), "reused": reuse,
+                 "operator_bytes": op_handle.size if op_handle else 0,
+                 "restored_from": self.restored_from}
+        self.restored_from = None
+        return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, op_handle, new_files,
+                          self._max_event_time(rows), stats)
+
+    def _max_event_time(self, rows: Sequence[tuple[int, Any, Row]]) -> int | None:
+        col = self.config.event_time_column
+        if col is None:
+            return None
+        times = [to_epoch_ms(r[col]) for _, _, r in rows if r.get(col) is not None]
+        return max(times) if times else None
+
+    def close(self, destroy: bool = False) -> None:
+        """Close the processor and the table (``destroy`` also deletes local state)."""
+        if self.processor is not None:
+            self.processor.close()
+        if self.keyed is not None:
+            if destroy:
+                self.keyed.table.destroy()
+            else:
+                self.keyed.table.close()
+        self.keyed = self.operator = self.processor = self.ctx = None
+        self._tag, self._handles = None, None
+
+
+def _group_by_key(rows: Sequence[tuple[int, Any, Row]]) -> dict[tuple[int, Any], list[Row]]:
+    groups: dict[tuple[int, Any], list[Row]] = {}
+    for kg, key, row in rows:
+        g = groups.get((kg, key))
+        if g is None:
+            groups[(kg, key)] = [row]
+        else:
+            g.append(row)
+    return groups
+
+
+def _extend(out: list[Row], produced: Iterable[Row] | None) -> None:
+    if produced is not None:
+        out.extend(produced)

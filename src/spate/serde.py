@@ -1,0 +1,155 @@
+"""Value and key serialization.
+
+msgpack is the default for plain data (None, bool, int, float, str, bytes, list, dict, tuple, date,
+datetime, Decimal, numpy scalars). pickle is used only when the user opts in explicitly, because unpickling
+runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import pickle
+from typing import Any, Protocol
+
+import msgpack
+
+from spate.errors import SerializationError
+
+_EXT_TUPLE = 1
+_EXT_DATE = 2
+_EXT_DATETIME = 3
+_EXT_DECIMAL = 4
+_EPOCH = _dt.datetime(1970, 1, 1)
+_EPOCH_TZ = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, tuple):
+        return msgpack.ExtType(_EXT_TUPLE, _packb(list(obj)))
+    if isinstance(obj, _dt.datetime):
+        if obj.tzinfo is None:
+            micros = (obj - _EPOCH) // _dt.timedelta(microseconds=1)
+            return msgpack.ExtType(_EXT_DATETIME, _packb([micros, False]))
+        micros = (obj - _EPOCH_TZ) // _dt.timedelta(microseconds=1)
+        return msgpack.ExtType(_EXT_DATETIME, _packb([micros, True]))
+    if isinstance(obj, _dt.date):
+        return msgpack.ExtType(_EXT_DATE, _packb(obj.toordinal()))
+    if isinstance(obj, decimal.Decimal):
+        return msgpack.ExtType(_EXT_DECIMAL, str(obj).encode())
+    if isinstance(obj, dict):
+        return dict(obj)
+    if isinstance(obj, list):
+        return list(obj)
+    item = getattr(obj, "item", None)  # numpy / pandas scalars
+    if item is not None and type(obj).__module__.split(".")[0] in ("numpy", "pandas"):
+        return item()
+    raise TypeError(f"cannot encode {type(obj).__qualname__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_TUPLE:
+        return tuple(_unpackb(data))
+    if code == _EXT_DATE:
+        return _dt.date.fromordinal(_unpackb(data))
+    if code == _EXT_DATETIME:
+        micros, aware = _unpackb(data)
+        return (_EPOCH_TZ if aware else _EPOCH) + _dt.timedelta(microseconds=micros)
+    if code == _EXT_DECIMAL:
+        return decimal.Decimal(data.decode())
+    raise SerializationError(f"unknown msgpack extension type {code}; written by a newer spate?")
+
+
+def _packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)
+
+
+def _unpackb(data: bytes) -> Any:
+    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+
+
+class Serializer(Protocol):
+    """Turns values into bytes and back. ``name`` is recorded in checkpoints."""
+
+    name: str
+
+    def dumps(self, obj: Any) -> bytes: ...
+
+    def loads(self, data: bytes) -> Any: ...
+
+
+class MsgpackSerializer:
+    """Default serializer: msgpack with extensions for tuple, date, datetime and Decimal."""
+
+    name = "msgpack"
+
+    def dumps(self, obj: Any) -> bytes:
+        return _packb(obj)
+
+    def loads(self, data: bytes) -> Any:
+        return _unpackb(data)
+
+
+class PickleSerializer:
+    """Pickle protocol 5. Only for users who opted in: unpickling runs code from the checkpoint."""
+
+    name = "pickle"
+
+    def dumps(self, obj: Any) -> bytes:
+        return pickle.dumps(obj, protocol=5)
+
+    def loads(self, data: bytes) -> Any:
+        return pickle.loads(data)  # noqa: S301 - explicit opt-in only
+
+
+MSGPACK = MsgpackSerializer()
+PICKLE = PickleSerializer()
+
+
+def resolve_serializer(spec: str | Serializer | None, allow_pickle: bool = False) -> Serializer:
+    """``None``/"msgpack" → msgpack; "pickle" → pickle; any object with dumps/loads/name is used as is."""
+    if spec is None or spec == "msgpack":
+        return MSGPACK
+    if spec == "pickle":
+        return PICKLE
+    if isinstance(spec, str):
+        raise ValueError(f"unknown serializer {spec!r}: use 'msgpack' (default), 'pickle' or a Serializer")
+    return spec
+
+
+def serializer_by_name(name: str, allow_pickle: bool, what: str) -> Serializer:
+    """The serializer a checkpoint recorded; pickle only if the reader opted in."""
+    if name == "msgpack":
+        return MSGPACK
+    if name == "pickle":
+        if not allow_pickle:
+            raise SerializationError(f"{what} was written with pickle; reading it runs code from the "
+                                     "checkpoint, so pass allow_pickle=True (CLI: --allow-pickle) if you trust it")
+        return PICKLE
+    raise SerializationError(f"{what} uses serializer {name!r}, which this process does not know; register a "
+                             "serializer with that name")
+
+
+def encode(serializer: Serializer, value: Any, what: str) -> bytes:
+    """Encode ``value`` or raise a :class:`SerializationError` that names ``what`` and the fix."""
+    try:
+        return serializer.dumps(value)
+    except Exception as e:  # noqa: BLE001 - every serializer failure becomes one clear error
+        hint = ("store plain data (None, bool, int, float, str, bytes, list, dict, tuple, date, datetime, "
+                "Decimal) or opt in to pickle with serializer='pickle'" if serializer.name == "msgpack"
+                else "make the value serializable")
+        raise SerializationError(f"{what}: cannot serialize value of type {type(value).__qualname__} with "
+                                 f"{serializer.name} ({e}); {hint}") from e
+
+
+def encode_key(key: Any) -> bytes:
+    """Canonical bytes of a state key or namespace (msgpack; tuples stay tuples)."""
+    try:
+        return _packb(key)
+    except Exception as e:  # noqa: BLE001
+        raise TypeError(f"unsupported key {key!r} of type {type(key).__qualname__}: keys must be int, str, "
+                        "bytes, bool, float, date, datetime, Decimal, None or tuples of them") from e
+
+
+def decode_key(data: bytes) -> Any:
+    return _unpackb(data)

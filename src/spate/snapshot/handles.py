@@ -1,0 +1,108 @@
+"""State handles: what a checkpoint records about the files holding a subtask's state.
+
+Paths are relative to the checkpoint root (or savepoint directory) the metadata lives in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class KeyGroupsHandle:
+    """A full keyed-state snapshot file: one frame per non-empty key group, ``offsets[kg] = (offset, length)``.
+
+    ``start``..``end`` (inclusive) is the key-group range the handle covers; a handle intersected with a
+    smaller range keeps only the offsets inside it, so a reader fetches just that span of the file.
+    """
+
+    path: str
+    start: int
+    end: int
+    offsets: dict[int, tuple[int, int]]
+    size: int
+    states: tuple[dict[str, Any], ...] = ()
+
+    def intersect(self, key_groups: range) -> KeyGroupsHandle | None:
+        """The part of this handle inside ``key_groups`` (None if it holds no data there)."""
+        start, end = max(self.start, key_groups.start), min(self.end, key_groups.stop - 1)
+        offsets = {kg: o for kg, o in self.offsets.items() if start <= kg <= end}
+        if not offsets:
+            return None
+        if start == self.start and end == self.end:
+            return self
+        return KeyGroupsHandle(self.path, start, end, offsets, self.size, self.states)
+
+    def span(self) -> tuple[int, int]:
+        """(offset, length) of the contiguous byte range holding every key group of this handle."""
+        first, last = self.offsets[min(self.offsets)], self.offsets[max(self.offsets)]
+        return first[0], last[0] + last[1] - first[0]
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(length for _, length in self.offsets.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "key_groups", "path": self.path, "start": self.start, "end": self.end,
+                "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "size": self.size,
+                "states": list(self.states)}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> KeyGroupsHandle:
+        return KeyGroupsHandle(data["path"], data["start"], data["end"],
+                               {kg: (o, n) for kg, o, n in data["offsets"]}, data["size"],
+                               tuple(data.get("states", ())))
+
+
+@dataclass(frozen=True)
+class OperatorStateEntry:
+    """Where one operator state's elements are in an operator-state file."""
+
+    mode: str
+    serializer: str
+    offset: int
+    length: int
+    count: int
+
+
+@dataclass(frozen=True)
+class OperatorStateHandle:
+    """An operator-state file of one subtask: one frame per state name."""
+
+    path: str
+    size: int
+    states: dict[str, OperatorStateEntry] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "operator", "path": self.path, "size": self.size,
+                "states": {n: [e.mode, e.serializer, e.offset, e.length, e.count]
+                           for n, e in sorted(self.states.items())}}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> OperatorStateHandle:
+        return OperatorStateHandle(data["path"], data["size"],
+                                   {n: OperatorStateEntry(*v) for n, v in data["states"].items()})
+
+
+@dataclass(frozen=True)
+class OperatorStatePiece:
+    """Elements ``start``..``stop`` (exclusive) of one state in one operator-state file: the unit the
+    coordinator hands to a subtask on restore."""
+
+    path: str
+    name: str
+    mode: str
+    serializer: str
+    offset: int
+    length: int
+    start: int
+    stop: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "name": self.name, "mode": self.mode, "serializer": self.serializer,
+                "offset": self.offset, "length": self.length, "start": self.start, "stop": self.stop}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> OperatorStatePiece:
+        return OperatorStatePiece(**data)

@@ -1,0 +1,1 @@
+"""State primitives (keyed and operator state) and the tables that hold them."""

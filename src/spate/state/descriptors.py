@@ -1,0 +1,101 @@
+"""State descriptors: what a processor asks for in ``open(ctx)``.
+
+A descriptor names a state, its kind, its serializer and an optional time-to-live. TTL is in processing
+time, measured from the last write (every update resets it); an expired value is invisible to reads and is
+dropped from the next snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from spate.serde import Serializer
+
+T = TypeVar("T")
+ACC = TypeVar("ACC")
+OUT = TypeVar("OUT")
+
+VALUE, LIST, MAP, REDUCING, AGGREGATING = "value", "list", "map", "reducing", "aggregating"
+KINDS = (VALUE, LIST, MAP, REDUCING, AGGREGATING)
+
+
+class AggregateFunction(Protocol[T, ACC, OUT]):
+    """Incremental aggregation: ``create_accumulator``, ``add``, ``get_result`` and ``merge``."""
+
+    def create_accumulator(self) -> ACC: ...
+
+    def add(self, value: T, accumulator: ACC) -> ACC: ...
+
+    def get_result(self, accumulator: ACC) -> OUT: ...
+
+    def merge(self, a: ACC, b: ACC) -> ACC: ...
+
+
+@dataclass(frozen=True)
+class StateDescriptor:
+    """Common part of every keyed-state descriptor."""
+
+    name: str
+    ttl_ms: int | None = field(default=None, kw_only=True)
+    serializer: str | Serializer | None = field(default=None, kw_only=True)
+
+    kind = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"state name must be a non-empty string, got {self.name!r}")
+        if self.ttl_ms is not None and (not isinstance(self.ttl_ms, int) or self.ttl_ms <= 0):
+            raise ValueError(f"state {self.name!r}: ttl_ms must be a positive int (milliseconds), got "
+                             f"{self.ttl_ms!r}")
+
+
+@dataclass(frozen=True)
+class ValueStateDescriptor(StateDescriptor, Generic[T]):
+    """One value per key (and namespace). ``default`` is returned when there is none."""
+
+    default: Any = None
+    kind = VALUE
+
+
+@dataclass(frozen=True)
+class ListStateDescriptor(StateDescriptor, Generic[T]):
+    """A list per key; ``add`` appends without reading the list. With TTL each element expires on its own."""
+
+    kind = LIST
+
+
+@dataclass(frozen=True)
+class MapStateDescriptor(StateDescriptor):
+    """A map per key; map keys must be plain hashable data (encoded canonically, never pickled)."""
+
+    kind = MAP
+
+
+@dataclass(frozen=True)
+class ReducingStateDescriptor(StateDescriptor, Generic[T]):
+    """Keeps ``reduce_fn(acc, value)`` of everything added."""
+
+    reduce_fn: Callable[[Any, Any], Any] | None = None
+    kind = REDUCING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not callable(self.reduce_fn):
+            raise ValueError(f"reducing state {self.name!r} needs reduce_fn=callable(acc, value)")
+
+
+@dataclass(frozen=True)
+class AggregatingStateDescriptor(StateDescriptor):
+    """Keeps an accumulator of an :class:`AggregateFunction`; ``get()`` returns its result."""
+
+    aggregate_fn: Any = None
+    kind = AGGREGATING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fn = self.aggregate_fn
+        if fn is None or not all(hasattr(fn, m) for m in ("create_accumulator", "add", "get_result")):
+            raise ValueError(f"aggregating state {self.name!r} needs aggregate_fn with create_accumulator(), "
+                             "add(value, acc) and get_result(acc)")

@@ -1,0 +1,190 @@
+"""``lmdb`` table: key-group-prefixed keys in an LMDB environment on local disk.
+
+Larger than memory, shared safely across processes (an exclusive file lock guards the directory while a
+process uses it; another process may reopen it afterwards), and every read transaction is an O(1) consistent
+snapshot. Writes go into one long write transaction that is committed at checkpoints (and every
+``commit_every`` writes); if the memory map fills, the transaction is replayed into a map twice the size
+instead of failing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from collections.abc import Iterator
+
+import lmdb
+
+from spate.errors import SpateError
+from spate.state.layout import META_PREFIX, U16, primary_length
+from spate.state.table import StateTable
+
+MAX_LMDB_KEY = 511
+_MIN_MAP_SIZE = 64 << 20
+
+
+class LmdbTable(StateTable):
+    """State table backed by an LMDB environment in ``path``."""
+
+    kind = "lmdb"
+
+    def __init__(self, path: str, map_size: int = _MIN_MAP_SIZE, commit_every: int = 50_000) -> None:
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(path, "spate.lock"), os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            os.close(self._lock_fd)
+            raise SpateError(f"lmdb state directory {path} is in use by another process; each subtask's "
+                             "local state may be open in one process at a time") from e
+        data_file = os.path.join(path, "data.mdb")
+        existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
+        self.env = lmdb.open(path, map_size=max(map_size, existing * 2, _MIN_MAP_SIZE), subdir=True,
+                             sync=False, metasync=False, readahead=False, max_dbs=0, lock=True)
+        self._commit_every = commit_every
+        self._txn: lmdb.Transaction | None = None
+        self._ops: list[tuple[bytes, bytes | None]] = []  # writes of the open transaction, for replay
+
+    # -- transaction handling -------------------------------------------------------------------------
+    def _w(self) -> lmdb.Transaction:
+        if self._txn is None:
+            self._txn = self.env.begin(write=True)
+        return self._txn
+
+    def _write(self, key: bytes, value: bytes | None) -> None:
+        txn = self._w()
+        try:
+            if value is None:
+                txn.delete(key)
+            else:
+                txn.put(key, value)
+        except lmdb.MapFullError:
+            self._grow_and_replay()
+            self._write(key, value)
+            return
+        except lmdb.BadValsizeError as e:
+            raise SpateError(f"state key of {len(key)} bytes is too large for the lmdb table (limit "
+                             f"{MAX_LMDB_KEY} bytes incl. key group, state id and namespace); use shorter keys "
+                             "or the heap table") from e
+        self._ops.append((key, value))
+        if len(self._ops) >= self._commit_every:
+            self.commit()
+
+    def _grow_and_replay(self) -> None:
+        assert self._txn is not None
+        self._txn.abort()
+        self._txn = None
+        self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        txn = self._w()
+        for key, value in self._ops:
+            try:
+                if value is None:
+                    txn.delete(key)
+                else:
+                    txn.put(key, value)
+            except lmdb.MapFullError:
+                self._grow_and_replay()
+                return
+
+    def commit(self) -> None:
+        if self._txn is not None:
+            try:
+                self._txn.commit()
+            except lmdb.MapFullError:
+                self._grow_and_replay()
+                self.commit()
+                return
+            self._txn = None
+            self._ops.clear()
+
+    # -- value entries --------------------------------------------------------------------------------
+    def get(self, kg: int, primary: bytes) -> bytes | None:
+        return self._w().get(U16.pack(kg) + primary)
+
+    def put(self, kg: int, primary: bytes, value: bytes) -> None:
+        self._write(U16.pack(kg) + primary, value)
+
+    def delete(self, kg: int, primary: bytes) -> None:
+        prefix = U16.pack(kg) + primary
+        txn = self._w()
+        if txn.get(prefix) is not None:
+            self._write(prefix, None)
+            return
+        for key in self._keys_with_prefix(txn, prefix):
+            self._write(key, None)
+
+    # -- map entries ----------------------------------------------------------------------------------
+    def map_get(self, kg: int, primary: bytes, user_key: bytes) -> bytes | None:
+        return self._w().get(U16.pack(kg) + primary + user_key)
+
+    def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
+        self._write(U16.pack(kg) + primary + user_key, value)
+
+    def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
+        key = U16.pack(kg) + primary + user_key
+        if self._w().get(key) is not None:
+            self._write(key, None)
+
+    def map_items(self, kg: int, primary: bytes) -> list[tuple[bytes, bytes]]:
+        prefix = U16.pack(kg) + primary
+        n = len(prefix)
+        return [(k[n:], v) for k, v in _scan(self._w(), prefix)]
+
+    @staticmethod
+    def _keys_with_prefix(txn: lmdb.Transaction, prefix: bytes) -> list[bytes]:
+        return [k for k, _ in _scan(txn, prefix)]
+
+    # -- scans ----------------------------------------------------------------------------------------
+    def state_entries(self, kg: int, sid_prefix: bytes) -> Iterator[tuple[bytes, bytes, bytes]]:
+        for k, v in list(_scan(self._w(), U16.pack(kg) + sid_prefix)):
+            flat = k[2:]
+            plen = primary_length(flat)
+            yield flat[:plen], flat[plen:], v
+
+    def key_group_entries(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
+        self.commit()
+        with self.env.begin() as txn:
+            for k, v in _scan(txn, U16.pack(kg)):
+                yield k[2:], v
+
+    def restore_entry(self, kg: int, flat: bytes, value: bytes) -> None:
+        self._write(U16.pack(kg) + flat, value)
+
+    # -- metadata -------------------------------------------------------------------------------------
+    def get_meta(self, name: str) -> bytes | None:
+        return self._w().get(META_PREFIX + name.encode())
+
+    def put_meta(self, name: str, value: bytes) -> None:
+        self._write(META_PREFIX + name.encode(), value)
+
+    def approx_bytes(self) -> int:
+        info, stat = self.env.info(), self.env.stat()
+        return (info["last_pgno"] + 1) * stat["psize"]
+
+    def close(self) -> None:
+        if self.env is None:
+            return
+        self.commit()
+        self.env.close()
+        self.env = None  # type: ignore[assignment]
+        os.close(self._lock_fd)
+
+    def destroy(self) -> None:
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+            self._ops.clear()
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _scan(txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    cur = txn.cursor()
+    if not cur.set_range(prefix):
+        return
+    for k, v in cur:
+        if not k.startswith(prefix):
+            break
+        yield k, v

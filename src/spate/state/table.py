@@ -1,0 +1,69 @@
+"""The interface every state table implements (``heap`` and ``lmdb``).
+
+Tables store bytes. Value-like states keep one entry per (key group, primary); map states and timers keep
+one entry per user key under their primary. See :mod:`spate.state.layout`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+
+class StateTable(ABC):
+    """Byte-level storage of one subtask's keyed state, addressed by key group."""
+
+    kind: str
+
+    @abstractmethod
+    def get(self, kg: int, primary: bytes) -> bytes | None: ...
+
+    @abstractmethod
+    def put(self, kg: int, primary: bytes, value: bytes) -> None: ...
+
+    @abstractmethod
+    def delete(self, kg: int, primary: bytes) -> None:
+        """Remove a value entry, or every user-key entry of a map primary."""
+
+    @abstractmethod
+    def map_get(self, kg: int, primary: bytes, user_key: bytes) -> bytes | None: ...
+
+    @abstractmethod
+    def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None: ...
+
+    @abstractmethod
+    def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None: ...
+
+    @abstractmethod
+    def map_items(self, kg: int, primary: bytes) -> list[tuple[bytes, bytes]]: ...
+
+    @abstractmethod
+    def state_entries(self, kg: int, sid_prefix: bytes) -> Iterator[tuple[bytes, bytes, bytes]]:
+        """Every (primary, user_key, value) of one state in one key group."""
+
+    @abstractmethod
+    def key_group_entries(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
+        """Every (primary + user_key, value) of a key group, in a consistent view (see :meth:`commit`)."""
+
+    @abstractmethod
+    def restore_entry(self, kg: int, flat: bytes, value: bytes) -> None:
+        """Insert an entry read from a snapshot (``flat`` = primary + user key)."""
+
+    @abstractmethod
+    def get_meta(self, name: str) -> bytes | None: ...
+
+    @abstractmethod
+    def put_meta(self, name: str, value: bytes) -> None: ...
+
+    def commit(self) -> None:  # noqa: B027 - optional hook
+        """Make every write so far durable in the table (lmdb commits; the heap has nothing to do)."""
+
+    @abstractmethod
+    def approx_bytes(self) -> int: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def destroy(self) -> None:
+        """Close and delete the table's data (used before a restore replaces it)."""

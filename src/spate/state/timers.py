@@ -1,0 +1,108 @@
+"""Timers per key and namespace, in event time and processing time.
+
+The table is the source of truth (timers are entries under reserved state ids, so snapshots, restores and
+rescaling treat them like any other keyed state); an in-memory heap per time domain is an index rebuilt
+from the table on open, so firing in timestamp order is O(log n) per timer.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from spate.serde import decode_key, encode_key
+from spate.state.layout import U16, length_prefixed, split_primary
+
+if TYPE_CHECKING:
+    from spate.state.keyed import KeyedStateBackend
+
+EVENT_TIME = "event"
+PROCESSING_TIME = "processing"
+TIMER_SIDS = {EVENT_TIME: 0xFFF0, PROCESSING_TIME: 0xFFF1}
+RESERVED_SIDS = frozenset(TIMER_SIDS.values())
+_TS = struct.Struct(">Q")
+_BIAS = 1 << 63  # timestamps are signed; biased big-endian bytes sort like the numbers
+
+
+def _ts_bytes(ts: int) -> bytes:
+    return _TS.pack(ts + _BIAS)
+
+
+class TimerService:
+    """Register, delete, list and fire timers of one subtask."""
+
+    def __init__(self, backend: KeyedStateBackend) -> None:
+        self._b = backend
+        self._prefix = {dom: U16.pack(sid) for dom, sid in TIMER_SIDS.items()}
+        self._heaps: dict[str, list[tuple[int, int, bytes]]] = {dom: [] for dom in TIMER_SIDS}
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Re-create the in-memory index from the table (after a restore or reopening a table)."""
+        table = self._b.table
+        for dom, prefix in self._prefix.items():
+            heap = []
+            for kg in self._b.key_groups:
+                for primary, uk, _ in table.state_entries(kg, prefix):
+                    heap.append((_TS.unpack(uk)[0] - _BIAS, kg, primary))
+            heapq.heapify(heap)
+            self._heaps[dom] = heap
+
+    def _primary(self, domain: str, namespace: Any) -> bytes:
+        ns = length_prefixed(b"" if namespace is None else encode_key(namespace))
+        return self._prefix[domain] + self._b._key_part + ns
+
+    def register(self, domain: str, timestamp: int, namespace: Any = None) -> None:
+        """Register a timer for the current key at ``timestamp`` (ms); registering twice keeps one."""
+        if not isinstance(timestamp, int) or isinstance(timestamp, bool):
+            raise TypeError(f"timer timestamp must be an int (ms), got {timestamp!r}")
+        b = self._b
+        primary = self._primary(domain, namespace)
+        b.table.map_put(b._kg, primary, _ts_bytes(timestamp), b"")
+        heapq.heappush(self._heaps[domain], (timestamp, b._kg, primary))
+        b.dirty = True
+
+    def delete(self, domain: str, timestamp: int, namespace: Any = None) -> None:
+        """Delete the current key's timer at ``timestamp`` (no error if there is none)."""
+        b = self._b
+        b.table.map_delete(b._kg, self._primary(domain, namespace), _ts_bytes(timestamp))
+        b.dirty = True
+
+    def list(self, domain: str, namespace: Any = None) -> list[int]:
+        """The current key's timers, in timestamp order."""
+        b = self._b
+        return sorted(_TS.unpack(uk)[0] - _BIAS
+                      for uk, _ in b.table.map_items(b._kg, self._primary(domain, namespace)))
+
+    def pop_due(self, domain: str, up_to: int) -> Iterator[tuple[int, Any]]:
+        """Remove and yield (timestamp, namespace) of every timer ≤ ``up_to`` in timestamp order, with the
+        backend's current key set to the timer's key. Timers registered meanwhile are included."""
+        heap, b = self._heaps[domain], self._b
+        while heap and heap[0][0] <= up_to:
+            ts, kg, primary = heapq.heappop(heap)
+            uk = _ts_bytes(ts)
+            if b.table.map_get(kg, primary, uk) is None:
+                continue  # deleted, or a duplicate registration already fired
+            b.table.map_delete(kg, primary, uk)
+            b.dirty = True
+            _sid, key_bytes, ns = split_primary(primary)
+            b.set_current_key_encoded(kg, key_bytes)
+            yield ts, (decode_key(ns) if ns else None)
+
+    def next_timestamp(self, domain: str) -> int | None:
+        """Earliest live timer of a domain (None if there is none)."""
+        heap, table = self._heaps[self._domain(domain)], self._b.table
+        while heap:
+            ts, kg, primary = heap[0]
+            if table.map_get(kg, primary, _ts_bytes(ts)) is not None:
+                return ts
+            heapq.heappop(heap)
+        return None
+
+    @staticmethod
+    def _domain(domain: str) -> str:
+        if domain not in TIMER_SIDS:
+            raise ValueError(f"unknown time domain {domain!r}: use 'event' or 'processing'")
+        return domain
