@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 import pytest
-
 from spark_fixture import spark  # noqa: F401
+
 from spate.keygroups import compile_key_hasher, key_group, key_groups, spark_hash
 
 pytestmark = pytest.mark.spark
@@ -87,26 +87,80 @@ def _special(i: int, specials: list[Any], rng_value: Any) -> Any:
 
 def _make_rows(local_utc: bool) -> list[tuple[Any, ...]]:
     rng = random.Random(20240611)
-    tz = [dt.timezone.utc, dt.timezone(dt.timedelta(hours=5, minutes=30)), dt.timezone(dt.timedelta(hours=-8))]
+    tz = [dt.UTC, dt.timezone(dt.timedelta(hours=5, minutes=30)), dt.timezone(dt.timedelta(hours=-8))]
     long_specials = [-(2**63), 2**63 - 1, 0, -1, 1, 2**31, -(2**31) - 1, 2**32, -(2**32), 42]
     int_specials = [-(2**31), 2**31 - 1, 0, -1, 1]
-    float_specials = [0.0, -0.0, float("nan"), -float("nan"), float("inf"), float("-inf"), 1.0, -1.0,
-                      3.4028234663852886e38, 1.401298464324817e-45, 0.1, 1e39, -1e39]
-    double_specials = [0.0, -0.0, float("nan"), -float("nan"), float("inf"), float("-inf"), 1.0, -1.0,
-                       1.7976931348623157e308, 5e-324, 0.1]
-    dec10_specials = [D("1.005"), D("-1.005"), D("1.015"), D("0"), D("-0.00"), D("99999999.99"),
-                      D("-99999999.994"), D("1E+5"), D("1.5"), D("NaN")]
-    dec38_specials = [D("1.5"), D("0"), D("1E-30"), D("1.0000000000000000005"), D("-1.0000000000000000005"),
-                      D("99999999999999999999.999999999999999999"), D("-99999999999999999999.999999999999999999"),
-                      D("0.000000000000000001"), D("-0.000000000000000001"), D("127"), D("-128"), D("128")]
-    dec20_specials = [D("99999999999999999999"), D("-99999999999999999999"), D("0.5"), D("-0.5"), D("1.4999"),
-                      D("9223372036854775807"), D("9223372036854775808"), D("-9223372036854775809")]
+    float_specials = [
+        0.0,
+        -0.0,
+        float("nan"),
+        -float("nan"),
+        float("inf"),
+        float("-inf"),
+        1.0,
+        -1.0,
+        3.4028234663852886e38,
+        1.401298464324817e-45,
+        0.1,
+        1e39,
+        -1e39,
+    ]
+    double_specials = [
+        0.0,
+        -0.0,
+        float("nan"),
+        -float("nan"),
+        float("inf"),
+        float("-inf"),
+        1.0,
+        -1.0,
+        1.7976931348623157e308,
+        5e-324,
+        0.1,
+    ]
+    dec10_specials = [
+        D("1.005"),
+        D("-1.005"),
+        D("1.015"),
+        D("0"),
+        D("-0.00"),
+        D("99999999.99"),
+        D("-99999999.994"),
+        D("1E+5"),
+        D("1.5"),
+        D("NaN"),
+    ]
+    dec38_specials = [
+        D("1.5"),
+        D("0"),
+        D("1E-30"),
+        D("1.0000000000000000005"),
+        D("-1.0000000000000000005"),
+        D("99999999999999999999.999999999999999999"),
+        D("-99999999999999999999.999999999999999999"),
+        D("0.000000000000000001"),
+        D("-0.000000000000000001"),
+        D("127"),
+        D("-128"),
+        D("128"),
+    ]
+    dec20_specials = [
+        D("99999999999999999999"),
+        D("-99999999999999999999"),
+        D("0.5"),
+        D("-0.5"),
+        D("1.4999"),
+        D("9223372036854775807"),
+        D("9223372036854775808"),
+        D("-9223372036854775809"),
+    ]
 
     rows = []
-    for i in range(N):
-        def maybe_null(v: Any, p: float = 0.04) -> Any:
-            return None if (i >= 20 and rng.random() < p) else v
 
+    def maybe_null(v: Any, i: int) -> Any:
+        return None if (i >= 20 and rng.random() < 0.04) else v
+
+    for i in range(N):
         r = rng.random()
         if r < 0.3:
             lv = rng.randint(-(2**63), 2**63 - 1)
@@ -116,38 +170,44 @@ def _make_rows(local_utc: bool) -> list[tuple[Any, ...]]:
             lv = rng.randint(-(2**40), 2**40)
         f_bits = struct.unpack("<f", struct.pack("<I", rng.getrandbits(32)))[0]
         fv = f_bits if rng.random() < 0.5 else rng.uniform(-1e6, 1e6)
-        dv = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] if rng.random() < 0.5 else rng.uniform(
-            -1e9, 1e9
+        dv = (
+            struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+            if rng.random() < 0.5
+            else rng.uniform(-1e9, 1e9)
         )
         date_v = dt.date.fromordinal(rng.randint(1, dt.date(9999, 12, 31).toordinal()))
         if rng.random() < 0.5:
             date_v = dt.date.fromordinal(rng.randint(dt.date(1900, 1, 1).toordinal(), dt.date(2100, 1, 1).toordinal()))
         base = dt.datetime(1900, 1, 1) + dt.timedelta(microseconds=rng.randint(0, 300 * 365 * 86400 * 10**6))
         if i < 4:
-            base = [dt.datetime(1970, 1, 1), dt.datetime(1969, 12, 31, 23, 59, 59, 999999),
-                    dt.datetime(1, 1, 2), dt.datetime(9999, 12, 30, 23, 59, 59, 999999)][i]
-        ts_v: dt.datetime = base.replace(tzinfo=rng.choice(tz)) if i > 3 else base.replace(tzinfo=dt.timezone.utc)
+            base = [
+                dt.datetime(1970, 1, 1),
+                dt.datetime(1969, 12, 31, 23, 59, 59, 999999),
+                dt.datetime(1, 1, 2),
+                dt.datetime(9999, 12, 30, 23, 59, 59, 999999),
+            ][i]
+        ts_v: dt.datetime = base.replace(tzinfo=rng.choice(tz)) if i > 3 else base.replace(tzinfo=dt.UTC)
         if local_utc and rng.random() < 0.2:
             ts_v = base  # naive: PySpark uses the local zone, spate uses UTC; equal only when local is UTC
         tn_v = base
         rows.append(
             (
-                maybe_null(_special(i, long_specials, lv)),
-                maybe_null(_special(i, int_specials, rng.randint(-(2**31), 2**31 - 1))),
-                maybe_null(rng.randint(-(2**15), 2**15 - 1)),
-                maybe_null(rng.randint(-128, 127)),
-                maybe_null(rng.random() < 0.5),
-                maybe_null(_special(i, float_specials, fv)),
-                maybe_null(_special(i, double_specials, dv)),
-                maybe_null(_string_by_chars(rng, i % 17)),
-                maybe_null(_string_by_bytes(rng, i % 17)),
-                maybe_null(rng.randbytes(i % 17)),
-                maybe_null(date_v),
-                maybe_null(ts_v),
-                maybe_null(tn_v),
-                maybe_null(_special(i, dec10_specials, _rand_decimal(rng, 7, 4))),
-                maybe_null(_special(i, dec38_specials, _rand_decimal(rng, 19, 24))),
-                maybe_null(_special(i, dec20_specials, _rand_decimal(rng, 19, 3))),
+                maybe_null(_special(i, long_specials, lv), i),
+                maybe_null(_special(i, int_specials, rng.randint(-(2**31), 2**31 - 1)), i),
+                maybe_null(rng.randint(-(2**15), 2**15 - 1), i),
+                maybe_null(rng.randint(-128, 127), i),
+                maybe_null(rng.random() < 0.5, i),
+                maybe_null(_special(i, float_specials, fv), i),
+                maybe_null(_special(i, double_specials, dv), i),
+                maybe_null(_string_by_chars(rng, i % 17), i),
+                maybe_null(_string_by_bytes(rng, i % 17), i),
+                maybe_null(rng.randbytes(i % 17), i),
+                maybe_null(date_v, i),
+                maybe_null(ts_v, i),
+                maybe_null(tn_v, i),
+                maybe_null(_special(i, dec10_specials, _rand_decimal(rng, 7, 4)), i),
+                maybe_null(_special(i, dec38_specials, _rand_decimal(rng, 19, 24)), i),
+                maybe_null(_special(i, dec20_specials, _rand_decimal(rng, 19, 3)), i),
             )
         )
     return rows

@@ -6,6 +6,7 @@ metadata can point outside the root.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import struct
@@ -33,7 +34,8 @@ class FrameKind:
     METADATA = 2
     KEY_GROUP = 3
     OPERATOR_STATE = 4
-    SAVEPOINT_NOTE = 5
+    STAGED_OUTPUTS = 5
+    DELIVERED = 6
 
 
 def frame(kind: int, payload: bytes, compress: bool = False) -> bytes:
@@ -226,10 +228,8 @@ class CheckpointStorage:
             return False
 
     def delete_dir(self, rel: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.delete_dir(self.path(rel))
-        except FileNotFoundError:
-            pass
 
     def list_files(self, rel: str = "") -> list[tuple[str, int]]:
         """Every file below ``rel`` (recursive) as (path relative to the root, size)."""

@@ -61,7 +61,7 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
 _EPOCH_NAIVE = _dt.datetime(1970, 1, 1)
-_EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 _ONE_US = _dt.timedelta(microseconds=1)
 _FLOAT_NAN_BITS = 0x7FC00000
 _DOUBLE_NAN_BITS = 0x7FF8000000000000
@@ -70,6 +70,15 @@ _unpack_I = _struct.Struct("<I").unpack
 _pack_d = _struct.Struct("<d").pack
 _unpack_Q = _struct.Struct("<Q").unpack
 _MAX_LONG_DIGITS = 18
+_UNPACK_WORDS = [_struct.Struct(f"<{n}I").unpack_from for n in range(64)]
+
+# Bounded memo tables for the hot single-column paths (keys repeat a lot in keyed streams). Separate tables
+# per Spark type because 1 == True == 1.0 as dict keys. Cleared wholesale when full.
+_CACHE_LIMIT = 1 << 16
+_CACHE_MAX_STR_LEN = 256
+_LONG_CACHE: dict[int, int] = {}
+_INT32_CACHE: dict[int, int] = {}
+_STR_CACHE: dict[str, int] = {}
 
 # A hash "update" function takes a column value and the running (unsigned 32-bit) hash and returns the
 # new unsigned hash.
@@ -120,18 +129,17 @@ def _hash_bytes(b: bytes, h: int) -> int:
     a sign-extended byte (this differs from standard Murmur3 and is what Spark's ``hash()`` uses).
     """
     n = len(b)
-    aligned = n & ~3
-    if aligned:
-        for k in _struct.unpack_from("<%dI" % (aligned >> 2), b):
+    words = n >> 2
+    if words:
+        unpack = _UNPACK_WORDS[words] if words < 64 else _struct.Struct(f"<{words}I").unpack_from
+        for k in unpack(b):
             k = (k * _C1) & _M32
             k = (((k << 15) | (k >> 17)) * _C2) & _M32
             h ^= k
             h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & _M32
-    for i in range(aligned, n):
+    for i in range(words << 2, n):
         k = b[i]
-        if k > 127:
-            k -= 256
-        k = (k * _C1) & _M32
+        k = ((k - 256 if k > 127 else k) * _C1) & _M32
         k = (((k << 15) | (k >> 17)) * _C2) & _M32
         h ^= k
         h = (((h << 13) | (h >> 19)) * 5 + 0xE6546B64) & _M32
@@ -342,9 +350,7 @@ def _canonical_type(t: Any) -> str:
     elif hasattr(t, "simpleString") and callable(t.simpleString):
         name = t.simpleString()
     else:
-        raise TypeError(
-            f"key type must be a Spark DDL type name or a pyspark DataType, got {type(t).__name__}: {t!r}"
-        )
+        raise TypeError(f"key type must be a Spark DDL type name or a pyspark DataType, got {type(t).__name__}: {t!r}")
     name = " ".join(name.strip().lower().split())
     name = _ALIASES.get(name, name)
     if name in _UPDATES:
@@ -455,7 +461,7 @@ def _compile(types: tuple[str, ...]) -> KeyHasher:
     if n == 1:
         upd = updates[0]
 
-        def hasher(key: Any) -> int:
+        def generic(key: Any) -> int:
             if type(key) is tuple:
                 if len(key) != 1:
                     raise ValueError(f"expected a 1-column key, got a tuple of {len(key)} values")
@@ -464,6 +470,33 @@ def _compile(types: tuple[str, ...]) -> KeyHasher:
                 return SEED
             h = upd(key, SEED)
             return h - 0x100000000 if h & 0x80000000 else h
+
+        if types[0] == "bigint":
+
+            def hasher(key: Any) -> int:
+                if type(key) is int:
+                    h = _LONG_CACHE.get(key)
+                    return _long_miss(key) if h is None else h
+                return generic(key)
+
+        elif types[0] == "int":
+
+            def hasher(key: Any) -> int:
+                if type(key) is int:
+                    h = _INT32_CACHE.get(key)
+                    return _int32_miss(key) if h is None else h
+                return generic(key)
+
+        elif types[0] == "string":
+
+            def hasher(key: Any) -> int:
+                if type(key) is str:
+                    h = _STR_CACHE.get(key)
+                    return _str_miss(key) if h is None else h
+                return generic(key)
+
+        else:
+            hasher = generic
 
     elif n == 2:
         u0, u1 = updates
@@ -493,18 +526,51 @@ def _compile(types: tuple[str, ...]) -> KeyHasher:
     return hasher
 
 
+def _long_miss(key: int) -> int:
+    """Signed hash of an exact ``int`` as bigint, memoised in ``_LONG_CACHE``."""
+    if not _INT64_MIN <= key <= _INT64_MAX:
+        raise ValueError(f"int {key} does not fit Spark's LongType (int64); pass key_types for another type")
+    h = _hash_long(key, SEED)
+    h = h - 0x100000000 if h & 0x80000000 else h
+    if len(_LONG_CACHE) >= _CACHE_LIMIT:
+        _LONG_CACHE.clear()
+    _LONG_CACHE[key] = h
+    return h
+
+
+def _int32_miss(key: int) -> int:
+    """Signed hash of an exact ``int`` as Spark int, memoised in ``_INT32_CACHE``."""
+    if not _INT32_MIN <= key <= _INT32_MAX:
+        raise ValueError(f"value {key} out of range for Spark type 'int' [{_INT32_MIN}, {_INT32_MAX}]")
+    h = _hash_int(key, SEED)
+    h = h - 0x100000000 if h & 0x80000000 else h
+    if len(_INT32_CACHE) >= _CACHE_LIMIT:
+        _INT32_CACHE.clear()
+    _INT32_CACHE[key] = h
+    return h
+
+
+def _str_miss(key: str) -> int:
+    """Signed hash of an exact ``str`` as Spark string, memoised in ``_STR_CACHE`` (short strings only)."""
+    h = _hash_bytes(key.encode("utf-8"), SEED)
+    h = h - 0x100000000 if h & 0x80000000 else h
+    if len(key) <= _CACHE_MAX_STR_LEN:
+        if len(_STR_CACHE) >= _CACHE_LIMIT:
+            _STR_CACHE.clear()
+        _STR_CACHE[key] = h
+    return h
+
+
 def _hash_dynamic(key: Any) -> int:
     """``spark_hash`` without key_types, as a one-argument hasher."""
     t = type(key)
     if t is int:
-        if _INT64_MIN <= key <= _INT64_MAX:
-            h = _hash_long(key, SEED)
-            return h - 0x100000000 if h & 0x80000000 else h
-        raise ValueError(f"int {key} does not fit Spark's LongType (int64); pass key_types for another type")
+        h = _LONG_CACHE.get(key)
+        return _long_miss(key) if h is None else h
     if t is str:
-        h = _hash_bytes(key.encode("utf-8"), SEED)
-    else:
-        h = _hash_inferred(key)
+        h = _STR_CACHE.get(key)
+        return _str_miss(key) if h is None else h
+    h = _hash_inferred(key)
     return h - 0x100000000 if h & 0x80000000 else h
 
 
@@ -552,19 +618,7 @@ def spark_hash(key: Any, key_types: Any = None) -> int:
     local time zone, which agrees when that is UTC); ``timestamp_ntz`` uses the wall-clock time.
     """
     if key_types is None:
-        t = type(key)
-        if t is int:
-            if _INT64_MIN <= key <= _INT64_MAX:
-                h = _hash_long(key, SEED)
-                return h - 0x100000000 if h & 0x80000000 else h
-            raise ValueError(
-                f"int {key} does not fit Spark's LongType (int64); pass key_types for another type"
-            )
-        if t is str:
-            h = _hash_bytes(key.encode("utf-8"), SEED)
-        else:
-            h = _hash_inferred(key)
-        return h - 0x100000000 if h & 0x80000000 else h
+        return _hash_dynamic(key)
     return compile_key_hasher(key_types)(key)
 
 
@@ -585,16 +639,12 @@ def key_group(key: Any, max_parallelism: int, key_types: Any = None) -> int:
     if key_types is None:
         t = type(key)
         if t is int:
-            if _INT64_MIN <= key <= _INT64_MAX:
-                h = _hash_long(key, SEED)
-                return (h - 0x100000000 if h & 0x80000000 else h) % max_parallelism
-            raise ValueError(
-                f"int {key} does not fit Spark's LongType (int64); pass key_types for another type"
-            )
+            h = _LONG_CACHE.get(key)
+            return (_long_miss(key) if h is None else h) % max_parallelism
         if t is str:
-            h = _hash_bytes(key.encode("utf-8"), SEED)
-        else:
-            h = _hash_inferred(key)
+            h = _STR_CACHE.get(key)
+            return (_str_miss(key) if h is None else h) % max_parallelism
+        h = _hash_inferred(key)
         return (h - 0x100000000 if h & 0x80000000 else h) % max_parallelism
     return compile_key_hasher(key_types)(key) % max_parallelism
 
@@ -609,6 +659,8 @@ def key_groups(keys: Sequence[Any] | Any, max_parallelism: int, key_types: Any =
     vectorised = _numpy_key_groups(keys, max_parallelism, key_types)
     if vectorised is not None:
         return vectorised
+    if hasattr(keys, "dtype") and hasattr(keys, "tolist"):  # other numpy arrays: hash Python scalars
+        keys = keys.tolist()
     hasher = compile_key_hasher(key_types)
     return [hasher(k) % max_parallelism for k in keys]
 
@@ -704,9 +756,7 @@ def _check_parallelism(max_parallelism: int, parallelism: int) -> None:
     if not 0 < max_parallelism <= MAX_MAX_PARALLELISM:
         raise ValueError(f"max_parallelism must be in 1..{MAX_MAX_PARALLELISM}, got {max_parallelism}")
     if not 0 < parallelism <= max_parallelism:
-        raise ValueError(
-            f"parallelism must be in 1..max_parallelism ({max_parallelism}), got {parallelism}"
-        )
+        raise ValueError(f"parallelism must be in 1..max_parallelism ({max_parallelism}), got {parallelism}")
 
 
 def key_group_range(max_parallelism: int, parallelism: int, index: int) -> range:

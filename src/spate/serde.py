@@ -60,12 +60,25 @@ def _ext_hook(code: int, data: bytes) -> Any:
     raise SerializationError(f"unknown msgpack extension type {code}; written by a newer spate?")
 
 
+_free_packers: list[msgpack.Packer] = []
+
+
 def _packb(obj: Any) -> bytes:
-    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)
+    # Packers are costly to create and not re-entrant (tuples pack their items from inside ``_default``),
+    # so each call borrows one from a free list; this also keeps threads apart.
+    packer = _free_packers.pop() if _free_packers else msgpack.Packer(
+        default=_default, strict_types=True, use_bin_type=True)
+    try:
+        return packer.pack(obj)
+    except BaseException:
+        packer.reset()
+        raise
+    finally:
+        _free_packers.append(packer)
 
 
 def _unpackb(data: bytes) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False)
 
 
 class Serializer(Protocol):
@@ -82,12 +95,8 @@ class MsgpackSerializer:
     """Default serializer: msgpack with extensions for tuple, date, datetime and Decimal."""
 
     name = "msgpack"
-
-    def dumps(self, obj: Any) -> bytes:
-        return _packb(obj)
-
-    def loads(self, data: bytes) -> Any:
-        return _unpackb(data)
+    dumps = staticmethod(_packb)
+    loads = staticmethod(_unpackb)
 
 
 class PickleSerializer:

@@ -22,14 +22,16 @@ from spate.checkpoint.metadata import (
     QueryInfo,
     SubtaskState,
     checkpoint_dir,
+    delivered_path,
     metadata_path,
     read_metadata,
+    staged_dir,
 )
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.checkpoint.registry import SharedStateRegistry
 from spate.checkpoint.savepoint import write_savepoint
 from spate.errors import CheckpointError, FencedError, IncompatibleStateError
-from spate.fs import CheckpointStorage
+from spate.fs import CheckpointStorage, FrameKind, frame
 from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
 
 log = logging.getLogger(__name__)
@@ -136,6 +138,7 @@ class Coordinator:
         """Delete every file under the root that no retained complete checkpoint references (leftovers of
         failed attempts and crashes). Savepoints and the query file are kept."""
         keep = {QUERY_FILE} | {metadata_path(m.checkpoint_id) for m in self.completed}
+        keep |= {delivered_path(m.checkpoint_id) for m in self.completed}
         for meta in self.completed:
             keep.update(meta.files())
         removed = []
@@ -148,6 +151,10 @@ class Coordinator:
         for name in self.storage.list_dirs():
             if _CHK.match(name) and name not in retained_dirs:
                 self.storage.delete_dir(name)
+        retained_ids = {str(m.checkpoint_id) for m in self.completed}
+        for name in self.storage.list_dirs("staged"):
+            if name not in retained_ids:
+                self.storage.delete_dir(f"staged/{name}")
         if removed:
             log.info("removed %d orphan files under %s", len(removed), self.storage.uri)
         self.files_deleted += len(removed)
@@ -241,7 +248,7 @@ class Coordinator:
         return CheckpointMetadata(
             pending.checkpoint_id, self.query.query_id, self.query.epoch, pending.parallelism,
             self.query.max_parallelism, pending.processing_time_ms,
-            [SubtaskState(a.keyed, a.operator, a.stats) for a in acks], max_event, watermark)
+            [SubtaskState(a.keyed, a.operator, a.outputs, a.stats) for a in acks], max_event, watermark)
 
     def _check_fence(self) -> None:
         assert self.query is not None
@@ -254,16 +261,29 @@ class Coordinator:
 
     def _subsume(self) -> None:
         while len(self.completed) > self.retained:
-            self._drop_checkpoint(self.completed.pop(0).checkpoint_id)
+            old = self.completed.pop(0)
+            self._drop_checkpoint(old.checkpoint_id, old)
         self.registry.unregister_unused(self.completed[0].checkpoint_id)
 
-    def _drop_checkpoint(self, checkpoint_id: int) -> None:
+    def _drop_checkpoint(self, checkpoint_id: int, meta: CheckpointMetadata | None = None) -> None:
         # metadata first: once it is gone the checkpoint is no longer complete, whatever happens next
         if self.storage.delete(metadata_path(checkpoint_id)):
             self.files_deleted += 1
-        for rel, _ in self.storage.list_files(checkpoint_dir(checkpoint_id)):
+        for rel in meta.exclusive_files() if meta else []:
             self._discard(rel)
-        self.storage.delete_dir(checkpoint_dir(checkpoint_id))
+        for directory in (checkpoint_dir(checkpoint_id), staged_dir(checkpoint_id)):
+            for rel, _ in self.storage.list_files(directory):
+                self._discard(rel)
+            self.storage.delete_dir(directory)
+
+    # -- sink delivery --------------------------------------------------------------------------------
+    def undelivered(self) -> list[CheckpointMetadata]:
+        """Retained complete checkpoints whose outputs the sink has not confirmed, oldest first."""
+        return [m for m in self.completed if not self.storage.exists(delivered_path(m.checkpoint_id))]
+
+    def mark_delivered(self, checkpoint_id: int) -> None:
+        """Record that the sink received checkpoint ``checkpoint_id``'s outputs."""
+        self.storage.replace(delivered_path(checkpoint_id), frame(FrameKind.DELIVERED, b""))
 
     def abort(self, checkpoint_id: int, reason: str = "") -> None:
         """Give up checkpoint ``checkpoint_id``: delete the files its acks wrote."""

@@ -9,10 +9,12 @@ from typing import Any
 from spate.errors import CorruptFileError
 from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
 from spate.snapshot.handles import KeyGroupsHandle, OperatorStateHandle
+from spate.snapshot.outputs import OutputsHandle
 
 METADATA_FORMAT_VERSION = 1
 QUERY_FILE = "_query"
 METADATA_FILE = "_metadata"
+DELIVERED_FILE = "_delivered"
 
 
 def checkpoint_dir(checkpoint_id: int) -> str:
@@ -23,23 +25,35 @@ def metadata_path(checkpoint_id: int) -> str:
     return f"{checkpoint_dir(checkpoint_id)}/{METADATA_FILE}"
 
 
+def delivered_path(checkpoint_id: int) -> str:
+    """Marker written once the sink has received checkpoint ``checkpoint_id``'s staged outputs."""
+    return f"{checkpoint_dir(checkpoint_id)}/{DELIVERED_FILE}"
+
+
+def staged_dir(checkpoint_id: int) -> str:
+    return f"staged/{checkpoint_id}"
+
+
 @dataclass
 class SubtaskState:
     """The handles of one subtask in a checkpoint, and its statistics."""
 
     keyed: list[KeyGroupsHandle] = field(default_factory=list)
     operator: OperatorStateHandle | None = None
+    outputs: OutputsHandle | None = None
     stats: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"keyed": [h.to_dict() for h in self.keyed],
-                "operator": self.operator.to_dict() if self.operator else None, "stats": self.stats}
+                "operator": self.operator.to_dict() if self.operator else None,
+                "outputs": self.outputs.to_dict() if self.outputs else None, "stats": self.stats}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> SubtaskState:
-        op = data.get("operator")
+        op, outputs = data.get("operator"), data.get("outputs")
         return SubtaskState([KeyGroupsHandle.from_dict(h) for h in data["keyed"]],
-                            OperatorStateHandle.from_dict(op) if op else None, data.get("stats", {}))
+                            OperatorStateHandle.from_dict(op) if op else None,
+                            OutputsHandle.from_dict(outputs) if outputs else None, data.get("stats", {}))
 
 
 @dataclass
@@ -66,7 +80,14 @@ class CheckpointMetadata:
                 out[h.path] = h.size
             if st.operator:
                 out[st.operator.path] = st.operator.size
+            if st.outputs:
+                out[st.outputs.path] = st.outputs.size
         return out
+
+    def exclusive_files(self) -> list[str]:
+        """Files only this checkpoint references (operator state, staged outputs)."""
+        shared = set(self.shared_files())
+        return sorted(p for p in self.files() if p not in shared)
 
     def shared_files(self) -> list[str]:
         """Files that may be referenced by several checkpoints (keyed snapshots under ``shared/``)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from spate.keygroups import key_group_range
 from spate.snapshot.handles import KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
+from spate.snapshot.outputs import OutputsHandle
 
 
 @dataclass
@@ -63,6 +64,7 @@ class SubtaskAck:
     epoch: int
     keyed: list[KeyGroupsHandle] = field(default_factory=list)
     operator: OperatorStateHandle | None = None
+    outputs: OutputsHandle | None = None
     new_files: list[str] = field(default_factory=list)
     max_event_time_ms: int | None = None
     stats: dict[str, Any] = field(default_factory=dict)
@@ -71,6 +73,7 @@ class SubtaskAck:
         d = dict(self.__dict__)
         d["keyed"] = [h.to_dict() for h in self.keyed]
         d["operator"] = self.operator.to_dict() if self.operator else None
+        d["outputs"] = self.outputs.to_dict() if self.outputs else None
         return d
 
     @staticmethod
@@ -78,4 +81,5 @@ class SubtaskAck:
         d = dict(data)
         d["keyed"] = [KeyGroupsHandle.from_dict(h) for h in d["keyed"]]
         d["operator"] = OperatorStateHandle.from_dict(d["operator"]) if d["operator"] else None
+        d["outputs"] = OutputsHandle.from_dict(d["outputs"]) if d.get("outputs") else None
         return SubtaskAck(**d)

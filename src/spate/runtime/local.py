@@ -18,6 +18,7 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.keygroups import compile_key_hasher
 from spate.runtime.processor import Processor, Row
 from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, processor_factory
+from spate.snapshot.outputs import read_outputs
 
 KeySpec = str | Sequence[str] | Callable[[Row], Any]
 Sink = Callable[[list[Row], int], None]
@@ -63,7 +64,9 @@ class LocalRunner:
         key_types: Spark types of the key columns when they are not Python's default mapping.
         event_time_column / watermark_delay_ms: event time; watermark = max event time − delay.
         restore_from: a savepoint to start from when the root has no checkpoint.
-        sink: called with (outputs, batch_id) after the batch's checkpoint completed.
+        sink: called with (outputs, batch_id) after the batch's checkpoint completed; outputs are staged in
+            the checkpoint first and re-delivered on restart if the sink did not confirm them.
+        output_serializer: how staged outputs are stored ("msgpack" or, opted in, "pickle").
         clock: processing time in ms (defaults to wall-clock time).
         fault_injector: test hook called at each protocol step (``"after_acks"``, ...); may raise.
     """
@@ -73,7 +76,8 @@ class LocalRunner:
                  table: str = "heap", local_dir: str | None = None, key_types: Any = None,
                  event_time_column: str | None = None, watermark_delay_ms: int = 0,
                  retained: int = DEFAULT_RETAINED, restore_from: str | None = None, allow_pickle: bool = False,
-                 compress: bool = False, sink: Sink | None = None, clock: Callable[[], int] | None = None,
+                 compress: bool = False, sink: Sink | None = None, output_serializer: str = "msgpack",
+                 clock: Callable[[], int] | None = None,
                  fault_injector: FaultInjector | None = None) -> None:
         self._factory = processor_factory(processor)
         self._key = key_extractor(key)
@@ -88,9 +92,25 @@ class LocalRunner:
         if table == "lmdb" and local_dir is None:
             local_dir = tempfile.mkdtemp(prefix="spate-local-")
         self.config = SubtaskConfig(table=table, local_dir=local_dir, allow_pickle=allow_pickle, compress=compress,
-                                    key_types=key_types, event_time_column=event_time_column)
+                                    key_types=key_types, event_time_column=event_time_column,
+                                    stage_outputs=sink is not None, output_serializer=output_serializer)
         self.parallelism = parallelism
         self.subtasks = [Subtask(i, parallelism, self._factory, self.config) for i in range(parallelism)]
+        self.redelivered = self._deliver_staged()
+
+    def _deliver_staged(self) -> list[int]:
+        """Give the sink the staged outputs of complete checkpoints it has not confirmed (a crash came
+        between checkpoint completion and delivery). Same batch ids, so an idempotent sink sees them once."""
+        if self._sink is None:
+            return []
+        done = []
+        for meta in self.coordinator.undelivered():
+            rows = [r for st in meta.subtasks if st.outputs
+                    for r in read_outputs(self.coordinator.storage, st.outputs, self.config.allow_pickle)]
+            self._sink(rows, meta.checkpoint_id)
+            self.coordinator.mark_delivered(meta.checkpoint_id)
+            done.append(meta.checkpoint_id)
+        return done
 
     @property
     def max_parallelism(self) -> int:
@@ -137,6 +157,8 @@ class LocalRunner:
         self._fault("after_complete", batch_id)
         if self._sink is not None:
             self._sink(outputs, batch_id)
+            self._fault("after_sink_before_mark", batch_id)
+            coord.mark_delivered(batch_id)
         self._fault("after_sink", batch_id)
         return BatchResult(batch_id, outputs, meta, (time.perf_counter() - started) * 1000, checkpoint_ms,
                            restored)

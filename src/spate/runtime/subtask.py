@@ -16,11 +16,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spate.checkpoint.metadata import staged_dir
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.fs import CheckpointStorage, random_name
 from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
+from spate.serde import resolve_serializer
 from spate.snapshot.keyed import restore_keyed_snapshot, write_keyed_snapshot
 from spate.snapshot.operator import read_operator_piece, write_operator_snapshot
+from spate.snapshot.outputs import write_outputs
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_table import LmdbTable
@@ -44,6 +47,8 @@ class SubtaskConfig:
     compress: bool = False
     key_types: Any = None
     event_time_column: str | None = None
+    stage_outputs: bool = False
+    output_serializer: str = "msgpack"
 
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:
@@ -91,7 +96,7 @@ class Subtask:
         self._check_plan(plan)
         self._prepare(plan)
         out = self._process(plan, rows)
-        return BatchOutput(self._snapshot(plan, rows), out)
+        return BatchOutput(self._snapshot(plan, rows, out), out)
 
     def _check_plan(self, plan: SubtaskPlan) -> None:
         if (plan.index, plan.parallelism) != (self.index, self.parallelism):
@@ -194,7 +199,7 @@ class Subtask:
             _extend(out, proc.on_timer(keyed.current_key, ts, ctx))
         ctx.timer_domain = ctx.timer_namespace = None
 
-    def _snapshot(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> SubtaskAck:
+    def _snapshot(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]], out: list[Row]) -> SubtaskAck:
         keyed, operator = self.keyed, self.operator
         assert keyed is not None and operator is not None
         started = time.perf_counter()
@@ -213,6 +218,12 @@ class Subtask:
                                             f"chk-{plan.checkpoint_id}/op-{self.index}-{random_name('.op')}")
         if op_handle:
             new_files.append(op_handle.path)
+        staged = None
+        if self.config.stage_outputs:
+            staged = write_outputs(out, storage, f"{staged_dir(plan.checkpoint_id)}/out-{self.index}-"
+                                   f"{random_name('.out')}", resolve_serializer(self.config.output_serializer))
+            if staged:
+                new_files.append(staged.path)
         keyed.table.put_meta(_TAG, str(plan.checkpoint_id).encode())
         keyed.table.commit()
         keyed.dirty = False
@@ -223,7 +234,7 @@ class Subtask:
                  "operator_bytes": op_handle.size if op_handle else 0,
                  "restored_from": self.restored_from}
         self.restored_from = None
-        return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, op_handle, new_files,
+        return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, op_handle, staged, new_files,
                           self._max_event_time(rows), stats)
 
     def _max_event_time(self, rows: Sequence[tuple[int, Any, Row]]) -> int | None:

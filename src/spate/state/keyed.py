@@ -26,6 +26,7 @@ from spate.state.timers import RESERVED_SIDS, TimerService
 
 _EXP = struct.Struct(">Q")
 _LEN = struct.Struct(">I")
+_U16_PACK = U16.pack
 VOID_NAMESPACE_PART = length_prefixed(b"")
 _IMMUTABLE = (type(None), bool, int, float, str, bytes, tuple)
 
@@ -79,9 +80,12 @@ class KeyedStateBackend:
             raise ValueError(f"key {key!r} is in key group {kg}, which this subtask does not own "
                              f"({self.key_groups.start}..{self.key_groups.stop - 1}); route keys with "
                              "spate.keygroups.key_group")
+        kb = encode_key(key)
+        if len(kb) > 0xFFFF:
+            raise ValueError(f"key {key!r} encodes to {len(kb)} bytes; the limit is 65535")
         self.current_key = key
         self._kg = kg
-        self._key_part = length_prefixed(encode_key(key))
+        self._key_part = _U16_PACK(len(kb)) + kb
 
     def set_current_key_encoded(self, key_group: int, key_bytes: bytes) -> None:
         self.current_key = decode_key(key_bytes)
@@ -236,6 +240,8 @@ class _State:
         self._sid = U16.pack(meta.sid)
         self._ttl = descriptor.ttl_ms or 0
         self._ser = serializer
+        self._pack = serializer.dumps
+        self._unpack = serializer.loads
         self._ns_part = VOID_NAMESPACE_PART
         self.namespace: Any = None
 
@@ -302,7 +308,7 @@ class ValueState(_State):
         b = self._b
         raw = self._table.get(b._kg, self._sid + b._key_part + self._ns_part)
         if raw is not None and not self._ttl:
-            return self._ser.loads(raw)
+            return self._unpack(raw)
         found, v = self._loads(raw)
         if found:
             return v
@@ -318,7 +324,13 @@ class ValueState(_State):
             self.clear()
             return
         b = self._b
-        self._table.put(b._kg, self._sid + b._key_part + self._ns_part, self._dumps(value))
+        try:
+            data = self._pack(value)
+        except Exception as e:  # noqa: BLE001
+            raise _encode_error(self, value, e) from e
+        if self._ttl:
+            data = _EXP.pack(b.now_ms + self._ttl) + data
+        self._table.put(b._kg, self._sid + b._key_part + self._ns_part, data)
         b.dirty = True
 
 

@@ -22,6 +22,7 @@ from spate.state.table import StateTable
 
 MAX_LMDB_KEY = 511
 _MIN_MAP_SIZE = 64 << 20
+_KG = tuple(U16.pack(kg) for kg in range(1 << 15))  # key-group prefixes, precomputed
 
 
 class LmdbTable(StateTable):
@@ -48,36 +49,43 @@ class LmdbTable(StateTable):
         self._ops: list[tuple[bytes, bytes | None]] = []  # writes of the open transaction, for replay
 
     # -- transaction handling -------------------------------------------------------------------------
-    def _w(self) -> lmdb.Transaction:
+    def _begin(self) -> lmdb.Transaction:
         if self._txn is None:
             self._txn = self.env.begin(write=True)
         return self._txn
 
+    def _w(self) -> lmdb.Transaction:
+        return self._txn or self._begin()
+
     def _write(self, key: bytes, value: bytes | None) -> None:
-        txn = self._w()
+        txn = self._txn or self._begin()
         try:
             if value is None:
                 txn.delete(key)
             else:
                 txn.put(key, value)
-        except lmdb.MapFullError:
-            self._grow_and_replay()
-            self._write(key, value)
+        except (lmdb.MapFullError, lmdb.BadValsizeError) as e:
+            self._recover(e, key, value)
             return
-        except lmdb.BadValsizeError as e:
+        ops = self._ops
+        ops.append((key, value))
+        if len(ops) >= self._commit_every:
+            self.commit()
+
+    def _recover(self, error: Exception, key: bytes, value: bytes | None) -> None:
+        if isinstance(error, lmdb.BadValsizeError):
             raise SpateError(f"state key of {len(key)} bytes is too large for the lmdb table (limit "
                              f"{MAX_LMDB_KEY} bytes incl. key group, state id and namespace); use shorter keys "
-                             "or the heap table") from e
-        self._ops.append((key, value))
-        if len(self._ops) >= self._commit_every:
-            self.commit()
+                             "or the heap table") from error
+        self._grow_and_replay()
+        self._write(key, value)
 
     def _grow_and_replay(self) -> None:
         assert self._txn is not None
         self._txn.abort()
         self._txn = None
         self.env.set_mapsize(self.env.info()["map_size"] * 2)
-        txn = self._w()
+        txn = self._begin()
         for key, value in self._ops:
             try:
                 if value is None:
@@ -101,13 +109,23 @@ class LmdbTable(StateTable):
 
     # -- value entries --------------------------------------------------------------------------------
     def get(self, kg: int, primary: bytes) -> bytes | None:
-        return self._w().get(U16.pack(kg) + primary)
+        return (self._txn or self._begin()).get(_KG[kg] + primary)
 
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
-        self._write(U16.pack(kg) + primary, value)
+        key = _KG[kg] + primary
+        txn = self._txn or self._begin()
+        try:
+            txn.put(key, value)
+        except (lmdb.MapFullError, lmdb.BadValsizeError) as e:
+            self._recover(e, key, value)
+            return
+        ops = self._ops
+        ops.append((key, value))
+        if len(ops) >= self._commit_every:
+            self.commit()
 
     def delete(self, kg: int, primary: bytes) -> None:
-        prefix = U16.pack(kg) + primary
+        prefix = _KG[kg] + primary
         txn = self._w()
         if txn.get(prefix) is not None:
             self._write(prefix, None)
@@ -117,18 +135,18 @@ class LmdbTable(StateTable):
 
     # -- map entries ----------------------------------------------------------------------------------
     def map_get(self, kg: int, primary: bytes, user_key: bytes) -> bytes | None:
-        return self._w().get(U16.pack(kg) + primary + user_key)
+        return self._w().get(_KG[kg] + primary + user_key)
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
-        self._write(U16.pack(kg) + primary + user_key, value)
+        self._write(_KG[kg] + primary + user_key, value)
 
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
-        key = U16.pack(kg) + primary + user_key
+        key = _KG[kg] + primary + user_key
         if self._w().get(key) is not None:
             self._write(key, None)
 
     def map_items(self, kg: int, primary: bytes) -> list[tuple[bytes, bytes]]:
-        prefix = U16.pack(kg) + primary
+        prefix = _KG[kg] + primary
         n = len(prefix)
         return [(k[n:], v) for k, v in _scan(self._w(), prefix)]
 

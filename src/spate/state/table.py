@@ -55,7 +55,7 @@ class StateTable(ABC):
     @abstractmethod
     def put_meta(self, name: str, value: bytes) -> None: ...
 
-    def commit(self) -> None:  # noqa: B027 - optional hook
+    def commit(self) -> None:
         """Make every write so far durable in the table (lmdb commits; the heap has nothing to do)."""
 
     @abstractmethod

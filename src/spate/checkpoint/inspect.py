@@ -1,0 +1,161 @@
+"""Read-only access to a checkpoint root: list, load, verify, and decode state without running a query
+(used by the CLI and by tests that compare checkpointed state with a reference)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from spate.checkpoint.coordinator import list_complete_checkpoints
+from spate.checkpoint.metadata import METADATA_FILE, CheckpointMetadata, metadata_path, read_metadata
+from spate.errors import CheckpointError, SpateError
+from spate.fs import CheckpointStorage
+from spate.serde import decode_key, serializer_by_name
+from spate.snapshot.handles import OperatorStatePiece
+from spate.snapshot.keyed import read_key_groups
+from spate.snapshot.operator import read_operator_piece
+from spate.state.keyed import StateMeta, decode_stored
+from spate.state.layout import U16, primary_length, split_primary
+from spate.state.timers import TIMER_SIDS
+
+
+def load_checkpoint(storage: CheckpointStorage, checkpoint_id: int | None = None) -> CheckpointMetadata:
+    """Metadata of checkpoint ``checkpoint_id`` (default: the latest complete one, or the savepoint if
+    ``storage`` is a savepoint directory)."""
+    if checkpoint_id is None:
+        ids = list_complete_checkpoints(storage)
+        if not ids:
+            if storage.exists(METADATA_FILE):
+                return read_metadata(storage, METADATA_FILE)
+            raise CheckpointError(f"no complete checkpoint under {storage.uri}")
+        checkpoint_id = ids[-1]
+    if not storage.exists(metadata_path(checkpoint_id)):
+        raise CheckpointError(f"checkpoint {checkpoint_id} does not exist under {storage.uri} "
+                              f"(complete: {list_complete_checkpoints(storage)})")
+    return read_metadata(storage, metadata_path(checkpoint_id))
+
+
+def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> list[str]:
+    """Read every byte ``meta`` references and check every checksum; returns the problems found."""
+    problems = []
+    context = f"checkpoint {meta.checkpoint_id}"
+    for i, st in enumerate(meta.subtasks):
+        for h in st.keyed:
+            try:
+                for _ in read_key_groups(storage, h, context):
+                    pass
+            except SpateError as e:
+                problems.append(f"subtask {i}: {e}")
+        if st.operator:
+            for name, e in st.operator.states.items():
+                piece = OperatorStatePiece(st.operator.path, name, e.mode, e.serializer, e.offset, e.length,
+                                           0, e.count)
+                try:
+                    read_operator_piece(storage, piece, context)
+                except SpateError as err:
+                    problems.append(f"subtask {i}: {err}")
+    return problems
+
+
+def keyed_state_names(meta: CheckpointMetadata) -> dict[str, str]:
+    """name → kind of every keyed state in a checkpoint."""
+    return {m["name"]: m["kind"] for st in meta.subtasks for h in st.keyed for m in h.states}
+
+
+def operator_state_names(meta: CheckpointMetadata) -> dict[str, str]:
+    """name → mode of every operator state in a checkpoint."""
+    return {n: e.mode for st in meta.subtasks if st.operator for n, e in st.operator.states.items()}
+
+
+@dataclass(frozen=True)
+class StateEntry:
+    """One decoded keyed-state entry (``user_key`` is set for map state and timers)."""
+
+    subtask: int
+    key_group: int
+    key: Any
+    namespace: Any
+    user_key: Any
+    value: Any
+
+
+def keyed_state_entries(storage: CheckpointStorage, meta: CheckpointMetadata, name: str,
+                        allow_pickle: bool = False, now_ms: int | None = None) -> Iterator[StateEntry]:
+    """Every live entry of keyed state ``name`` (or "timers:event"/"timers:processing") in a checkpoint."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    timer_domain = name.split(":", 1)[1] if name.startswith("timers:") else None
+    if timer_domain is not None and timer_domain not in TIMER_SIDS:
+        raise ValueError(f"unknown timer domain in {name!r}: use timers:event or timers:processing")
+    found = timer_domain is not None
+    context = f"checkpoint {meta.checkpoint_id}"
+    for i, st in enumerate(meta.subtasks):
+        for h in st.keyed:
+            metas = [StateMeta.from_dict(m) for m in h.states]
+            if timer_domain is not None:
+                sid, state_meta = TIMER_SIDS[timer_domain], None
+            else:
+                state_meta = next((m for m in metas if m.name == name), None)
+                if state_meta is None:
+                    continue
+                found, sid = True, state_meta.sid
+                loads = serializer_by_name(state_meta.serializer, allow_pickle, f"state {name!r}").loads
+            prefix = U16.pack(sid)
+            for kg, flat in read_key_groups(storage, h, context):
+                for j in range(0, len(flat), 2):
+                    fkey = flat[j]
+                    if fkey[:2] != prefix:
+                        continue
+                    plen = primary_length(fkey)
+                    _sid, key_bytes, ns = split_primary(fkey[:plen])
+                    uk = fkey[plen:]
+                    if state_meta is None:
+                        value, live = None, True
+                        user_key = int.from_bytes(uk, "big") - (1 << 63)
+                    else:
+                        live, value = decode_stored(state_meta, flat[j + 1], loads, now)
+                        user_key = decode_key(uk) if uk else None
+                    if live:
+                        yield StateEntry(i, kg, decode_key(key_bytes), decode_key(ns) if ns else None, user_key,
+                                         value)
+    if not found:
+        raise CheckpointError(f"checkpoint {meta.checkpoint_id} has no keyed state named {name!r}; it has "
+                              f"{sorted(keyed_state_names(meta))} (timers: timers:event, timers:processing)")
+
+
+def operator_state_elements(storage: CheckpointStorage, meta: CheckpointMetadata, name: str,
+                            allow_pickle: bool = False) -> list[list[Any]]:
+    """Per subtask, the decoded elements of operator state ``name`` ((key, value) pairs for broadcast)."""
+    out: list[list[Any]] = []
+    found = False
+    for st in meta.subtasks:
+        e = st.operator.states.get(name) if st.operator else None
+        if e is None:
+            out.append([])
+            continue
+        found = True
+        assert st.operator is not None
+        loads = serializer_by_name(e.serializer, allow_pickle, f"operator state {name!r}").loads
+        piece = OperatorStatePiece(st.operator.path, name, e.mode, e.serializer, e.offset, e.length, 0, e.count)
+        enc = read_operator_piece(storage, piece, f"checkpoint {meta.checkpoint_id}")
+        if e.mode == "broadcast":
+            out.append([(decode_key(enc[k]), loads(enc[k + 1])) for k in range(0, len(enc), 2)])
+        else:
+            out.append([loads(x) for x in enc])
+    if not found:
+        raise CheckpointError(f"checkpoint {meta.checkpoint_id} has no operator state named {name!r}; it has "
+                              f"{sorted(operator_state_names(meta))}")
+    return out
+
+
+def checkpoint_summary(meta: CheckpointMetadata) -> dict[str, Any]:
+    """Figures of one checkpoint for tables and JSON."""
+    return {"checkpoint_id": meta.checkpoint_id, "timestamp_ms": meta.timestamp_ms,
+            "parallelism": meta.parallelism, "max_parallelism": meta.max_parallelism,
+            "files": len(meta.files()), "state_bytes": meta.state_bytes, "watermark_ms": meta.watermark_ms,
+            "keyed_states": sorted(keyed_state_names(meta)), "operator_states": sorted(operator_state_names(meta))}
+
+
+__all__ = ["load_checkpoint", "verify_checkpoint", "keyed_state_entries", "operator_state_elements",
+           "checkpoint_summary", "keyed_state_names", "operator_state_names", "StateEntry"]

@@ -1,0 +1,199 @@
+"""The ``spate`` command: inspect and verify checkpoints, dump state, run benchmarks and the demo.
+
+Every command prints a readable table by default and one JSON object with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from spate.checkpoint.coordinator import list_complete_checkpoints
+from spate.checkpoint.inspect import (
+    checkpoint_summary,
+    keyed_state_entries,
+    keyed_state_names,
+    load_checkpoint,
+    operator_state_elements,
+    operator_state_names,
+    verify_checkpoint,
+)
+from spate.errors import SpateError
+from spate.fs import CheckpointStorage
+from spate.report import format_table, human_bytes
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=_json_default))
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (bytes, bytearray)):
+        return obj.hex()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    storage = CheckpointStorage(args.root)
+    rows = [checkpoint_summary(load_checkpoint(storage, n)) for n in list_complete_checkpoints(storage)]
+    if args.json:
+        _print_json({"root": args.root, "checkpoints": rows})
+        return 0
+    table = [{"checkpoint": r["checkpoint_id"], "parallelism": r["parallelism"], "max_par": r["max_parallelism"],
+              "files": r["files"], "size": human_bytes(r["state_bytes"]), "watermark": r["watermark_ms"]}
+             for r in rows]
+    print(format_table(table, title=f"complete checkpoints under {args.root}"))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    storage = CheckpointStorage(args.root)
+    meta = load_checkpoint(storage, args.checkpoint)
+    if args.json:
+        _print_json({"summary": checkpoint_summary(meta), "metadata": meta.to_dict()})
+        return 0
+    s = checkpoint_summary(meta)
+    print(f"checkpoint {meta.checkpoint_id} of query {meta.query_id} (epoch {meta.epoch})")
+    print(f"  parallelism {meta.parallelism}, max parallelism {meta.max_parallelism}, {s['files']} files, "
+          f"{human_bytes(s['state_bytes'])}, watermark {meta.watermark_ms}")
+    print(f"  keyed states: {keyed_state_names(meta) or '-'}")
+    print(f"  operator states: {operator_state_names(meta) or '-'}\n")
+    rows = []
+    for i, st in enumerate(meta.subtasks):
+        for h in st.keyed:
+            rows.append({"subtask": i, "kind": "keyed", "key_groups": f"{h.start}-{h.end}",
+                         "groups_with_data": len(h.offsets), "bytes": h.state_bytes, "file": h.path})
+        if st.operator:
+            rows.append({"subtask": i, "kind": "operator", "key_groups": "-",
+                         "groups_with_data": None, "bytes": st.operator.size,
+                         "file": st.operator.path})
+    print(format_table(rows, title="state handles"))
+    stats = [{"subtask": i, **st.stats} for i, st in enumerate(meta.subtasks)]
+    print()
+    print(format_table(stats, title="subtask statistics"))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    storage = CheckpointStorage(args.root)
+    results = []
+    for n in list_complete_checkpoints(storage):
+        try:
+            meta = load_checkpoint(storage, n)
+            problems = verify_checkpoint(storage, meta)
+            files = len(meta.files())
+        except SpateError as e:
+            problems, files = [str(e)], 0
+        results.append({"checkpoint": n, "files": files, "ok": not problems, "problems": problems})
+    ok = bool(results) and all(r["ok"] for r in results)
+    if args.json:
+        _print_json({"root": args.root, "ok": ok, "checkpoints": results})
+    else:
+        if not results:
+            print(f"no complete checkpoint under {args.root}")
+        print(format_table([{"checkpoint": r["checkpoint"], "files": r["files"], "status": "ok" if r["ok"] else
+                             f"{len(r['problems'])} problem(s)"} for r in results], title="verification"))
+        for r in results:
+            for p in r["problems"]:
+                print(f"checkpoint {r['checkpoint']}: {p}")
+    return 0 if ok else 1
+
+
+def cmd_dump(args: argparse.Namespace) -> int:
+    storage = CheckpointStorage(args.root)
+    meta = load_checkpoint(storage, args.checkpoint)
+    if args.state in operator_state_names(meta):
+        per_subtask = operator_state_elements(storage, meta, args.state, args.allow_pickle)
+        rows: list[dict[str, Any]] = [{"subtask": i, "element": e} for i, els in enumerate(per_subtask) for e in els]
+    else:
+        rows = [{"key": e.key, "namespace": e.namespace, "user_key": e.user_key, "value": e.value,
+                 "key_group": e.key_group, "subtask": e.subtask}
+                for e in keyed_state_entries(storage, meta, args.state, args.allow_pickle)]
+        rows.sort(key=lambda r: (r["key_group"], repr(r["key"]), repr(r["namespace"]), repr(r["user_key"])))
+    total = len(rows)
+    if args.limit is not None:
+        rows = rows[:args.limit]
+    if args.json:
+        _print_json({"checkpoint": meta.checkpoint_id, "state": args.state, "entries": total, "rows": rows})
+        return 0
+    if rows and all(r.get("namespace") is None for r in rows):
+        rows = [{k: v for k, v in r.items() if k != "namespace"} for r in rows]
+    if rows and all(r.get("user_key") is None for r in rows):
+        rows = [{k: v for k, v in r.items() if k != "user_key"} for r in rows]
+    print(format_table(rows, title=f"state {args.state!r} in checkpoint {meta.checkpoint_id} "
+                                   f"({total} entries{', showing ' + str(len(rows)) if len(rows) < total else ''})"))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from spate.bench import run_bench
+
+    return run_bench(args.name, quick=args.quick, as_json=args.json, out_dir=args.out)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from spate.demo import run_demo
+
+    return run_demo(workdir=args.dir, quick=args.quick, as_json=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spate", description="Flink-grade state for PySpark streaming.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    cp = sub.add_parser("checkpoints", help="list, show and verify checkpoints")
+    cps = cp.add_subparsers(dest="action", required=True)
+    for name, fn, help_ in (("list", cmd_list, "complete checkpoints with sizes"),
+                            ("show", cmd_show, "one checkpoint: handles, files, statistics"),
+                            ("verify", cmd_verify, "read every referenced byte and check checksums; exit 1 on "
+                                                   "any problem")):
+        sp = cps.add_parser(name, help=help_)
+        sp.add_argument("root", help="checkpoint root (path or URI)")
+        if name == "show":
+            sp.add_argument("--checkpoint", type=int, default=None, help="checkpoint id (default: latest)")
+        sp.add_argument("--json", action="store_true", help="print one JSON object")
+        sp.set_defaults(func=fn)
+
+    st = sub.add_parser("state", help="read state from a checkpoint")
+    sts = st.add_subparsers(dest="action", required=True)
+    dump = sts.add_parser("dump", help="print the entries of one keyed or operator state")
+    dump.add_argument("root", help="checkpoint root or savepoint directory")
+    dump.add_argument("--state", required=True, help="state name (timers: timers:event, timers:processing)")
+    dump.add_argument("--checkpoint", type=int, default=None, help="checkpoint id (default: latest)")
+    dump.add_argument("--limit", type=int, default=None, help="print at most this many entries")
+    dump.add_argument("--allow-pickle", action="store_true", help="decode pickled values (runs code from the "
+                                                                  "checkpoint: only for trusted data)")
+    dump.add_argument("--json", action="store_true", help="print one JSON object")
+    dump.set_defaults(func=cmd_dump)
+
+    bench = sub.add_parser("bench", help="benchmarks (print a table, write PNG plots, --json)")
+    bench.add_argument("name", choices=["state"], help="which benchmark")
+    bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
+    bench.add_argument("--json", action="store_true", help='print {"bench": NAME, "results": [...]}')
+    bench.add_argument("--out", default="bench-out", help="directory for PNG plots (default bench-out)")
+    bench.set_defaults(func=cmd_bench)
+
+    demo = sub.add_parser("demo", help="run the demo job: checkpoints, a stop, a rescale, verification")
+    demo.add_argument("--dir", default="demo-out", help="working directory (default demo-out)")
+    demo.add_argument("--quick", action="store_true", help="smaller input")
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (SpateError, ValueError) as e:
+        print(f"spate: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
