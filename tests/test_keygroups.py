@@ -275,6 +275,8 @@ def test_wrong_column_count() -> None:
     with pytest.raises(ValueError):
         spark_hash(1, ["bigint", "string"])
     with pytest.raises(ValueError):
+        spark_hash("ab", ["string", "string"])
+    with pytest.raises(ValueError):
         spark_hash((1, "a", 3), ["bigint", "string"])
     with pytest.raises(ValueError):
         spark_hash((1, "a"), ["bigint", "string", "int"])

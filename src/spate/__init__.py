@@ -1,9 +1,60 @@
 """spate: Flink-grade state for PySpark streaming.
 
-Keyed state in key groups, rescalable operator state (FLIP-8), checkpoints with a coordinator, and an
-in-process runner that drives the same driver/task protocol the Spark transport uses.
+Keyed state in key groups (rescalable to any parallelism up to the max parallelism), operator state that
+is split, unioned or broadcast on rescale (FLIP-8), checkpoints coordinated by a driver-side
+:class:`Coordinator`, and a :class:`LocalRunner` that drives the same driver/task protocol in-process.
+
+Typical use::
+
+    from spate import LocalRunner, Processor, ValueStateDescriptor
+
+    class Count(Processor):
+        def open(self, ctx):
+            self.count = ctx.state(ValueStateDescriptor("count", default=0))
+
+        def process(self, key, rows, ctx):
+            self.count.update(self.count.value() + len(rows))
+            yield {"user": key, "count": self.count.value()}
+
+    runner = LocalRunner(Count, key="user", checkpoint_root="/tmp/ckpt", parallelism=2)
+    runner.run([[{"user": "a"}, {"user": "b"}], [{"user": "a"}]])
 """
 
 from __future__ import annotations
 
+from spate.checkpoint.coordinator import Coordinator
+from spate.checkpoint.inspect import keyed_state_entries, load_checkpoint, operator_state_elements, verify_checkpoint
+from spate.checkpoint.metadata import CheckpointMetadata
+from spate.errors import (
+    CheckpointError,
+    CorruptFileError,
+    FencedError,
+    IncompatibleStateError,
+    MissingFileError,
+    SerializationError,
+    SpateError,
+)
+from spate.fs import CheckpointStorage
+from spate.keygroups import default_max_parallelism, key_group, key_group_range, subtask_for_key_group
+from spate.runtime.local import BatchResult, LocalRunner
+from spate.runtime.processor import Context, Processor
+from spate.state.descriptors import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AggregateFunction", "AggregatingStateDescriptor", "BatchResult", "CheckpointError", "CheckpointMetadata",
+    "CheckpointStorage", "Context", "Coordinator", "CorruptFileError", "FencedError", "IncompatibleStateError",
+    "ListStateDescriptor", "LocalRunner", "MapStateDescriptor", "MissingFileError", "Processor",
+    "ReducingStateDescriptor", "SerializationError", "SpateError", "StateDescriptor", "ValueStateDescriptor",
+    "default_max_parallelism", "key_group", "key_group_range", "keyed_state_entries", "load_checkpoint",
+    "operator_state_elements", "subtask_for_key_group", "verify_checkpoint",
+]

@@ -502,10 +502,9 @@ def _compile(types: tuple[str, ...]) -> KeyHasher:
         u0, u1 = updates
 
         def hasher(key: Any) -> int:
-            try:
-                v0, v1 = key
-            except (TypeError, ValueError):
-                raise ValueError(f"expected a 2-column key (tuple), got {key!r}") from None
+            if (type(key) is not tuple and not isinstance(key, (tuple, list))) or len(key) != 2:
+                raise ValueError(f"expected a 2-column key (tuple), got {key!r}")
+            v0, v1 = key
             h = SEED if v0 is None else u0(v0, SEED)
             if v1 is not None:
                 h = u1(v1, h)

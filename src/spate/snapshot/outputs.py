@@ -27,7 +27,8 @@ class OutputsHandle:
         return OutputsHandle(**data)
 
 
-def write_outputs(rows: list[Any], storage: CheckpointStorage, path: str, serializer: Serializer) -> OutputsHandle | None:
+def write_outputs(rows: list[Any], storage: CheckpointStorage, path: str,
+                  serializer: Serializer) -> OutputsHandle | None:
     """Stage ``rows`` at ``path``; None when there are no rows."""
     if not rows:
         return None
