@@ -1,0 +1,284 @@
+"""Keyed state types, namespaces, TTL, timers and serialization on both table kinds."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spate import (
+    AggregatingStateDescriptor,
+    IncompatibleStateError,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    SerializationError,
+    ValueStateDescriptor,
+)
+from spate.errors import SpateError
+from spate.fs import CheckpointStorage
+from spate.snapshot.keyed import restore_keyed_snapshot, write_keyed_snapshot
+from spate.state.heap import HeapTable
+from spate.state.keyed import KeyedStateBackend
+from spate.state.lmdb_table import LmdbTable
+from spate.state.timers import EVENT_TIME, PROCESSING_TIME
+
+MAXP = 128
+
+
+@pytest.fixture(params=["heap", "lmdb"])
+def make_backend(request, tmp_path):
+    made = []
+
+    def make(key_groups: range = range(MAXP), name: str = "t") -> KeyedStateBackend:
+        table = HeapTable() if request.param == "heap" else LmdbTable(str(tmp_path / name))
+        made.append(table)
+        return KeyedStateBackend(table, MAXP, key_groups)
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def test_value_state_is_scoped_by_key(make_backend):
+    b = make_backend()
+    v = b.get_state(ValueStateDescriptor("v", default=0))
+    for k in ("a", "b", 3, (1, "x")):
+        b.set_current_key(k)
+        assert v.value() == 0
+        v.update(len(str(k)))
+    b.set_current_key("a")
+    assert v.value() == 1
+    v.update(None)
+    assert v.value() == 0 and not v.exists()
+    b.set_current_key((1, "x"))
+    assert v.value() == 8
+
+
+def test_mutable_default_is_not_shared(make_backend):
+    b = make_backend()
+    v = b.get_state(ValueStateDescriptor("v", default=[]))
+    b.set_current_key("a")
+    v.value().append(1)
+    assert v.value() == []
+
+
+def test_list_map_reducing_aggregating(make_backend):
+    b = make_backend()
+    lst = b.get_state(ListStateDescriptor("l"))
+    mp = b.get_state(MapStateDescriptor("m"))
+    red = b.get_state(ReducingStateDescriptor("r", max))
+
+    class Avg:
+        def create_accumulator(self):
+            return (0, 0)
+
+        def add(self, v, acc):
+            return (acc[0] + v, acc[1] + 1)
+
+        def get_result(self, acc):
+            return acc[0] / acc[1]
+
+        def merge(self, a, c):
+            return (a[0] + c[0], a[1] + c[1])
+
+    agg = b.get_state(AggregatingStateDescriptor("a", aggregate_fn=Avg()))
+    b.set_current_key("k")
+    assert lst.get() == [] and red.get() is None and agg.get() is None and mp.is_empty()
+    lst.add(1)
+    lst.add_all([2, 3])
+    assert lst.get() == [1, 2, 3]
+    lst.update([9])
+    assert lst.get() == [9]
+    lst.update([])
+    assert lst.get() == []
+    mp.put("x", {"n": 1})
+    mp.put(("t", 1), [1, 2])
+    assert mp.get("x") == {"n": 1} and mp.contains(("t", 1)) and not mp.contains("y")
+    assert sorted(mp.keys(), key=repr) == sorted(["x", ("t", 1)], key=repr)
+    mp.remove("x")
+    assert mp.items() == [(("t", 1), [1, 2])]
+    mp.clear()
+    assert mp.is_empty()
+    for x in (3, 7, 5):
+        red.add(x)
+        agg.add(x)
+    assert red.get() == 7 and agg.get() == 5.0
+
+
+def test_namespaces_and_merge(make_backend):
+    b = make_backend()
+    lst = b.get_state(ListStateDescriptor("l"))
+    red = b.get_state(ReducingStateDescriptor("r", lambda a, c: a + c))
+    b.set_current_key("k")
+    for ns, xs in (((0, 10), [1, 2]), ((10, 20), [3]), (None, [100])):
+        lst.set_namespace(ns)
+        red.set_namespace(ns)
+        for x in xs:
+            lst.add(x)
+            red.add(x)
+    lst.merge_namespaces((0, 20), [(0, 10), (10, 20)])
+    red.merge_namespaces((0, 20), [(0, 10), (10, 20)])
+    lst.set_namespace((0, 20))
+    red.set_namespace((0, 20))
+    assert sorted(lst.get()) == [1, 2, 3] and red.get() == 6
+    lst.set_namespace((0, 10))
+    assert lst.get() == []
+    lst.set_namespace(None)
+    red.set_namespace(None)
+    assert lst.get() == [100] and red.get() == 100
+
+
+def test_ttl_expires_resets_on_update_and_is_dropped_on_snapshot(make_backend, tmp_path):
+    b = make_backend()
+    v = b.get_state(ValueStateDescriptor("v", ttl_ms=100))
+    lst = b.get_state(ListStateDescriptor("l", ttl_ms=100))
+    mp = b.get_state(MapStateDescriptor("m", ttl_ms=100))
+    b.set_current_key("k")
+    b.now_ms = 1000
+    v.update(1)
+    lst.add("old")
+    mp.put("a", 1)
+    b.now_ms = 1050
+    lst.add("new")
+    mp.put("b", 2)
+    b.now_ms = 1099
+    assert v.value() == 1 and lst.get() == ["old", "new"]
+    b.now_ms = 1100
+    assert v.value() is None and lst.get() == ["new"] and mp.items() == [("b", 2)]
+    v.update(2)  # update resets expiry
+    b.now_ms = 1120
+    assert v.value() == 2
+    handle = write_keyed_snapshot(b, CheckpointStorage(str(tmp_path / "c")), "s.kg")
+    restored = make_backend(name="restored")
+    restore_keyed_snapshot(restored, CheckpointStorage(str(tmp_path / "c")), handle)
+    restored.now_ms = 0  # even at an earlier time, what had expired was not written
+    restored.set_current_key("k")
+    rv = restored.get_state(ValueStateDescriptor("v", ttl_ms=100))
+    rl = restored.get_state(ListStateDescriptor("l", ttl_ms=100))
+    rm = restored.get_state(MapStateDescriptor("m", ttl_ms=100))
+    assert rv.value() == 2 and rl.get() == ["new"] and rm.items() == [("b", 2)]
+
+
+def test_timers_fire_in_timestamp_order_and_can_be_deleted(make_backend):
+    b = make_backend()
+    for key, ts in (("a", 100), ("a", 10), ("a", 20), ("b", 9), ("c", 9), ("c", 8), ("d", -5)):
+        b.set_current_key(key)
+        b.timers.register(EVENT_TIME, ts)
+    b.set_current_key("a")
+    assert b.timers.list(EVENT_TIME) == [10, 20, 100]
+    b.timers.delete(EVENT_TIME, 20)
+    b.timers.register(EVENT_TIME, 10)  # duplicate registration fires once
+    b.set_current_key("z")
+    b.timers.register(PROCESSING_TIME, 5)
+    fired = [(ts, b.current_key) for ts, _ns in b.timers.pop_due(EVENT_TIME, 50)]
+    assert [ts for ts, _ in fired] == [-5, 8, 9, 9, 10]  # ties fire in key-group order
+    assert fired[:2] == [(-5, "d"), (8, "c")] and {k for _, k in fired[2:4]} == {"b", "c"} and fired[4] == (10, "a")
+    assert [(ts, b.current_key) for ts, _ in b.timers.pop_due(EVENT_TIME, 1000)] == [(100, "a")]
+    assert [ts for ts, _ in b.timers.pop_due(PROCESSING_TIME, 1000)] == [5]
+
+
+def test_key_outside_key_groups_is_refused(make_backend):
+    b = make_backend(range(0, 1))
+    with pytest.raises(ValueError, match="key group"):
+        b.set_current_key("surely-not-group-0", key_group=5)
+
+
+def test_unserializable_value_names_state_and_fix(make_backend):
+    b = make_backend()
+    v = b.get_state(ValueStateDescriptor("profile"))
+    b.set_current_key("k")
+    with pytest.raises(SerializationError, match=r"state 'profile'.*serializer='pickle'"):
+        v.update(object())
+    p = b.get_state(ValueStateDescriptor("pickled", serializer="pickle"))
+    p.update(dt.timezone.utc)
+    assert p.value() is dt.timezone.utc
+
+
+def test_state_kind_and_serializer_changes_are_refused(make_backend):
+    b = make_backend()
+    b.get_state(ValueStateDescriptor("s"))
+    with pytest.raises(IncompatibleStateError, match="already obtained"):
+        b.get_state(ListStateDescriptor("s"))
+    b2 = KeyedStateBackend(b.table, MAXP, range(MAXP))
+    with pytest.raises(IncompatibleStateError, match="stored as value state"):
+        b2.get_state(ListStateDescriptor("s"))
+    with pytest.raises(IncompatibleStateError, match="serializer"):
+        b2.get_state(ValueStateDescriptor("s", serializer="pickle"))
+
+
+def test_unsupported_key_type_is_a_clear_error(make_backend):
+    b = make_backend()
+    with pytest.raises(TypeError, match="key"):
+        b.set_current_key({"a": 1})
+
+
+def test_lmdb_map_grows_instead_of_failing(tmp_path):
+    table = LmdbTable(str(tmp_path / "grow"), map_size=1 << 20, commit_every=10**9)
+    table.env.set_mapsize(1 << 20)
+    b = KeyedStateBackend(table, MAXP, range(MAXP))
+    v = b.get_state(ValueStateDescriptor("v"))
+    for i in range(20_000):
+        b.set_current_key(i)
+        v.update("x" * 200)
+    table.commit()
+    assert table.env.info()["map_size"] > 1 << 20
+    b.set_current_key(19_999)
+    assert v.value() == "x" * 200
+    table.close()
+
+
+def test_lmdb_is_locked_while_open_and_reopens_from_another_process(tmp_path):
+    path = str(tmp_path / "shared")
+    table = LmdbTable(path)
+    child = subprocess.run([sys.executable, "-c", f"from spate.state.lmdb_table import LmdbTable; LmdbTable({path!r})"],
+                           capture_output=True, text=True, env={**os.environ})
+    assert child.returncode != 0 and "in use by another process" in child.stderr
+    b = KeyedStateBackend(table, MAXP, range(MAXP))
+    b.get_state(ValueStateDescriptor("v"))
+    b.set_current_key("k")
+    b.get_state(ValueStateDescriptor("v")).update(42)
+    table.close()
+    code = ("from spate.state.lmdb_table import LmdbTable; from spate.state.keyed import KeyedStateBackend;"
+            "from spate import ValueStateDescriptor;"
+            f"b = KeyedStateBackend(LmdbTable({path!r}), 128, range(128)); b.set_current_key('k');"
+            "print(b.get_state(ValueStateDescriptor('v')).value())")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "42"
+
+
+def test_lmdb_too_long_key_is_a_clear_error(tmp_path):
+    table = LmdbTable(str(tmp_path / "long"))
+    b = KeyedStateBackend(table, MAXP, range(MAXP))
+    v = b.get_state(ValueStateDescriptor("v"))
+    b.set_current_key("x" * 600)
+    with pytest.raises(SpateError, match="too large for the lmdb table"):
+        v.update(1)
+    table.close()
+
+
+def test_restore_remaps_state_ids_between_snapshots(make_backend, tmp_path):
+    """Two subtasks registered states in different orders; restoring both into one backend keeps names."""
+    storage = CheckpointStorage(str(tmp_path / "c"))
+    handles = []
+    for i, order in enumerate((["x", "y"], ["y", "x"])):
+        b = make_backend(range(i * 64, (i + 1) * 64), name=f"src{i}")
+        states = {n: b.get_state(ValueStateDescriptor(n)) for n in order}
+        for k in range(200):
+            try:
+                b.set_current_key(k)
+            except ValueError:
+                continue
+            states["x"].update(("x", k))
+            states["y"].update(("y", k))
+        handles.append(write_keyed_snapshot(b, storage, f"s{i}.kg"))
+    merged = make_backend(name="merged")
+    for h in handles:
+        restore_keyed_snapshot(merged, storage, h)
+    x, y = merged.get_state(ValueStateDescriptor("x")), merged.get_state(ValueStateDescriptor("y"))
+    for k in range(200):
+        merged.set_current_key(k)
+        assert x.value() == ("x", k) and y.value() == ("y", k)
