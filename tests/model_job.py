@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from spate import AggregatingStateDescriptor, Context, ListStateDescriptor, MapStateDescriptor, Processor
-from spate import ReducingStateDescriptor, ValueStateDescriptor
+from spate import (
+    AggregatingStateDescriptor,
+    Context,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    Processor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
 
 TTL_MS = 2500  # with 1000 ms between batches: a TTL'd value lives through the next two batches
 

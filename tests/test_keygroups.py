@@ -153,7 +153,7 @@ def test_type_aliases_and_forms() -> None:
 
 
 def test_real_pyspark_types_if_available() -> None:
-    types = pytest.importorskip("pyspark.sql.types")
+    import pyspark.sql.types as types
     schema = types.StructType(
         [
             types.StructField("a", types.IntegerType()),
@@ -301,7 +301,7 @@ def test_key_group_max_parallelism_must_be_int() -> None:
 
 
 def test_numpy_batch_matches_scalar() -> None:
-    np = pytest.importorskip("numpy")
+    import numpy as np
     rng = np.random.default_rng(0)
     longs = rng.integers(-(2**63), 2**63 - 1, size=2000, dtype=np.int64, endpoint=True)
     assert key_groups(longs, 128) == [key_group(int(v), 128) for v in longs]

@@ -278,7 +278,7 @@ def test_inferred_multi_column_keys_match_spark(spark: Any) -> None:  # noqa: F8
 
 
 def test_numpy_vectorised_matches_spark(spark: Any) -> None:  # noqa: F811
-    np = pytest.importorskip("numpy")
+    import numpy as np
     from pyspark.sql import functions as F
 
     rng = np.random.default_rng(3)

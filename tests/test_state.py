@@ -194,8 +194,8 @@ def test_unserializable_value_names_state_and_fix(make_backend):
     with pytest.raises(SerializationError, match=r"state 'profile'.*serializer='pickle'"):
         v.update(object())
     p = b.get_state(ValueStateDescriptor("pickled", serializer="pickle"))
-    p.update(dt.timezone.utc)
-    assert p.value() is dt.timezone.utc
+    p.update(dt.UTC)
+    assert p.value() is dt.UTC
 
 
 def test_state_kind_and_serializer_changes_are_refused(make_backend):

@@ -1,7 +1,7 @@
 """Value and key serialization.
 
-msgpack is the default for plain data (None, bool, int, float, str, bytes, list, dict, tuple, date,
-datetime, Decimal, numpy scalars). pickle is used only when the user opts in explicitly, because unpickling
+msgpack is the default for plain data (None, bool, int of any size, float, str, bytes, list, dict, tuple,
+date, datetime, Decimal, numpy scalars). pickle is used only when the user opts in explicitly, because unpickling
 runs arbitrary code.
 """
 
@@ -20,6 +20,7 @@ _EXT_TUPLE = 1
 _EXT_DATE = 2
 _EXT_DATETIME = 3
 _EXT_DECIMAL = 4
+_EXT_BIGINT = 5  # ints outside msgpack's 64-bit range
 _EPOCH = _dt.datetime(1970, 1, 1)
 _EPOCH_TZ = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
@@ -37,6 +38,8 @@ def _default(obj: Any) -> Any:
         return msgpack.ExtType(_EXT_DATE, _packb(obj.toordinal()))
     if isinstance(obj, decimal.Decimal):
         return msgpack.ExtType(_EXT_DECIMAL, str(obj).encode())
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return msgpack.ExtType(_EXT_BIGINT, str(int(obj)).encode())
     if isinstance(obj, dict):
         return dict(obj)
     if isinstance(obj, list):
@@ -57,6 +60,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
         return (_EPOCH_TZ if aware else _EPOCH) + _dt.timedelta(microseconds=micros)
     if code == _EXT_DECIMAL:
         return decimal.Decimal(data.decode())
+    if code == _EXT_BIGINT:
+        return int(data.decode())
     raise SerializationError(f"unknown msgpack extension type {code}; written by a newer spate?")
 
 

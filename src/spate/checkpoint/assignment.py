@@ -26,20 +26,21 @@ def assign_keyed_state(old: list[list[KeyGroupsHandle]], max_parallelism: int,
     return out
 
 
-def assign_operator_state(old: list[OperatorStateHandle | None],
-                          new_parallelism: int) -> list[list[OperatorStatePiece]]:
+def assign_operator_state(old: list[OperatorStateHandle | None], new_parallelism: int,
+                          rebalance: bool = False) -> list[list[OperatorStatePiece]]:
     """FLIP-8 redistribution of operator state to ``new_parallelism`` subtasks.
 
     Split state: unchanged assignment when the parallelism is unchanged; otherwise, per state name in name
     order, ``base = total // P`` elements each and one more for ``total % P`` subtasks, the extra elements
     rotating on from where the previous name's ran out (balanced within one element, each element exactly
     once). Union state: every subtask gets every element. Broadcast state: subtask i gets old (i mod P_old)'s.
+    ``rebalance`` deals split state out round-robin even at unchanged parallelism (Flink's repartitioner).
     """
     if new_parallelism < 1:
         raise ValueError(f"parallelism must be >= 1, got {new_parallelism}")
     out: list[list[OperatorStatePiece]] = [[] for _ in range(new_parallelism)]
     names = sorted({n for h in old if h for n in h.states})
-    same = len(old) == new_parallelism
+    same = len(old) == new_parallelism and not rebalance
     start_subtask = 0
     for name in names:
         parts = [(h, h.states[name]) for h in old if h and name in h.states]
