@@ -1,0 +1,90 @@
+"""Checksummed framing, storage paths, atomic creation, and value serialization."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+
+import pytest
+
+from spate.errors import CorruptFileError, MissingFileError, SerializationError
+from spate.fs import CheckpointStorage, FrameKind, frame, iter_frames, read_single_frame, validate_relative_path
+from spate.serde import MSGPACK, decode_key, encode_key, serializer_by_name
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_frames_round_trip(compress):
+    data = frame(FrameKind.KEY_GROUP, b"abc" * 100, compress) + frame(FrameKind.METADATA, b"")
+    frames = list(iter_frames(data, "f"))
+    assert [(f.kind, f.payload) for f in frames] == [(FrameKind.KEY_GROUP, b"abc" * 100), (FrameKind.METADATA, b"")]
+    assert frames[1].offset == frames[0].length
+
+
+def test_corruption_and_truncation_are_named():
+    data = bytearray(frame(FrameKind.METADATA, b"payload-bytes"))
+    data[-3] ^= 0xFF
+    with pytest.raises(CorruptFileError, match=r"chk-7/_metadata.*checksum mismatch"):
+        read_single_frame(bytes(data), "chk-7/_metadata")
+    with pytest.raises(CorruptFileError, match="truncated"):
+        read_single_frame(frame(FrameKind.METADATA, b"payload")[:-2], "x")
+    with pytest.raises(CorruptFileError, match="not a spate frame"):
+        read_single_frame(b"garbage" * 10, "x")
+    newer = bytearray(frame(FrameKind.METADATA, b"p"))
+    newer[5] = 99  # format version
+    with pytest.raises(CorruptFileError, match="newer than this spate"):
+        read_single_frame(bytes(newer), "x")
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../x", "a/../../x", "", "s3://bucket/x", "a\\b", ".."])
+def test_paths_cannot_escape_the_root(bad):
+    with pytest.raises(ValueError):
+        validate_relative_path(bad)
+
+
+def test_storage_operations(tmp_path):
+    s = CheckpointStorage(str(tmp_path / "root"))
+    s.write("a/b/c.bin", b"0123456789")
+    assert s.read_range("a/b/c.bin", 2, 3) == b"234" and s.size("a/b/c.bin") == 10
+    assert s.list_files() == [("a/b/c.bin", 10)]
+    s.create_exclusive("m", b"1")
+    with pytest.raises(FileExistsError):
+        s.create_exclusive("m", b"2")
+    assert s.read("m") == b"1"
+    s.replace("m", b"3")
+    assert s.read("m") == b"3"
+    with pytest.raises(MissingFileError, match=r"gone.*missing"):
+        s.read("gone", "checkpoint 4")
+    with pytest.raises(CorruptFileError, match="truncated"):
+        s.read_range("a/b/c.bin", 8, 5)
+    assert s.delete("a/b/c.bin") and not s.delete("a/b/c.bin")
+    assert CheckpointStorage(f"file://{tmp_path}/root").read("m") == b"3"
+
+
+@pytest.mark.parametrize("value", [None, True, 0, -1, 2**63 - 1, -2**63, 2**80, 1.5, "ü日本", b"\x00", [1, [2]],
+                                   {"a": (1, 2)}, (1, ("x", None)), dt.date(2024, 2, 29),
+                                   dt.datetime(2024, 1, 1, 12, 0, 0, 5), dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+                                   decimal.Decimal("-1.250")])
+def test_msgpack_round_trips_plain_data_exactly(value):
+    back = MSGPACK.loads(MSGPACK.dumps(value))
+    assert back == value and type(back) is type(value)
+    assert decode_key(encode_key(value)) == value
+
+
+def test_numpy_scalars_encode_as_python_numbers():
+    import numpy as np
+
+    assert MSGPACK.loads(MSGPACK.dumps(np.int64(5))) == 5
+    assert MSGPACK.loads(MSGPACK.dumps(np.float32(0.5))) == 0.5
+
+
+def test_pickle_needs_opt_in():
+    with pytest.raises(SerializationError, match="allow_pickle=True"):
+        serializer_by_name("pickle", allow_pickle=False, what="state 'x'")
+    assert serializer_by_name("pickle", allow_pickle=True, what="state 'x'").name == "pickle"
+    with pytest.raises(SerializationError, match="does not know"):
+        serializer_by_name("avro", allow_pickle=True, what="state 'x'")
+
+
+def test_unsupported_key_is_a_type_error():
+    with pytest.raises(TypeError, match="unsupported key"):
+        encode_key(object())
