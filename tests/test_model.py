@@ -5,6 +5,7 @@ sees every batch at least once with identical outputs."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections import Counter
 from typing import Any
@@ -131,7 +132,7 @@ def _raise(step: str, batch_id: int, crash_step: str, crash_batch: int) -> None:
         raise Crash(step)
 
 
-@settings(max_examples=40)
+@settings(max_examples=int(os.environ.get("SPATE_MODEL_EXAMPLES", "40")))
 @given(batches_st, st.lists(segment, max_size=3), st.tuples(st.integers(1, 16), st.sampled_from(["heap", "lmdb"])))
 def test_state_matches_model_across_crashes_and_rescales(raw_batches, segments, final):
     run_scenario(raw_batches, segments, final)

@@ -190,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return 0
     except (SpateError, ValueError) as e:
         print(f"spate: error: {e}", file=sys.stderr)
         return 2

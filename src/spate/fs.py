@@ -84,6 +84,8 @@ def _read_frame(view: memoryview, pos: int, where: str, base_offset: int) -> Fra
     magic, version, kind, flags, length, crc = _HEADER.unpack_from(view, pos)
     if magic != FRAME_MAGIC:
         raise CorruptFileError(f"{at}: not a spate frame (bad magic {magic!r})")
+    if version == 0 or flags & ~_FLAG_ZSTD:
+        raise CorruptFileError(f"{at}: invalid frame header (version {version}, flags {flags:#x})")
     if version > FRAME_FORMAT_VERSION:
         raise CorruptFileError(f"{at}: frame format version {version} is newer than this spate "
                                f"(supports {FRAME_FORMAT_VERSION}); upgrade spate")

@@ -118,6 +118,15 @@ class PickleSerializer:
 
 MSGPACK = MsgpackSerializer()
 PICKLE = PickleSerializer()
+_CUSTOM: dict[str, Serializer] = {}
+
+
+def register_serializer(serializer: Serializer) -> Serializer:
+    """Make a custom serializer known by its ``name`` so state written with it can be restored."""
+    if serializer.name in ("msgpack", "pickle"):
+        raise ValueError(f"serializer name {serializer.name!r} is reserved")
+    _CUSTOM[serializer.name] = serializer
+    return serializer
 
 
 def resolve_serializer(spec: str | Serializer | None, allow_pickle: bool = False) -> Serializer:
@@ -127,8 +136,10 @@ def resolve_serializer(spec: str | Serializer | None, allow_pickle: bool = False
     if spec == "pickle":
         return PICKLE
     if isinstance(spec, str):
+        if spec in _CUSTOM:
+            return _CUSTOM[spec]
         raise ValueError(f"unknown serializer {spec!r}: use 'msgpack' (default), 'pickle' or a Serializer")
-    return spec
+    return register_serializer(spec)
 
 
 def serializer_by_name(name: str, allow_pickle: bool, what: str) -> Serializer:
@@ -140,8 +151,10 @@ def serializer_by_name(name: str, allow_pickle: bool, what: str) -> Serializer:
             raise SerializationError(f"{what} was written with pickle; reading it runs code from the "
                                      "checkpoint, so pass allow_pickle=True (CLI: --allow-pickle) if you trust it")
         return PICKLE
-    raise SerializationError(f"{what} uses serializer {name!r}, which this process does not know; register a "
-                             "serializer with that name")
+    if name in _CUSTOM:
+        return _CUSTOM[name]
+    raise SerializationError(f"{what} uses serializer {name!r}, which this process does not know; call "
+                             "spate.serde.register_serializer() with it before restoring")
 
 
 def encode(serializer: Serializer, value: Any, what: str) -> bytes:

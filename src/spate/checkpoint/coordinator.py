@@ -1,5 +1,9 @@
 """The checkpoint coordinator: runs on the driver, one per query (checkpoint root).
 
+A checkpoint is complete iff its metadata file exists and verifies. A metadata file that exists but fails
+verification stops ``start`` with an error naming it, rather than silently falling back to an older
+checkpoint (which would hide corruption); deleting that ``chk-<n>`` directory is the explicit fallback.
+
 ``start`` fences older drivers, finds the latest complete checkpoint and removes orphan files; ``begin``
 plans a checkpoint for every subtask; ``acknowledge`` accepts exactly one ack per subtask; ``complete``
 writes the metadata atomically (the checkpoint is complete iff it exists and verifies), registers shared

@@ -128,7 +128,10 @@ def read_metadata(storage: CheckpointStorage, path: str) -> CheckpointMetadata:
     if version > METADATA_FORMAT_VERSION:
         raise CorruptFileError(f"{where}: metadata format version {version} is newer than this spate "
                                f"supports ({METADATA_FORMAT_VERSION}); upgrade spate")
-    meta = CheckpointMetadata.from_dict(data)
+    try:
+        meta = CheckpointMetadata.from_dict(data)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptFileError(f"{where}: metadata is missing or has malformed fields ({e!r})") from e
     for rel in meta.files():
         storage.path(rel)  # validates every referenced path stays under the root
     return meta
@@ -150,5 +153,13 @@ class QueryInfo:
     def read(storage: CheckpointStorage) -> QueryInfo | None:
         if not storage.exists(QUERY_FILE):
             return None
-        payload = read_single_frame(storage.read(QUERY_FILE), storage.path(QUERY_FILE), FrameKind.QUERY)
-        return QueryInfo(**json.loads(payload))
+        where = storage.path(QUERY_FILE)
+        try:
+            data = json.loads(read_single_frame(storage.read(QUERY_FILE), where, FrameKind.QUERY))
+            info = QueryInfo(data["query_id"], data["max_parallelism"], data["epoch"], data["format_version"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptFileError(f"{where}: query file is malformed ({e!r})") from e
+        if info.format_version > METADATA_FORMAT_VERSION:
+            raise CorruptFileError(f"{where}: format version {info.format_version} is newer than this spate "
+                                   f"supports ({METADATA_FORMAT_VERSION}); upgrade spate")
+        return info

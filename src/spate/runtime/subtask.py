@@ -89,6 +89,7 @@ class Subtask:
         self._tag: int | None = None  # checkpoint the live state reflects; None = unknown/dirty
         self._handles: tuple[int, list] | None = None  # (checkpoint, keyed handles) equal to the live state
         self.restored_from: int | None = None
+        self.restore_ms = 0.0
 
     # -- the batch ------------------------------------------------------------------------------------
     def run(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> BatchOutput:
@@ -113,16 +114,34 @@ class Subtask:
         self._mark_dirty()
 
     def _open_local_lmdb(self, plan: SubtaskPlan) -> None:
-        """Reopen this subtask's lmdb directory; keep it only if its tag says it reflects a checkpoint."""
+        """Reopen this subtask's lmdb directory if its tag says it reflects the plan's base checkpoint
+        (local recovery: keyed state is not downloaded; operator state, being small, always is)."""
+        base = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
         table = LmdbTable(self._lmdb_dir(plan))
         tag = table.get_meta(_TAG)
-        self._tag = int(tag) if tag and tag != _DIRTY else None
-        self._install(plan, table, {})
-        self._handles = None
+        if tag is None or tag == _DIRTY or int(tag) != base or plan.base_is_savepoint:
+            table.destroy()
+            return
+        self._install(plan, table, self._read_operator_state(plan))
+        self._tag, self._handles = base, None
+
+    def _read_operator_state(self, plan: SubtaskPlan) -> dict[str, RestoredOperatorState]:
+        restored: dict[str, RestoredOperatorState] = {}
+        if plan.base_checkpoint_id is None:
+            return restored
+        assert plan.base_uri is not None
+        storage = CheckpointStorage(plan.base_uri)
+        for piece in plan.operator:
+            elems = read_operator_piece(storage, piece, self._restore_context(plan))
+            restored.setdefault(piece.name, RestoredOperatorState(piece.mode, piece.serializer, [])).encoded.extend(elems)
+        return restored
+
+    def _restore_context(self, plan: SubtaskPlan) -> str:
+        return f"restoring subtask {self.index} from checkpoint {plan.base_checkpoint_id}"
 
     def _lmdb_dir(self, plan: SubtaskPlan) -> str:
         assert self.config.local_dir
-        return os.path.join(self.config.local_dir, plan.query_id, f"subtask-{self.index}-of-{self.parallelism}")
+        return os.path.join(self.config.local_dir, plan.query_id, f"subtask-{self.index}-{self.parallelism}")
 
     def _new_table(self, plan: SubtaskPlan) -> StateTable:
         if self.config.table == "heap":
@@ -135,21 +154,13 @@ class Subtask:
         if self.keyed is not None:
             self.close(destroy=True)
         table = self._new_table(plan)
-        restored_ops: dict[str, RestoredOperatorState] = {}
         started = time.perf_counter()
-        if plan.base_checkpoint_id is not None:
-            assert plan.base_uri is not None
-            storage = CheckpointStorage(plan.base_uri)
-            context = f"restoring subtask {self.index} from checkpoint {plan.base_checkpoint_id}"
-            for piece in plan.operator:
-                elems = read_operator_piece(storage, piece, context)
-                r = restored_ops.setdefault(piece.name, RestoredOperatorState(piece.mode, piece.serializer, []))
-                r.encoded.extend(elems)
-        self._install(plan, table, restored_ops)
+        self._install(plan, table, self._read_operator_state(plan))
         assert self.keyed is not None
         if plan.base_checkpoint_id is not None:
+            storage = CheckpointStorage(plan.base_uri)  # type: ignore[arg-type]
             for handle in plan.keyed:
-                restore_keyed_snapshot(self.keyed, storage, handle, context)
+                restore_keyed_snapshot(self.keyed, storage, handle, self._restore_context(plan))
             self.keyed.timers.rebuild()
         self.restore_ms = (time.perf_counter() - started) * 1000
         self.restored_from = plan.base_checkpoint_id
@@ -233,6 +244,8 @@ class Subtask:
                  "keyed_bytes": sum(h.state_bytes for h in keyed_handles), "reused": reuse,
                  "operator_bytes": op_handle.size if op_handle else 0,
                  "restored_from": self.restored_from}
+        if self.restored_from is not None:
+            stats["restore_ms"] = round(self.restore_ms, 3)
         self.restored_from = None
         return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, op_handle, staged, new_files,
                           self._max_event_time(rows), stats)

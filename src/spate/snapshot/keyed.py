@@ -56,6 +56,8 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle,
     data = storage.read_range(handle.path, offset, length, context)
     where = f"{storage.path(handle.path)}{f' ({context})' if context else ''}"
     for fr in iter_frames(data, where, offset):
+        if fr.kind != FrameKind.KEY_GROUP:
+            raise CorruptFileError(f"{where}: frame at offset {fr.offset} is not keyed state (kind {fr.kind})")
         kg, flat = msgpack.unpackb(fr.payload, raw=False)
         if handle.offsets.get(kg, (None,))[0] != fr.offset:
             if handle.start <= kg <= handle.end:

@@ -122,6 +122,11 @@ class KeyedStateBackend:
                 raise IncompatibleStateError(
                     f"state {descriptor.name!r} was written with serializer {meta.serializer!r} but the "
                     f"processor asks for {serializer.name!r}; keep the serializer or use a new state name")
+            if bool(meta.ttl_ms) != bool(descriptor.ttl_ms):
+                raise IncompatibleStateError(
+                    f"state {descriptor.name!r} was written {'with' if meta.ttl_ms else 'without'} a TTL; turning "
+                    "TTL on or off for existing state is not supported (stored values differ); use a new state "
+                    "name")
             if meta.ttl_ms != descriptor.ttl_ms:
                 meta = StateMeta(meta.name, meta.sid, meta.kind, descriptor.ttl_ms, meta.serializer)
                 self._metas[meta.name] = meta
@@ -147,7 +152,7 @@ class KeyedStateBackend:
     def _next_sid(self) -> int:
         sid = max((m.sid for m in self._metas.values()), default=-1) + 1
         if sid >= min(RESERVED_SIDS):
-            raise IncompatibleStateError("too many keyed states in one processor (limit 65000)")
+            raise IncompatibleStateError(f"too many keyed states in one processor (limit {min(RESERVED_SIDS)})")
         return sid
 
     def _save_registry(self) -> None:
