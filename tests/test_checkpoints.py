@@ -186,9 +186,11 @@ def test_missing_and_corrupt_state_files_name_checkpoint_and_file(tmp_path):
     storage = CheckpointStorage(root)
     path = load_checkpoint(storage).subtasks[1].keyed[0].path
     full = storage.path(path)
-    data = bytearray(open(full, "rb").read())
-    data[-1] ^= 0x01
-    open(full, "wb").write(bytes(data))
+    with open(full, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)[0]
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last ^ 0x01]))
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=3) as r, \
             pytest.raises(CorruptFileError, match=rf"{path}.*checkpoint 1.*checksum mismatch"):
         r.run(batches(3))

@@ -133,7 +133,8 @@ class Subtask:
         storage = CheckpointStorage(plan.base_uri)
         for piece in plan.operator:
             elems = read_operator_piece(storage, piece, self._restore_context(plan))
-            restored.setdefault(piece.name, RestoredOperatorState(piece.mode, piece.serializer, [])).encoded.extend(elems)
+            state = restored.setdefault(piece.name, RestoredOperatorState(piece.mode, piece.serializer, []))
+            state.encoded.extend(elems)
         return restored
 
     def _restore_context(self, plan: SubtaskPlan) -> str:

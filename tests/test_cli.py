@@ -1,0 +1,110 @@
+"""The ``spate`` command: tables by default, JSON with --json, exit codes, and the demo and benchmark smoke
+runs (CI runs --quick)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from spate import LocalRunner, Processor, ValueStateDescriptor
+from spate.cli import main
+
+PICKLED = ValueStateDescriptor("blob", serializer="pickle")
+
+
+class Job(Processor):
+    def open(self, ctx):
+        self.count = ctx.state(ValueStateDescriptor("count", default=0))
+        self.blob = ctx.state(PICKLED)
+        self.log = ctx.get_list_state("log")
+
+    def process(self, key, rows, ctx):
+        self.count.update(self.count.value() + len(rows))
+        self.blob.update(frozenset([key]))
+        ctx.register_event_time_timer(1000 + len(rows))
+        return None
+
+    def end_batch(self, ctx):
+        self.log.add(ctx.batch_id)
+
+
+@pytest.fixture
+def root(tmp_path):
+    path = str(tmp_path / "ckpt")
+    with LocalRunner(Job, key="k", checkpoint_root=path, parallelism=2) as r:
+        r.run([[{"k": "a"}, {"k": "b"}, {"k": "a"}], [{"k": "c"}]])
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_list_and_show(root, capsys):
+    code, out = run(capsys, "checkpoints", "list", root)
+    assert code == 0 and "checkpoint" in out and "parallelism" in out
+    code, out = run(capsys, "checkpoints", "list", root, "--json")
+    data = json.loads(out)
+    assert [c["checkpoint_id"] for c in data["checkpoints"]] == [0, 1]
+    code, out = run(capsys, "checkpoints", "show", root, "--checkpoint", "0")
+    assert code == 0 and "checkpoint 0" in out and "keyed" in out and "operator" in out
+    code, out = run(capsys, "checkpoints", "show", root, "--json")
+    assert json.loads(out)["metadata"]["checkpoint_id"] == 1
+
+
+def test_dump_keyed_operator_and_timers(root, capsys):
+    code, out = run(capsys, "state", "dump", root, "--state", "count", "--json")
+    rows = json.loads(out)["rows"]
+    assert code == 0 and {r["key"]: r["value"] for r in rows} == {"a": 2, "b": 1, "c": 1}
+    code, out = run(capsys, "state", "dump", root, "--state", "count")
+    assert "key" in out and "a" in out
+    code, out = run(capsys, "state", "dump", root, "--state", "log", "--json")
+    assert sorted(r["element"] for r in json.loads(out)["rows"]) == [0, 0, 1, 1]
+    code, out = run(capsys, "state", "dump", root, "--state", "timers:event", "--json")
+    assert sorted((r["key"], r["user_key"]) for r in json.loads(out)["rows"]) == [("a", 1002), ("b", 1001),
+                                                                                  ("c", 1001)]
+
+
+def test_pickled_state_needs_opt_in(root, capsys):
+    code = main(["state", "dump", root, "--state", "blob"])
+    assert code == 2 and "--allow-pickle" in capsys.readouterr().err
+    code, out = run(capsys, "state", "dump", root, "--state", "blob", "--allow-pickle")
+    assert code == 0 and "frozenset" in out
+
+
+def test_unknown_state_is_a_clear_error(root, capsys):
+    assert main(["state", "dump", root, "--state", "nope"]) == 2
+    assert "no keyed state named 'nope'" in capsys.readouterr().err
+
+
+def test_verify_exit_codes(root, capsys):
+    code, out = run(capsys, "checkpoints", "verify", root, "--json")
+    assert code == 0 and json.loads(out)["ok"]
+    victim = next(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "shared")) for f in fs)
+    with open(victim, "r+b") as f:
+        f.seek(25)
+        f.write(b"\xff\xfe")
+    code, out = run(capsys, "checkpoints", "verify", root)
+    assert code == 1 and "checksum mismatch" in out
+    assert main(["checkpoints", "verify", os.path.join(root, "empty")]) == 1
+
+
+def test_demo_quick_verifies(tmp_path, capsys):
+    code, out = run(capsys, "demo", "--quick", "--json", "--dir", str(tmp_path / "demo"))
+    summary = json.loads(out)
+    assert code == 0 and summary["verified"] and all(summary["checks"].values())
+    assert summary["rescale"]["to_parallelism"] == 3 and summary["rescale"]["subtasks_restored"] == [0, 1, 2]
+
+
+def test_bench_state_quick_json_shape(tmp_path, capsys):
+    code, out = run(capsys, "bench", "state", "--quick", "--json", "--out", str(tmp_path))
+    data = json.loads(out)
+    assert code == 0 and data["bench"] == "state"
+    variants = {(r["variant"], r["op"]) for r in data["results"]}
+    assert {("heap", "value_put"), ("lmdb", "map_get"), ("raw-lmdb", "value_get"), ("lmdb", "snapshot"),
+            ("heap", "restore")} <= variants
+    assert all(r.get("ops_per_s", 0) > 0 or r.get("mb_per_s", 0) > 0 for r in data["results"])
+    assert os.path.exists(tmp_path / "state.png")
