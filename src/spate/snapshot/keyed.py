@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 
 import msgpack
 
 from spate.errors import CorruptFileError
 from spate.fs import CheckpointStorage, FrameKind, frame, iter_frames
 from spate.snapshot.handles import KeyGroupsHandle
+from spate.state.descriptors import MAP
 from spate.state.keyed import KeyedStateBackend, StateMeta
 from spate.state.layout import U16
+from spate.state.timers import RESERVED_SIDS
 
 
 def write_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage, path: str,
@@ -22,28 +26,46 @@ def write_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage,
     frames: list[bytes] = []
     offsets: dict[int, tuple[int, int]] = {}
     pos = 0
-    for kg in backend.key_groups:
-        flat: list[bytes] = []
-        if filters:
-            for key, value in table.key_group_entries(kg):
-                f = filters.get(key[:2])
-                if f is not None and (value := f(value)) is None:  # type: ignore[assignment]
-                    continue
-                flat += (key, value)
-        else:
-            for key, value in table.key_group_entries(kg):
-                flat += (key, value)
-        if flat:
-            fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat], use_bin_type=True), compress)
-            frames.append(fr)
-            offsets[kg] = (pos, len(fr))
-            pos += len(fr)
+    with gc_paused():
+        for kg in backend.key_groups:
+            flat = table.key_group_flat(kg)
+            if filters and flat:
+                flat = _drop_expired(flat, filters)
+            if flat:
+                fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat], use_bin_type=True), compress)
+                frames.append(fr)
+                offsets[kg] = (pos, len(fr))
+                pos += len(fr)
     if not frames:
         return None
     storage.write(path, b"".join(frames))
     kgs = backend.key_groups
     return KeyGroupsHandle(path, kgs.start, kgs.stop - 1, offsets, pos,
                            tuple(m.to_dict() for m in backend.state_metas))
+
+
+def _drop_expired(flat: list[bytes], filters: dict[bytes, Callable[[bytes], bytes | None]]) -> list[bytes]:
+    out: list[bytes] = []
+    for i in range(0, len(flat), 2):
+        key, value = flat[i], flat[i + 1]
+        f = filters.get(key[:2])
+        if f is not None and (value := f(value)) is None:  # type: ignore[assignment]
+            continue
+        out += (key, value)
+    return out
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Snapshots and restores allocate millions of short-lived objects; cyclic GC passes over a large live
+    heap would dominate their cost, and nothing they allocate forms cycles."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle,
@@ -76,14 +98,15 @@ def restore_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorag
         local = backend.adopt(meta)
         if local != meta.sid:
             remap[U16.pack(meta.sid)] = U16.pack(local)
+    map_sids = frozenset([U16.pack(backend.adopt(StateMeta.from_dict(m))) for m in handle.states
+                          if m["kind"] == MAP] + [U16.pack(sid) for sid in RESERVED_SIDS])
     table, owned, count = backend.table, backend.key_groups, 0
-    for kg, flat in read_key_groups(storage, handle, context):
-        if kg not in owned:
-            continue
-        for i in range(0, len(flat), 2):
-            key = flat[i]
-            if remap and (new_sid := remap.get(key[:2])) is not None:
-                key = new_sid + key[2:]
-            table.restore_entry(kg, key, flat[i + 1])
-        count += len(flat) // 2
+    with gc_paused():
+        for kg, flat in read_key_groups(storage, handle, context):
+            if kg not in owned:
+                continue
+            if remap:
+                flat[0::2] = [remap.get(k[:2], k[:2]) + k[2:] for k in flat[0::2]]
+            table.restore_key_group(kg, flat, map_sids)
+            count += len(flat) // 2
     return count

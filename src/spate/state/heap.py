@@ -1,94 +1,100 @@
-"""``heap`` table: dicts per key group in this process. Fastest; lives and dies with the process."""
+"""``heap`` table: dicts per key group in this process. Fastest; lives and dies with the process.
+
+Per key group, value-like entries are one flat dict (``primary -> value``) so snapshots can stream it
+without a Python-level loop; map entries and timers live in a second dict (``primary -> {user_key: value}``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import chain
 
 from spate.state.layout import primary_length
 from spate.state.table import StateTable
 
 
 class HeapTable(StateTable):
-    """``{kg: {primary: value | {user_key: value}}}``."""
+    """``values[kg] = {primary: value}``, ``maps[kg] = {primary: {user_key: value}}``."""
 
     kind = "heap"
 
     def __init__(self) -> None:
-        self._data: dict[int, dict[bytes, bytes | dict[bytes, bytes]]] = {}
+        self._values: dict[int, dict[bytes, bytes]] = {}
+        self._maps: dict[int, dict[bytes, dict[bytes, bytes]]] = {}
         self._meta: dict[str, bytes] = {}
 
     def get(self, kg: int, primary: bytes) -> bytes | None:
-        d = self._data.get(kg)
-        return d.get(primary) if d is not None else None  # type: ignore[return-value]
+        d = self._values.get(kg)
+        return d.get(primary) if d is not None else None
 
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
-        d = self._data.get(kg)
+        d = self._values.get(kg)
         if d is None:
-            d = self._data[kg] = {}
+            d = self._values[kg] = {}
         d[primary] = value
 
     def delete(self, kg: int, primary: bytes) -> None:
-        d = self._data.get(kg)
-        if d is not None:
-            d.pop(primary, None)
+        for store in (self._values, self._maps):
+            d = store.get(kg)
+            if d is not None:
+                d.pop(primary, None)
 
     def map_get(self, kg: int, primary: bytes, user_key: bytes) -> bytes | None:
-        d = self._data.get(kg)
+        d = self._maps.get(kg)
         m = d.get(primary) if d is not None else None
-        return m.get(user_key) if m is not None else None  # type: ignore[union-attr]
+        return m.get(user_key) if m is not None else None
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
-        d = self._data.get(kg)
+        d = self._maps.get(kg)
         if d is None:
-            d = self._data[kg] = {}
+            d = self._maps[kg] = {}
         m = d.get(primary)
         if m is None:
             m = d[primary] = {}
-        m[user_key] = value  # type: ignore[index]
+        m[user_key] = value
 
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
-        d = self._data.get(kg)
+        d = self._maps.get(kg)
         m = d.get(primary) if d is not None else None
         if m is not None:
-            m.pop(user_key, None)  # type: ignore[union-attr]
+            m.pop(user_key, None)
             if not m:
                 del d[primary]  # type: ignore[union-attr]
 
     def map_items(self, kg: int, primary: bytes) -> list[tuple[bytes, bytes]]:
-        d = self._data.get(kg)
+        d = self._maps.get(kg)
         m = d.get(primary) if d is not None else None
-        return list(m.items()) if m else []  # type: ignore[union-attr]
+        return list(m.items()) if m else []
 
     def state_entries(self, kg: int, sid_prefix: bytes) -> Iterator[tuple[bytes, bytes, bytes]]:
-        d = self._data.get(kg)
-        if not d:
-            return
-        for primary, v in list(d.items()):
-            if primary[:2] != sid_prefix:
-                continue
-            if isinstance(v, dict):
-                for uk, mv in list(v.items()):
-                    yield primary, uk, mv
-            else:
+        values = self._values.get(kg) or {}
+        for primary, v in list(values.items()):
+            if primary[:2] == sid_prefix:
                 yield primary, b"", v
+        maps = self._maps.get(kg) or {}
+        for primary, m in list(maps.items()):
+            if primary[:2] == sid_prefix:
+                for uk, mv in list(m.items()):
+                    yield primary, uk, mv
 
-    def key_group_entries(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
-        d = self._data.get(kg)
-        if not d:
+    def key_group_flat(self, kg: int) -> list[bytes]:
+        flat = list(chain.from_iterable(self._values.get(kg, {}).items()))
+        for primary, m in (self._maps.get(kg) or {}).items():
+            for uk, v in m.items():
+                flat += (primary + uk, v)
+        return flat
+
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
+        keys, values = flat[0::2], flat[1::2]
+        if not map_sids:
+            self._values.setdefault(kg, {}).update(zip(keys, values, strict=True))
             return
-        for primary, v in sorted(d.items()):
-            if isinstance(v, dict):
-                for uk, mv in sorted(v.items()):
-                    yield primary + uk, mv
+        for key, value in zip(keys, values, strict=True):
+            if key[:2] in map_sids:
+                plen = primary_length(key)
+                self.map_put(kg, key[:plen], key[plen:], value)
             else:
-                yield primary, v
-
-    def restore_entry(self, kg: int, flat: bytes, value: bytes) -> None:
-        plen = primary_length(flat)
-        if plen == len(flat):
-            self.put(kg, flat, value)
-        else:
-            self.map_put(kg, flat[:plen], flat[plen:], value)
+                self.put(kg, key, value)
 
     def get_meta(self, name: str) -> bytes | None:
         return self._meta.get(name)
@@ -97,15 +103,14 @@ class HeapTable(StateTable):
         self._meta[name] = value
 
     def approx_bytes(self) -> int:
-        total = 0
-        for d in self._data.values():
-            for k, v in d.items():
-                total += len(k) + (sum(len(a) + len(b) for a, b in v.items()) if isinstance(v, dict) else len(v))
-        return total
+        total = sum(len(k) + len(v) for d in self._values.values() for k, v in d.items())
+        return total + sum(len(p) + len(u) + len(v) for d in self._maps.values() for p, m in d.items()
+                           for u, v in m.items())
 
     def close(self) -> None:
         pass
 
     def destroy(self) -> None:
-        self._data.clear()
+        self._values.clear()
+        self._maps.clear()
         self._meta.clear()

@@ -156,19 +156,30 @@ class LmdbTable(StateTable):
 
     # -- scans ----------------------------------------------------------------------------------------
     def state_entries(self, kg: int, sid_prefix: bytes) -> Iterator[tuple[bytes, bytes, bytes]]:
-        for k, v in list(_scan(self._w(), U16.pack(kg) + sid_prefix)):
+        for k, v in list(_scan(self._w(), _KG[kg] + sid_prefix)):
             flat = k[2:]
             plen = primary_length(flat)
             yield flat[:plen], flat[plen:], v
 
-    def key_group_entries(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
+    def key_group_flat(self, kg: int) -> list[bytes]:
         self.commit()
         with self.env.begin() as txn:
-            for k, v in _scan(txn, U16.pack(kg)):
-                yield k[2:], v
+            return [x for k, v in _scan(txn, _KG[kg]) for x in (k[2:], v)]
 
-    def restore_entry(self, kg: int, flat: bytes, value: bytes) -> None:
-        self._write(U16.pack(kg) + flat, value)
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
+        prefix = _KG[kg]
+        items = [(prefix + k, v) for k, v in zip(flat[0::2], flat[1::2], strict=True)]
+        self.commit()
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    txn.cursor().putmulti(items)
+                return
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except lmdb.BadValsizeError as e:
+                raise SpateError(f"a restored state key is too large for the lmdb table (limit {MAX_LMDB_KEY} "
+                                 "bytes); restore into the heap table") from e
 
     # -- metadata -------------------------------------------------------------------------------------
     def get_meta(self, name: str) -> bytes | None:

@@ -42,12 +42,13 @@ class StateTable(ABC):
         """Every (primary, user_key, value) of one state in one key group."""
 
     @abstractmethod
-    def key_group_entries(self, kg: int) -> Iterator[tuple[bytes, bytes]]:
-        """Every (primary + user_key, value) of a key group, in a consistent view (see :meth:`commit`)."""
+    def key_group_flat(self, kg: int) -> list[bytes]:
+        """Every entry of a key group as ``[primary + user_key, value, ...]``, in a consistent view."""
 
     @abstractmethod
-    def restore_entry(self, kg: int, flat: bytes, value: bytes) -> None:
-        """Insert an entry read from a snapshot (``flat`` = primary + user key)."""
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
+        """Insert the entries of a snapshot's key group (``flat`` as from :meth:`key_group_flat`);
+        keys whose state-id prefix is in ``map_sids`` are map entries or timers."""
 
     @abstractmethod
     def get_meta(self, name: str) -> bytes | None: ...
