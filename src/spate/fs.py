@@ -113,6 +113,12 @@ def validate_relative_path(rel: str) -> str:
     return norm
 
 
+def join_uri(uri: str, rel: str) -> str:
+    """``uri`` + ``/rel``, keeping a query string (``s3://b/p?endpoint_override=...``) at the end."""
+    base, sep, query = uri.partition("?")
+    return f"{base.rstrip('/')}/{validate_relative_path(rel)}{sep}{query}"
+
+
 def random_name(suffix: str = "") -> str:
     """An attempt-unique file name (never reused, so a late write cannot clobber another file)."""
     return uuid.uuid4().hex + suffix
@@ -141,14 +147,15 @@ class CheckpointStorage:
     def sub(self, rel: str) -> CheckpointStorage:
         """A storage rooted at ``rel`` below this one, on the same file system."""
         sub = CheckpointStorage.__new__(CheckpointStorage)
-        sub.uri = f"{self.uri.rstrip('/')}/{validate_relative_path(rel)}"
+        sub.uri = join_uri(self.uri, rel)
         sub.fs, sub.root, sub.is_local = self.fs, self.path(rel), self.is_local
         return sub
 
     def write(self, rel: str, data: bytes) -> None:
         """Write a new file (callers use random names; no atomicity needed)."""
         full = self.path(rel)
-        self.fs.create_dir(posixpath.dirname(full), recursive=True)
+        if self.is_local:  # object stores have no directories; creating markers costs requests
+            self.fs.create_dir(posixpath.dirname(full), recursive=True)
         with self.fs.open_output_stream(full) as out:
             out.write(data)
 

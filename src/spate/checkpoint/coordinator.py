@@ -35,7 +35,7 @@ from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.checkpoint.registry import SharedStateRegistry
 from spate.checkpoint.savepoint import write_savepoint
 from spate.errors import CheckpointError, FencedError, IncompatibleStateError
-from spate.fs import CheckpointStorage, FrameKind, frame
+from spate.fs import CheckpointStorage, FrameKind, frame, join_uri
 from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
 
 log = logging.getLogger(__name__)
@@ -313,6 +313,6 @@ class Coordinator:
         if cid is None or cid not in metas:
             raise CheckpointError(f"no retained complete checkpoint {cid if cid is not None else ''} to take a "
                                   f"savepoint of; retained: {sorted(metas)}")
-        target = target_uri or f"{self.storage.uri.rstrip('/')}/savepoints/savepoint-{cid}-{uuid.uuid4().hex[:8]}"
+        target = target_uri or join_uri(self.storage.uri, f"savepoints/savepoint-{cid}-{uuid.uuid4().hex[:8]}")
         write_savepoint(self.storage, metas[cid], CheckpointStorage(target))
         return target
