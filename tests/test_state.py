@@ -282,3 +282,20 @@ def test_restore_remaps_state_ids_between_snapshots(make_backend, tmp_path):
     for k in range(200):
         merged.set_current_key(k)
         assert x.value() == ("x", k) and y.value() == ("y", k)
+
+
+def test_lmdb_consistent_view_does_not_see_later_writes(tmp_path):
+    table = LmdbTable(str(tmp_path / "view"))
+    b = KeyedStateBackend(table, MAXP, range(MAXP))
+    v = b.get_state(ValueStateDescriptor("v"))
+    b.set_current_key("k")
+    v.update(1)
+    kg = b.current_key_group
+    with table.consistent_view() as view:
+        v.update(2)
+        b.set_current_key("other")
+        v.update(3)
+        table.commit()
+        seen = view.key_group_flat(kg)
+    assert len(seen) == 2 and seen[1] == b"\x01", "the view shows the table as of its opening"
+    table.close()

@@ -26,9 +26,9 @@ def write_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage,
     frames: list[bytes] = []
     offsets: dict[int, tuple[int, int]] = {}
     pos = 0
-    with gc_paused():
+    with gc_paused(), table.consistent_view() as view:
         for kg in backend.key_groups:
-            flat = table.key_group_flat(kg)
+            flat = view.key_group_flat(kg)
             if filters and flat:
                 flat = _drop_expired(flat, filters)
             if flat:

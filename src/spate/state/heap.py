@@ -77,6 +77,9 @@ class HeapTable(StateTable):
                 for uk, mv in list(m.items()):
                     yield primary, uk, mv
 
+    # consistent_view (inherited) is the live table: consistent while nobody writes, which holds for the
+    # synchronous full snapshots taken between batches.
+
     def key_group_flat(self, kg: int) -> list[bytes]:
         flat = list(chain.from_iterable(self._values.get(kg, {}).items()))
         for primary, m in (self._maps.get(kg) or {}).items():

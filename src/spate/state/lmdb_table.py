@@ -9,6 +9,7 @@ instead of failing.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -164,7 +165,14 @@ class LmdbTable(StateTable):
     def key_group_flat(self, kg: int) -> list[bytes]:
         self.commit()
         with self.env.begin() as txn:
-            return [x for k, v in _scan(txn, _KG[kg]) for x in (k[2:], v)]
+            return _flat(txn, kg)
+
+    @contextlib.contextmanager
+    def consistent_view(self) -> Iterator[_ReadView]:
+        """An lmdb read transaction: an O(1) MVCC snapshot that later writes do not change."""
+        self.commit()
+        with self.env.begin() as txn:
+            yield _ReadView(txn)
 
     def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
         prefix = _KG[kg]
@@ -207,6 +215,18 @@ class LmdbTable(StateTable):
             self._ops.clear()
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+class _ReadView:
+    def __init__(self, txn: lmdb.Transaction) -> None:
+        self._txn = txn
+
+    def key_group_flat(self, kg: int) -> list[bytes]:
+        return _flat(self._txn, kg)
+
+
+def _flat(txn: lmdb.Transaction, kg: int) -> list[bytes]:
+    return [x for k, v in _scan(txn, _KG[kg]) for x in (k[2:], v)]
 
 
 def _scan(txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:

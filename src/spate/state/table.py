@@ -6,8 +6,17 @@ one entry per user key under their primary. See :mod:`spate.state.layout`.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+
+class TableView(Protocol):
+    """What a snapshot reads: the flat entries of one key group."""
+
+    def key_group_flat(self, kg: int) -> list[bytes]: ...
 
 
 class StateTable(ABC):
@@ -43,7 +52,11 @@ class StateTable(ABC):
 
     @abstractmethod
     def key_group_flat(self, kg: int) -> list[bytes]:
-        """Every entry of a key group as ``[primary + user_key, value, ...]``, in a consistent view."""
+        """Every entry of a key group as ``[primary + user_key, value, ...]``."""
+
+    def consistent_view(self) -> AbstractContextManager[TableView]:
+        """A read-only view of the table as of now, for snapshots (see the implementations)."""
+        return contextlib.nullcontext(self)
 
     @abstractmethod
     def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
