@@ -171,12 +171,7 @@ class CheckpointStorage:
                 raise FileExistsError(full)
             self.write(rel, data)
             return
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        tmp = f"{full}.{random_name('.tmp')}"
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
+        tmp = _write_synced_temp(full, data)
         try:
             os.link(tmp, full)
         finally:
@@ -188,13 +183,7 @@ class CheckpointStorage:
         if not self.is_local:
             self.write(rel, data)
             return
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        tmp = f"{full}.{random_name('.tmp')}"
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, full)
+        os.replace(_write_synced_temp(full, data), full)
 
     def read(self, rel: str, context: str = "") -> bytes:
         try:
@@ -252,6 +241,17 @@ class CheckpointStorage:
         base = self.path(rel) if rel else self.root
         infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+def _write_synced_temp(full: str, data: bytes) -> str:
+    """Write ``data`` to a fresh temporary file next to ``full``, fsynced; return its path."""
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    tmp = f"{full}.{random_name('.tmp')}"
+    with open(tmp, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    return tmp
 
 
 def _ctx(context: str) -> str:

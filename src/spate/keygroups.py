@@ -525,39 +525,35 @@ def _compile(types: tuple[str, ...]) -> KeyHasher:
     return hasher
 
 
+def _remember(cache: dict[Any, int], key: Any, unsigned: int) -> int:
+    """Store the signed form of ``unsigned`` for ``key`` in a bounded memo table and return it."""
+    h = unsigned - 0x100000000 if unsigned & 0x80000000 else unsigned
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = h
+    return h
+
+
 def _long_miss(key: int) -> int:
     """Signed hash of an exact ``int`` as bigint, memoised in ``_LONG_CACHE``."""
     if not _INT64_MIN <= key <= _INT64_MAX:
         raise ValueError(f"int {key} does not fit Spark's LongType (int64); pass key_types for another type")
-    h = _hash_long(key, SEED)
-    h = h - 0x100000000 if h & 0x80000000 else h
-    if len(_LONG_CACHE) >= _CACHE_LIMIT:
-        _LONG_CACHE.clear()
-    _LONG_CACHE[key] = h
-    return h
+    return _remember(_LONG_CACHE, key, _hash_long(key, SEED))
 
 
 def _int32_miss(key: int) -> int:
     """Signed hash of an exact ``int`` as Spark int, memoised in ``_INT32_CACHE``."""
     if not _INT32_MIN <= key <= _INT32_MAX:
         raise ValueError(f"value {key} out of range for Spark type 'int' [{_INT32_MIN}, {_INT32_MAX}]")
-    h = _hash_int(key, SEED)
-    h = h - 0x100000000 if h & 0x80000000 else h
-    if len(_INT32_CACHE) >= _CACHE_LIMIT:
-        _INT32_CACHE.clear()
-    _INT32_CACHE[key] = h
-    return h
+    return _remember(_INT32_CACHE, key, _hash_int(key, SEED))
 
 
 def _str_miss(key: str) -> int:
     """Signed hash of an exact ``str`` as Spark string, memoised in ``_STR_CACHE`` (short strings only)."""
     h = _hash_bytes(key.encode("utf-8"), SEED)
-    h = h - 0x100000000 if h & 0x80000000 else h
     if len(key) <= _CACHE_MAX_STR_LEN:
-        if len(_STR_CACHE) >= _CACHE_LIMIT:
-            _STR_CACHE.clear()
-        _STR_CACHE[key] = h
-    return h
+        return _remember(_STR_CACHE, key, h)
+    return h - 0x100000000 if h & 0x80000000 else h
 
 
 def _hash_dynamic(key: Any) -> int:

@@ -58,13 +58,11 @@ class LmdbTable(StateTable):
     def _w(self) -> lmdb.Transaction:
         return self._txn or self._begin()
 
-    def _write(self, key: bytes, value: bytes | None) -> None:
+    def _put(self, key: bytes, value: bytes) -> None:
+        """The one writer: put in the open transaction, remember it for a replay after map growth."""
         txn = self._txn or self._begin()
         try:
-            if value is None:
-                txn.delete(key)
-            else:
-                txn.put(key, value)
+            txn.put(key, value)
         except (lmdb.MapFullError, lmdb.BadValsizeError) as e:
             self._recover(e, key, value)
             return
@@ -73,13 +71,23 @@ class LmdbTable(StateTable):
         if len(ops) >= self._commit_every:
             self.commit()
 
-    def _recover(self, error: Exception, key: bytes, value: bytes | None) -> None:
+    def _delete(self, key: bytes) -> bool:
+        try:
+            deleted = (self._txn or self._begin()).delete(key)
+        except lmdb.MapFullError:  # copy-on-write pages can fill the map even on delete
+            self._grow_and_replay()
+            return self._delete(key)
+        if deleted:
+            self._ops.append((key, None))
+        return deleted
+
+    def _recover(self, error: Exception, key: bytes, value: bytes) -> None:
         if isinstance(error, lmdb.BadValsizeError):
             raise SpateError(f"state key of {len(key)} bytes is too large for the lmdb table (limit "
                              f"{MAX_LMDB_KEY} bytes incl. key group, state id and namespace); use shorter keys "
                              "or the heap table") from error
         self._grow_and_replay()
-        self._write(key, value)
+        self._put(key, value)
 
     def _grow_and_replay(self) -> None:
         assert self._txn is not None
@@ -113,38 +121,23 @@ class LmdbTable(StateTable):
         return (self._txn or self._begin()).get(_KG[kg] + primary)
 
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
-        key = _KG[kg] + primary
-        txn = self._txn or self._begin()
-        try:
-            txn.put(key, value)
-        except (lmdb.MapFullError, lmdb.BadValsizeError) as e:
-            self._recover(e, key, value)
-            return
-        ops = self._ops
-        ops.append((key, value))
-        if len(ops) >= self._commit_every:
-            self.commit()
+        self._put(_KG[kg] + primary, value)
 
     def delete(self, kg: int, primary: bytes) -> None:
         prefix = _KG[kg] + primary
-        txn = self._w()
-        if txn.get(prefix) is not None:
-            self._write(prefix, None)
-            return
-        for key in self._keys_with_prefix(txn, prefix):
-            self._write(key, None)
+        if not self._delete(prefix):  # not a value entry: delete the map entries under the primary
+            for key in self._keys_with_prefix(self._w(), prefix):
+                self._delete(key)
 
     # -- map entries ----------------------------------------------------------------------------------
     def map_get(self, kg: int, primary: bytes, user_key: bytes) -> bytes | None:
         return self._w().get(_KG[kg] + primary + user_key)
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
-        self._write(_KG[kg] + primary + user_key, value)
+        self._put(_KG[kg] + primary + user_key, value)
 
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
-        key = _KG[kg] + primary + user_key
-        if self._w().get(key) is not None:
-            self._write(key, None)
+        self._delete(_KG[kg] + primary + user_key)
 
     def map_items(self, kg: int, primary: bytes) -> list[tuple[bytes, bytes]]:
         prefix = _KG[kg] + primary
@@ -194,7 +187,7 @@ class LmdbTable(StateTable):
         return self._w().get(META_PREFIX + name.encode())
 
     def put_meta(self, name: str, value: bytes) -> None:
-        self._write(META_PREFIX + name.encode(), value)
+        self._put(META_PREFIX + name.encode(), value)
 
     def approx_bytes(self) -> int:
         info, stat = self.env.info(), self.env.stat()
