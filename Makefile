@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 JAVA_HOME_FILE := $(VENV)/java-home
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench install java clean
+.PHONY: demo test lint typecheck bench install java clean
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ test: $(STAMP) $(JAVA_HOME_FILE)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
+
+typecheck: $(STAMP)
+	$(PY) -m pip install -q mypy
+	$(VENV)/bin/mypy src --ignore-missing-imports
 
 bench: $(STAMP)
 	$(VENV)/bin/spate bench state --quick

@@ -81,7 +81,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     storage = CheckpointStorage(args.root)
-    results = []
+    results: list[dict[str, Any]] = []
     for n in list_complete_checkpoints(storage):
         try:
             meta = load_checkpoint(storage, n)

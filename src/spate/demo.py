@@ -20,9 +20,9 @@ from spate.runtime.local import BatchResult, LocalRunner
 from spate.runtime.processor import Context, Processor
 from spate.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 
-CLICKS = ValueStateDescriptor("clicks", default=0)
+CLICKS: ValueStateDescriptor[int] = ValueStateDescriptor("clicks", default=0)
 PAGES = MapStateDescriptor("pages")
-LAST_SEEN = ValueStateDescriptor("last_seen", ttl_ms=3_600_000)
+LAST_SEEN: ValueStateDescriptor[int] = ValueStateDescriptor("last_seen", ttl_ms=3_600_000)
 
 
 class ClickCounter(Processor):

@@ -47,25 +47,20 @@ def assign_operator_state(old: list[OperatorStateHandle | None], new_parallelism
         mode = parts[0][1].mode
         if any(e.mode != mode for _, e in parts):
             raise IncompatibleStateError(f"operator state {name!r} has different modes in different subtasks")
-        pieces = [OperatorStatePiece(h.path, name, e.mode, e.serializer, e.offset, e.length, 0, e.count)
-                  for h, e in parts]
+        pieces = [h.piece(name) for h, _ in parts]
         if mode == UNION:
             for target in out:
                 target.extend(pieces)
         elif mode == BROADCAST:
-            old_copies = [(i, h) for i, h in enumerate(old) if h and name in h.states]
-            by_index = dict(old_copies)
+            copies = {i: h for i, h in enumerate(old) if h and name in h.states}
+            first = next(iter(copies.values()))
             for i, target in enumerate(out):
-                h = by_index.get(i % len(old)) or old_copies[0][1]
-                e = h.states[name]
-                target.append(OperatorStatePiece(h.path, name, e.mode, e.serializer, e.offset, e.length, 0, e.count))
+                target.append(copies.get(i % len(old), first).piece(name))
         elif mode == SPLIT:
             if same:
                 for i, h in enumerate(old):
                     if h and name in h.states:
-                        e = h.states[name]
-                        out[i].append(OperatorStatePiece(h.path, name, e.mode, e.serializer, e.offset, e.length,
-                                                         0, e.count))
+                        out[i].append(h.piece(name))
             else:
                 start_subtask = _split(pieces, out, start_subtask)
         else:

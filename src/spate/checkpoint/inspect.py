@@ -13,7 +13,6 @@ from spate.checkpoint.metadata import METADATA_FILE, CheckpointMetadata, metadat
 from spate.errors import CheckpointError, SpateError
 from spate.fs import CheckpointStorage
 from spate.serde import decode_key, serializer_by_name
-from spate.snapshot.handles import OperatorStatePiece
 from spate.snapshot.keyed import read_key_groups
 from spate.snapshot.operator import read_operator_piece
 from spate.state.keyed import StateMeta, decode_stored
@@ -49,11 +48,9 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
             except SpateError as e:
                 problems.append(f"subtask {i}: {e}")
         if st.operator:
-            for name, e in st.operator.states.items():
-                piece = OperatorStatePiece(st.operator.path, name, e.mode, e.serializer, e.offset, e.length,
-                                           0, e.count)
+            for name in st.operator.states:
                 try:
-                    read_operator_piece(storage, piece, context)
+                    read_operator_piece(storage, st.operator.piece(name), context)
                 except SpateError as err:
                     problems.append(f"subtask {i}: {err}")
     return problems
@@ -110,6 +107,7 @@ def keyed_state_entries(storage: CheckpointStorage, meta: CheckpointMetadata, na
                     plen = primary_length(fkey)
                     _sid, key_bytes, ns = split_primary(fkey[:plen])
                     uk = fkey[plen:]
+                    user_key: Any
                     if state_meta is None:
                         value, live = None, True
                         user_key = int.from_bytes(uk, "big") - (1 << 63)
@@ -137,8 +135,7 @@ def operator_state_elements(storage: CheckpointStorage, meta: CheckpointMetadata
         found = True
         assert st.operator is not None
         loads = serializer_by_name(e.serializer, allow_pickle, f"operator state {name!r}").loads
-        piece = OperatorStatePiece(st.operator.path, name, e.mode, e.serializer, e.offset, e.length, 0, e.count)
-        enc = read_operator_piece(storage, piece, f"checkpoint {meta.checkpoint_id}")
+        enc = read_operator_piece(storage, st.operator.piece(name), f"checkpoint {meta.checkpoint_id}")
         if e.mode == "broadcast":
             out.append([(decode_key(enc[k]), loads(enc[k + 1])) for k in range(0, len(enc), 2)])
         else:

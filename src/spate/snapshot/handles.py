@@ -74,6 +74,11 @@ class OperatorStateHandle:
     size: int
     states: dict[str, OperatorStateEntry] = field(default_factory=dict)
 
+    def piece(self, name: str) -> OperatorStatePiece:
+        """All elements of state ``name`` in this file."""
+        e = self.states[name]
+        return OperatorStatePiece(self.path, name, e.mode, e.serializer, e.offset, e.length, 0, e.count)
+
     def to_dict(self) -> dict[str, Any]:
         return {"type": "operator", "path": self.path, "size": self.size,
                 "states": {n: [e.mode, e.serializer, e.offset, e.length, e.count]

@@ -14,23 +14,21 @@ from typing import Any, Generic, Protocol, TypeVar
 from spate.serde import Serializer
 
 T = TypeVar("T")
-ACC = TypeVar("ACC")
-OUT = TypeVar("OUT")
 
 VALUE, LIST, MAP, REDUCING, AGGREGATING = "value", "list", "map", "reducing", "aggregating"
 KINDS = (VALUE, LIST, MAP, REDUCING, AGGREGATING)
 
 
-class AggregateFunction(Protocol[T, ACC, OUT]):
+class AggregateFunction(Protocol):
     """Incremental aggregation: ``create_accumulator``, ``add``, ``get_result`` and ``merge``."""
 
-    def create_accumulator(self) -> ACC: ...
+    def create_accumulator(self) -> Any: ...
 
-    def add(self, value: T, accumulator: ACC) -> ACC: ...
+    def add(self, value: Any, accumulator: Any) -> Any: ...
 
-    def get_result(self, accumulator: ACC) -> OUT: ...
+    def get_result(self, accumulator: Any) -> Any: ...
 
-    def merge(self, a: ACC, b: ACC) -> ACC: ...
+    def merge(self, a: Any, b: Any) -> Any: ...
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ class LmdbTable(StateTable):
 
     # -- value entries --------------------------------------------------------------------------------
     def get(self, kg: int, primary: bytes) -> bytes | None:
-        return (self._txn or self._begin()).get(_KG[kg] + primary)
+        return (self._txn or self._begin()).get(_KG[kg] + primary)  # type: ignore[return-value]
 
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
         self._put(_KG[kg] + primary, value)
@@ -131,7 +131,7 @@ class LmdbTable(StateTable):
 
     # -- map entries ----------------------------------------------------------------------------------
     def map_get(self, kg: int, primary: bytes, user_key: bytes) -> bytes | None:
-        return self._w().get(_KG[kg] + primary + user_key)
+        return self._w().get(_KG[kg] + primary + user_key)  # type: ignore[return-value]
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
         self._put(_KG[kg] + primary + user_key, value)
@@ -184,7 +184,7 @@ class LmdbTable(StateTable):
 
     # -- metadata -------------------------------------------------------------------------------------
     def get_meta(self, name: str) -> bytes | None:
-        return self._w().get(META_PREFIX + name.encode())
+        return self._w().get(META_PREFIX + name.encode())  # type: ignore[return-value]
 
     def put_meta(self, name: str, value: bytes) -> None:
         self._put(META_PREFIX + name.encode(), value)
@@ -223,10 +223,12 @@ def _flat(txn: lmdb.Transaction, kg: int) -> list[bytes]:
 
 
 def _scan(txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    cur = txn.cursor()
+    cur = txn.cursor()  # buffers=False: keys and values are bytes
     if not cur.set_range(prefix):
         return
-    for k, v in cur:
+    k: bytes
+    v: bytes
+    for k, v in cur:  # type: ignore[assignment]
         if not k.startswith(prefix):
             break
         yield k, v
