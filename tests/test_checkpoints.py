@@ -3,6 +3,7 @@ fencing, max parallelism, clear errors for missing or corrupt files, savepoints,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -250,3 +251,15 @@ def test_coordinator_requires_acks_from_every_subtask(tmp_path):
     c.begin(0)
     with pytest.raises(Exception, match=r"lacks acks of subtasks \[0, 1\]"):
         c.complete(0)
+
+
+def test_metadata_paths_cannot_point_outside_the_root(tmp_path):
+    root = str(tmp_path / "c")
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=1) as r:
+        r.run(batches(1))
+    storage = CheckpointStorage(root)
+    meta = load_checkpoint(storage)
+    meta.subtasks[0].keyed[0] = dataclasses.replace(meta.subtasks[0].keyed[0], path="../../etc/passwd")
+    storage.replace("chk-0/_metadata", meta.to_bytes())
+    with pytest.raises(CorruptFileError, match=r"chk-0/_metadata.*escapes the checkpoint root"):
+        load_checkpoint(storage)

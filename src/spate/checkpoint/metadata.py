@@ -133,7 +133,10 @@ def read_metadata(storage: CheckpointStorage, path: str) -> CheckpointMetadata:
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptFileError(f"{where}: metadata is missing or has malformed fields ({e!r})") from e
     for rel in meta.files():
-        storage.path(rel)  # validates every referenced path stays under the root
+        try:
+            storage.path(rel)  # every referenced path must stay under the root
+        except ValueError as e:
+            raise CorruptFileError(f"{where}: {e}; refusing to read outside the checkpoint root") from e
     return meta
 
 

@@ -7,6 +7,7 @@ checkpoint, at any parallelism up to the max parallelism.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -89,8 +90,9 @@ class LocalRunner:
                                        retained=retained, restore_from=restore_from,
                                        watermark_delay_ms=watermark_delay_ms if event_time_column else None)
         self.coordinator.start()
+        self._temp_local_dir = None
         if table == "lmdb" and local_dir is None:
-            local_dir = tempfile.mkdtemp(prefix="spate-local-")
+            local_dir = self._temp_local_dir = tempfile.mkdtemp(prefix="spate-local-")
         self.config = SubtaskConfig(table=table, local_dir=local_dir, allow_pickle=allow_pickle, compress=compress,
                                     key_types=key_types, event_time_column=event_time_column,
                                     stage_outputs=sink is not None, output_serializer=output_serializer)
@@ -168,9 +170,12 @@ class LocalRunner:
         return self.coordinator.savepoint(target_uri)
 
     def close(self) -> None:
-        """Close every subtask (live lmdb state stays on disk for a later runner to reuse)."""
+        """Close every subtask. Live lmdb state in an explicit ``local_dir`` stays on disk for a later runner
+        to reuse; a temporary one is deleted."""
         for s in self.subtasks:
             s.close()
+        if self._temp_local_dir is not None:
+            shutil.rmtree(self._temp_local_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalRunner:
         return self
