@@ -82,6 +82,7 @@ class Coordinator:
         self._pending: _Pending | None = None
         self.registry = SharedStateRegistry(self._discard)
         self.files_deleted = 0
+        self._delivered: set[int] = set()
 
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> CheckpointMetadata | None:
@@ -122,14 +123,15 @@ class Coordinator:
             max_p = stored or requested or default_max_parallelism(self.parallelism)
             info = QueryInfo(uuid.uuid4().hex, max_p, 0)
         stored = info.max_parallelism
+        source = self.restore_from if savepoint is not None else self.storage.uri
         if requested is not None and requested != stored:
             raise IncompatibleStateError(
-                f"checkpoint state at {self.storage.uri} was written with max parallelism {stored}, but "
+                f"checkpoint state at {source} was written with max parallelism {stored}, but "
                 f"max_parallelism={requested} was requested. Max parallelism (the number of key groups) "
                 f"cannot change; set it to {stored} or leave it unset, or start a new checkpoint root")
         if self.parallelism > stored:
             raise IncompatibleStateError(f"parallelism {self.parallelism} exceeds max parallelism {stored} of "
-                                         f"{self.storage.uri}; use at most {stored} subtasks")
+                                         f"{source}; use at most {stored} subtasks")
         info = QueryInfo(info.query_id, stored, info.epoch + 1)
         self.storage.replace(QUERY_FILE, info.to_bytes())
         return info
@@ -211,8 +213,7 @@ class Coordinator:
                  and self.query is not None and ack.epoch == self.query.epoch
                  and 0 <= ack.index < pending.parallelism and ack.index not in pending.acks)
         if not valid:
-            for rel in ack.new_files:
-                self._discard(rel)
+            self._discard_unreferenced(ack.new_files)
             return False
         pending.acks[ack.index] = ack  # type: ignore[union-attr]
         return True
@@ -282,12 +283,21 @@ class Coordinator:
 
     # -- sink delivery --------------------------------------------------------------------------------
     def undelivered(self) -> list[CheckpointMetadata]:
-        """Retained complete checkpoints whose outputs the sink has not confirmed, oldest first."""
-        return [m for m in self.completed if not self.storage.exists(delivered_path(m.checkpoint_id))]
+        """Retained complete checkpoints with staged outputs the sink has not confirmed, oldest first."""
+        out = []
+        for m in self.completed:
+            if m.checkpoint_id in self._delivered or not any(st.stats.get("staged") for st in m.subtasks):
+                continue
+            if self.storage.exists(delivered_path(m.checkpoint_id)):
+                self._delivered.add(m.checkpoint_id)
+            else:
+                out.append(m)
+        return out
 
     def mark_delivered(self, checkpoint_id: int) -> None:
         """Record that the sink received checkpoint ``checkpoint_id``'s outputs."""
         self.storage.replace(delivered_path(checkpoint_id), frame(FrameKind.DELIVERED, b""))
+        self._delivered.add(checkpoint_id)
 
     def abort(self, checkpoint_id: int, reason: str = "") -> None:
         """Give up checkpoint ``checkpoint_id``: delete the files its acks wrote."""
@@ -295,10 +305,21 @@ class Coordinator:
         if pending is None or pending.checkpoint_id != checkpoint_id:
             return
         log.info("aborting checkpoint %d: %s", checkpoint_id, reason)
-        for ack in pending.acks.values():
-            for rel in ack.new_files:
-                self._discard(rel)
         self._pending = None
+        if self.storage.exists(metadata_path(checkpoint_id)):
+            return  # the metadata write went through (e.g. it timed out after the PUT): keep every file
+        for ack in pending.acks.values():
+            self._discard_unreferenced(ack.new_files)
+
+    def _discard_unreferenced(self, paths: list[str]) -> None:
+        """Delete files of a rejected or aborted attempt, except any that an accepted ack or a retained
+        checkpoint references (a re-sent ack carries the same files as the accepted one)."""
+        keep = {f for m in self.completed for f in m.files()}
+        if self._pending is not None:
+            keep |= {f for a in self._pending.acks.values() for f in a.new_files}
+        for rel in paths:
+            if rel not in keep:
+                self._discard(rel)
 
     def _discard(self, rel: str) -> None:
         if self.storage.delete(rel):
@@ -314,5 +335,11 @@ class Coordinator:
             raise CheckpointError(f"no retained complete checkpoint {cid if cid is not None else ''} to take a "
                                   f"savepoint of; retained: {sorted(metas)}")
         target = target_uri or join_uri(self.storage.uri, f"savepoints/savepoint-{cid}-{uuid.uuid4().hex[:8]}")
-        write_savepoint(self.storage, metas[cid], CheckpointStorage(target))
+        target_storage = CheckpointStorage(target)
+        root = self.storage.root.rstrip("/") + "/"
+        if (type(target_storage.fs) is type(self.storage.fs) and (target_storage.root + "/").startswith(root)
+                and not (target_storage.root + "/").startswith(root + "savepoints/")):
+            raise ValueError(f"savepoint target {target} is inside the checkpoint root {self.storage.uri}, where "
+                             "orphan cleanup would delete it; use a directory under savepoints/ or outside the root")
+        write_savepoint(self.storage, metas[cid], target_storage)
         return target

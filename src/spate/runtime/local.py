@@ -129,7 +129,10 @@ class LocalRunner:
         return [self.run_batch(n, source[n]) for n in range(self.next_batch_id, end)]
 
     def run_batch(self, batch_id: int, rows: Sequence[Row]) -> BatchResult:
-        """One micro-batch = one checkpoint. Raises if any step fails (the checkpoint is then aborted)."""
+        """One micro-batch = one checkpoint. If processing or the checkpoint fails, the checkpoint is aborted
+        and the error raised. If the sink fails, the checkpoint stays complete; the batch's staged outputs
+        are given to the sink again before the next batch starts (or by the next runner)."""
+        self._deliver_staged()
         started = time.perf_counter()
         coord, p, max_p = self.coordinator, self.parallelism, self.max_parallelism
         plans = coord.begin(batch_id, self._clock())

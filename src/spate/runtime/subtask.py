@@ -156,13 +156,16 @@ class Subtask:
             self.close(destroy=True)
         table = self._new_table(plan)
         started = time.perf_counter()
-        self._install(plan, table, self._read_operator_state(plan))
-        assert self.keyed is not None
+        restored_ops = self._read_operator_state(plan)
         if plan.base_checkpoint_id is not None:
+            # keyed state first, so the processor's open() is checked against the restored state registry
+            backend = self._keyed_backend(plan, table)
             storage = CheckpointStorage(plan.base_uri)  # type: ignore[arg-type]
             for handle in plan.keyed:
-                restore_keyed_snapshot(self.keyed, storage, handle, self._restore_context(plan))
-            self.keyed.timers.rebuild()
+                restore_keyed_snapshot(backend, storage, handle, self._restore_context(plan))
+            table.commit()
+        self._install(plan, table, restored_ops)
+        assert self.keyed is not None
         self.restore_ms = (time.perf_counter() - started) * 1000
         self.restored_from = plan.base_checkpoint_id
         self._tag = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
@@ -170,10 +173,15 @@ class Subtask:
         self._handles = (plan.base_checkpoint_id, list(plan.keyed)) if reusable else None  # type: ignore[assignment]
         self.keyed.dirty = False
 
-    def _install(self, plan: SubtaskPlan, table: StateTable, restored_ops: dict[str, RestoredOperatorState]) -> None:
+    def _keyed_backend(self, plan: SubtaskPlan, table: StateTable) -> KeyedStateBackend:
         cfg = self.config
-        self.keyed = KeyedStateBackend(table, plan.max_parallelism, plan.key_groups, allow_pickle=cfg.allow_pickle,
-                                       key_types=cfg.key_types)
+        return KeyedStateBackend(table, plan.max_parallelism, plan.key_groups, allow_pickle=cfg.allow_pickle,
+                                 key_types=cfg.key_types)
+
+    def _install(self, plan: SubtaskPlan, table: StateTable, restored_ops: dict[str, RestoredOperatorState]) -> None:
+        """Create the backends over ``table`` (which already holds the state) and open the processor."""
+        cfg = self.config
+        self.keyed = self._keyed_backend(plan, table)
         self.operator = OperatorStateBackend(restored_ops, allow_pickle=cfg.allow_pickle)
         self.ctx = Context(self.keyed, self.operator, self.index, self.parallelism, plan.max_parallelism)
         self.processor = self.factory()
@@ -198,7 +206,7 @@ class Subtask:
             _extend(out, proc.process(key, key_rows, ctx))
         if plan.watermark_ms is not None:
             self._fire(EVENT_TIME, plan.watermark_ms, out)
-        keyed.current_key = None
+        keyed.clear_current_key()
         _extend(out, proc.end_batch(ctx))
         return out
 
@@ -217,7 +225,10 @@ class Subtask:
         started = time.perf_counter()
         storage = CheckpointStorage(plan.checkpoint_uri)
         new_files: list[str] = []
+        # reuse only what the coordinator recorded for this subtask in the base checkpoint: an attempt whose
+        # ack was rejected must not reuse its (deleted) files
         reuse = (self._handles is not None and self._handles[0] == plan.base_checkpoint_id
+                 and self._handles[1] == plan.keyed
                  and not keyed.dirty and not keyed.has_ttl_state())
         if reuse:
             keyed_handles = self._handles[1]  # type: ignore[index]
@@ -247,6 +258,8 @@ class Subtask:
                  "restored_from": self.restored_from}
         if self.restored_from is not None:
             stats["restore_ms"] = round(self.restore_ms, 3)
+        if self.config.stage_outputs:
+            stats["staged"] = True
         self.restored_from = None
         return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, op_handle, staged, new_files,
                           self._max_event_time(rows), stats)

@@ -87,6 +87,12 @@ class KeyedStateBackend:
         self._kg = kg
         self._key_part = _U16_PACK(len(kb)) + kb
 
+    def clear_current_key(self) -> None:
+        """Leave key scope: keyed state used now raises instead of touching the last key's state."""
+        self.current_key = None
+        self._kg = -1
+        self._key_part = b""
+
     def set_current_key_encoded(self, key_group: int, key_bytes: bytes) -> None:
         self.current_key = decode_key(key_bytes)
         self._kg = key_group
@@ -179,10 +185,13 @@ class KeyedStateBackend:
         """Every key that has a value in the given state (and namespace) in this subtask."""
         state = self.get_state(descriptor)
         ns_bytes = encode_key(namespace) if namespace is not None else b""
+        live = self.expiry_filter(self._metas[descriptor.name].sid)
         seen: set[bytes] = set()
         for kg in self.key_groups:
-            for primary, _uk, _v in self.table.state_entries(kg, state._sid):
+            for primary, _uk, value in self.table.state_entries(kg, state._sid):
                 _sid, key_bytes, ns = split_primary(primary)
+                if live is not None and live(value) is None:
+                    continue
                 if ns == ns_bytes and key_bytes not in seen:
                     seen.add(key_bytes)
                     yield decode_key(key_bytes)
@@ -260,9 +269,13 @@ class _State:
         self._ns_part = VOID_NAMESPACE_PART if namespace is None else length_prefixed(encode_key(namespace))
 
     def _primary(self) -> bytes:
+        if self._b._kg < 0:
+            raise _no_key(self)
         return self._sid + self._b._key_part + self._ns_part
 
     def _primary_for(self, namespace: Any) -> bytes:
+        if self._b._kg < 0:
+            raise _no_key(self)
         ns = VOID_NAMESPACE_PART if namespace is None else length_prefixed(encode_key(namespace))
         return self._sid + self._b._key_part + ns
 
@@ -291,6 +304,11 @@ class _State:
         return True, self._ser.loads(raw)
 
 
+def _no_key(state: _State) -> RuntimeError:
+    return RuntimeError(f"keyed state {state.name!r} used outside a key: keyed state is only available in "
+                        "process() and on_timer(); use operator state in open() and end_batch()")
+
+
 def _encode_error(state: _State, value: Any, e: Exception) -> SerializationError:
     hint = ("store plain data (None, bool, int, float, str, bytes, list, dict, tuple, date, datetime, Decimal) "
             "or opt in to pickle with serializer='pickle' on the descriptor") if state._ser.name == "msgpack" \
@@ -311,6 +329,8 @@ class ValueState(_State):
     def value(self) -> Any:
         """The current key's value, or the descriptor's default."""
         b = self._b
+        if b._kg < 0:
+            raise _no_key(self)
         raw = self._table.get(b._kg, self._sid + b._key_part + self._ns_part)
         if raw is not None and not self._ttl:
             return self._unpack(raw)
@@ -329,6 +349,8 @@ class ValueState(_State):
             self.clear()
             return
         b = self._b
+        if b._kg < 0:
+            raise _no_key(self)
         try:
             data = self._pack(value)
         except Exception as e:  # noqa: BLE001

@@ -51,6 +51,8 @@ class TimerService:
             self._heaps[dom] = heap
 
     def _primary(self, domain: str, namespace: Any) -> bytes:
+        if self._b._kg < 0:
+            raise RuntimeError("timers belong to a key: register and delete them in process() or on_timer()")
         ns = length_prefixed(b"" if namespace is None else encode_key(namespace))
         return self._prefix[domain] + self._b._key_part + ns
 

@@ -1,0 +1,138 @@
+"""Edge cases of the driver/task protocol and the state API found in review: re-sent and rejected acks,
+sink failures, savepoint targets, state checks on restore, TTL in key scans, state outside key scope."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from spate import (
+    CheckpointStorage,
+    Coordinator,
+    IncompatibleStateError,
+    LocalRunner,
+    Processor,
+    ValueStateDescriptor,
+)
+from spate.keygroups import compile_key_hasher
+from spate.runtime.subtask import Subtask, SubtaskConfig, processor_factory
+
+
+class C(Processor):
+    def open(self, ctx):
+        self.c = ctx.state(ValueStateDescriptor("c", default=0))
+
+    def process(self, key, rows, ctx):
+        self.c.update(self.c.value() + len(rows))
+        yield {"k": key, "c": self.c.value()}
+
+
+def _rows(coord, keys):
+    h = compile_key_hasher(None)
+    return [(h(k) % coord.max_parallelism, k, {"k": k}) for k in keys]
+
+
+def test_a_resent_ack_never_deletes_the_accepted_files(tmp_path):
+    coord = Coordinator(str(tmp_path), 1)
+    coord.start()
+    plan = coord.begin(0, 0)[0]
+    ack = Subtask(0, 1, processor_factory(C), SubtaskConfig()).run(plan, _rows(coord, ["x"])).ack
+    assert coord.acknowledge(ack) and not coord.acknowledge(copy.deepcopy(ack))
+    assert all(CheckpointStorage(str(tmp_path)).exists(p) for p in ack.new_files)
+
+
+def test_a_rejected_attempt_does_not_reuse_its_deleted_files(tmp_path):
+    root = str(tmp_path)
+    coord = Coordinator(root, 1)
+    coord.start()
+    a, b = (Subtask(0, 1, processor_factory(C), SubtaskConfig()) for _ in range(2))
+    plan = coord.begin(0, 0)[0]
+    accepted, rejected = b.run(plan, _rows(coord, ["x"])), a.run(plan, _rows(coord, ["x"]))
+    assert coord.acknowledge(accepted.ack) and not coord.acknowledge(rejected.ack)
+    coord.complete(0)
+    again = a.run(coord.begin(1, 0)[0], [])
+    assert not again.ack.stats["reused"]
+    coord.acknowledge(again.ack)
+    meta = coord.complete(1)
+    assert all(CheckpointStorage(root).exists(p) for p in meta.files())
+
+
+def test_a_failed_sink_gets_the_batch_again_before_the_next_one(tmp_path):
+    delivered = []
+    fail = [True]
+
+    def sink(rows, batch_id):
+        if fail[0]:
+            fail[0] = False
+            raise OSError("sink down")
+        delivered.append(batch_id)
+
+    src = [[{"k": "a"}]] * 3
+    with LocalRunner(C, key="k", checkpoint_root=str(tmp_path), retained=1, sink=sink) as r:
+        with pytest.raises(OSError):
+            r.run_batch(0, src[0])
+        r.run(src)
+    assert delivered == [0, 1, 2]
+
+
+def test_savepoint_inside_the_root_outside_savepoints_is_refused(tmp_path):
+    with LocalRunner(C, key="k", checkpoint_root=str(tmp_path)) as r:
+        r.run([[{"k": "a"}]])
+        with pytest.raises(ValueError, match="inside the checkpoint root"):
+            r.savepoint(str(tmp_path / "backup"))
+        assert "savepoints/" in r.savepoint()
+
+
+@pytest.mark.parametrize("table", ["heap", "lmdb"])
+@pytest.mark.parametrize("change", [{"ttl_ms": 1000}, {"serializer": "pickle"}])
+def test_state_checks_apply_on_restore(tmp_path, table, change):
+    class Changed(C):
+        def open(self, ctx):
+            self.c = ctx.state(ValueStateDescriptor("c", default=0, **change))
+
+    root = str(tmp_path / "c")
+    with LocalRunner(C, key="k", checkpoint_root=root, parallelism=2) as r:
+        r.run([[{"k": "a"}, {"k": "b"}]])
+    with LocalRunner(Changed, key="k", checkpoint_root=root, parallelism=3, table=table) as r, \
+            pytest.raises(IncompatibleStateError, match="'c'"):
+        r.run([[], [{"k": "a"}]])
+
+
+def test_key_scans_skip_expired_values(tmp_path):
+    ttl = ValueStateDescriptor("v", ttl_ms=1000)
+
+    class Scan(Processor):
+        def open(self, ctx):
+            self.v = ctx.state(ttl)
+
+        def process(self, key, rows, ctx):
+            if rows[0].get("set"):
+                self.v.update(1)
+            yield {"keys": sorted(ctx.keys(ttl))}
+
+    clock = [0]
+    with LocalRunner(Scan, key="k", checkpoint_root=str(tmp_path), clock=lambda: clock[0]) as r:
+        (first,) = r.run([[{"k": "a", "set": True}]])
+        clock[0] = 5000
+        (later,) = r.run([[{"k": "a", "set": True}], [{"k": "b"}]])
+    assert first.outputs == [{"keys": ["a"]}] and later.outputs == [{"keys": []}]
+
+
+def test_keyed_state_and_timers_outside_a_key_are_refused(tmp_path):
+    class Misuse(C):
+        def end_batch(self, ctx):
+            self.c.update(99)
+
+    with LocalRunner(Misuse, key="k", checkpoint_root=str(tmp_path)) as r, \
+            pytest.raises(RuntimeError, match="outside a key"):
+        r.run([[{"k": "a"}]])
+
+    class TimerInOpen(C):
+        def open(self, ctx):
+            super().open(ctx)
+            ctx.register_event_time_timer(5)
+
+    with LocalRunner(TimerInOpen, key="k", checkpoint_root=str(tmp_path / "t")) as r, \
+            pytest.raises(RuntimeError, match="timers belong to a key"):
+        r.run([[{"k": "a"}]])
