@@ -3,6 +3,8 @@ rescale, local lmdb reuse, key columns and processor forms."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from spate import LocalRunner, Processor, ValueStateDescriptor, load_checkpoint
@@ -98,6 +100,9 @@ def test_lmdb_state_is_reused_locally_after_a_clean_stop(tmp_path):
         assert res.restored_subtasks == [], "same parallelism and local dir: nothing downloaded"
         (res4,) = r.run(src)
     assert sorted(o["c"] for o in res4.outputs) == [40] * 5
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=3, table="lmdb", local_dir=local) as r:
+        query_dir = os.path.join(local, r.coordinator.query.query_id)
+        assert sorted(os.listdir(query_dir)) == [], "directories of parallelism 2 are removed"
 
 
 @pytest.mark.parametrize("key", [("a", "b"), lambda row: (row["a"], row["b"])])

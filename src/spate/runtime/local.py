@@ -7,6 +7,7 @@ checkpoint, at any parallelism up to the max parallelism.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -20,6 +21,7 @@ from spate.keygroups import compile_key_hasher
 from spate.runtime.processor import Processor, Row
 from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, processor_factory
 from spate.snapshot.outputs import read_outputs
+from spate.state.lmdb_table import remove_if_unused
 
 KeySpec = str | Sequence[str] | Callable[[Row], Any]
 Sink = Callable[[list[Row], int], None]
@@ -98,7 +100,18 @@ class LocalRunner:
                                     stage_outputs=sink is not None, output_serializer=output_serializer)
         self.parallelism = parallelism
         self.subtasks = [Subtask(i, parallelism, self._factory, self.config) for i in range(parallelism)]
+        self._remove_other_parallelism_local_state()
         self.redelivered = self._deliver_staged()
+
+    def _remove_other_parallelism_local_state(self) -> None:
+        """Local lmdb directories of an earlier parallelism can never be reused: delete them."""
+        if self.config.table != "lmdb" or not self.config.local_dir:
+            return
+        base = os.path.join(self.config.local_dir, self.coordinator.query.query_id)  # type: ignore[union-attr]
+        mine = {f"subtask-{i}-{self.parallelism}" for i in range(self.parallelism)}
+        for name in os.listdir(base) if os.path.isdir(base) else []:
+            if name.startswith("subtask-") and name not in mine:
+                remove_if_unused(os.path.join(base, name))
 
     def _deliver_staged(self) -> list[int]:
         """Give the sink the staged outputs of complete checkpoints it has not confirmed (a crash came

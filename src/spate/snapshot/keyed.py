@@ -13,29 +13,34 @@ from spate.fs import CheckpointStorage, FrameKind, frame, iter_frames
 from spate.snapshot.handles import KeyGroupsHandle
 from spate.state.descriptors import MAP
 from spate.state.keyed import KeyedStateBackend, StateMeta
-from spate.state.layout import U16
+from spate.state.layout import U16, primary_length
+from spate.state.table import StateTable
 from spate.state.timers import RESERVED_SIDS
 
 
 def write_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage, path: str,
                          compress: bool = False) -> KeyGroupsHandle | None:
-    """Write every live entry of ``backend`` to ``path``; None if there is no keyed state at all."""
+    """Write every live entry of ``backend`` to ``path``; None if there is no keyed state at all.
+
+    What has expired (TTL) is left out of the snapshot and then removed from the live table too."""
     table = backend.table
     table.commit()
     filters = {U16.pack(m.sid): f for m in backend.state_metas if (f := backend.expiry_filter(m.sid))}
     frames: list[bytes] = []
     offsets: dict[int, tuple[int, int]] = {}
+    expired: list[tuple[int, bytes, bytes | None]] = []
     pos = 0
     with gc_paused(), table.consistent_view() as view:
         for kg in backend.key_groups:
             flat = view.key_group_flat(kg)
             if filters and flat:
-                flat = _drop_expired(flat, filters)
+                flat = _drop_expired(kg, flat, filters, expired)
             if flat:
                 fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat], use_bin_type=True), compress)
                 frames.append(fr)
                 offsets[kg] = (pos, len(fr))
                 pos += len(fr)
+    _purge(table, expired)
     if not frames:
         return None
     storage.write(path, b"".join(frames))
@@ -44,15 +49,34 @@ def write_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage,
                            tuple(m.to_dict() for m in backend.state_metas))
 
 
-def _drop_expired(flat: list[bytes], filters: dict[bytes, Callable[[bytes], bytes | None]]) -> list[bytes]:
+def _drop_expired(kg: int, flat: list[bytes], filters: dict[bytes, Callable[[bytes], bytes | None]],
+                  expired: list[tuple[int, bytes, bytes | None]]) -> list[bytes]:
+    """``flat`` without expired data; every entry that changed is noted in ``expired`` (new value or None)."""
     out: list[bytes] = []
     for i in range(0, len(flat), 2):
         key, value = flat[i], flat[i + 1]
         f = filters.get(key[:2])
-        if f is not None and (value := f(value)) is None:  # type: ignore[assignment]
-            continue
+        if f is not None:
+            live = f(value)
+            if live is not value:
+                expired.append((kg, key, live))
+            if live is None:
+                continue
+            value = live
         out += (key, value)
     return out
+
+
+def _purge(table: StateTable, expired: list[tuple[int, bytes, bytes | None]]) -> None:
+    """Apply what the snapshot left out to the live table, so expired state does not pile up."""
+    for kg, key, live in expired:
+        plen = primary_length(key)
+        if plen < len(key):
+            table.map_delete(kg, key[:plen], key[plen:])
+        elif live is None:
+            table.delete(kg, key)
+        else:
+            table.put(kg, key, live)
 
 
 @contextlib.contextmanager

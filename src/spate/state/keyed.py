@@ -201,16 +201,20 @@ class KeyedStateBackend:
 
 
 def _live_list(raw: bytes, now: int) -> bytes | None:
+    """The unexpired elements of a TTL'd list value: ``raw`` itself if none expired, None if all did."""
     out = []
-    pos = 0
-    n = len(raw)
+    pos, n, dropped = 0, len(raw), False
     while pos < n:
         exp = _EXP.unpack_from(raw, pos)[0]
         ln = _LEN.unpack_from(raw, pos + 8)[0]
         end = pos + 12 + ln
         if exp > now:
             out.append(raw[pos:end])
+        else:
+            dropped = True
         pos = end
+    if not dropped:
+        return raw
     return b"".join(out) if out else None
 
 

@@ -210,6 +210,23 @@ class LmdbTable(StateTable):
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def remove_if_unused(path: str) -> bool:
+    """Delete an lmdb table directory unless a process holds it open; True if it was deleted."""
+    lock = os.path.join(path, "spate.lock")
+    if not os.path.exists(lock):
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
 class _ReadView:
     def __init__(self, txn: lmdb.Transaction) -> None:
         self._txn = txn
