@@ -36,6 +36,7 @@ class FrameKind:
     OPERATOR_STATE = 4
     STAGED_OUTPUTS = 5
     DELIVERED = 6
+    CHANGE_SET = 7
 
 
 def frame(kind: int, payload: bytes, compress: bool = False) -> bytes:

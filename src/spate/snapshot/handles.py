@@ -27,7 +27,7 @@ class KeyGroupsHandle:
     def intersect(self, key_groups: range) -> KeyGroupsHandle | None:
         """The part of this handle inside ``key_groups`` (None if it holds no data there)."""
         start, end = max(self.start, key_groups.start), min(self.end, key_groups.stop - 1)
-        offsets = {kg: o for kg, o in self.offsets.items() if start <= kg <= end}
+        offsets = offsets_within(self.offsets, start, end)
         if not offsets:
             return None
         if start == self.start and end == self.end:
@@ -36,8 +36,7 @@ class KeyGroupsHandle:
 
     def span(self) -> tuple[int, int]:
         """(offset, length) of the contiguous byte range holding every key group of this handle."""
-        first, last = self.offsets[min(self.offsets)], self.offsets[max(self.offsets)]
-        return first[0], last[0] + last[1] - first[0]
+        return offsets_span(self.offsets)
 
     @property
     def state_bytes(self) -> int:
@@ -53,6 +52,48 @@ class KeyGroupsHandle:
         return KeyGroupsHandle(data["path"], data["start"], data["end"],
                                {kg: (o, n) for kg, o, n in data["offsets"]}, data["size"],
                                tuple(data.get("states", ())))
+
+
+def offsets_within(offsets: dict[int, tuple[int, int]], start: int, end: int) -> dict[int, tuple[int, int]]:
+    return {kg: o for kg, o in offsets.items() if start <= kg <= end}
+
+
+def offsets_span(offsets: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    first, last = offsets[min(offsets)], offsets[max(offsets)]
+    return first[0], last[0] + last[1] - first[0]
+
+
+@dataclass(frozen=True)
+class ChangeSetHandle:
+    """One uploaded change set (sequence number ``sqn`` of log ``log_id``) inside a change file: one frame
+    per key group, ``offsets[kg] = (offset, length)``, contiguous in the file."""
+
+    path: str
+    log_id: str
+    sqn: int
+    offsets: dict[int, tuple[int, int]]
+
+    def intersect(self, key_groups: range) -> ChangeSetHandle | None:
+        offsets = offsets_within(self.offsets, key_groups.start, key_groups.stop - 1)
+        if not offsets:
+            return None
+        return self if len(offsets) == len(self.offsets) else ChangeSetHandle(self.path, self.log_id, self.sqn,
+                                                                              offsets)
+
+    def span(self) -> tuple[int, int]:
+        return offsets_span(self.offsets)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(length for _, length in self.offsets.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "log": self.log_id, "sqn": self.sqn,
+                "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())]}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ChangeSetHandle:
+        return ChangeSetHandle(data["path"], data["log"], data["sqn"], {kg: (o, n) for kg, o, n in data["offsets"]})
 
 
 @dataclass(frozen=True)

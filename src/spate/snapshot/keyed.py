@@ -14,7 +14,7 @@ from spate.snapshot.handles import KeyGroupsHandle
 from spate.state.descriptors import MAP
 from spate.state.keyed import KeyedStateBackend, StateMeta
 from spate.state.layout import U16, primary_length
-from spate.state.table import StateTable
+from spate.state.table import StateTable, TableView
 from spate.state.timers import RESERVED_SIDS
 
 
@@ -25,28 +25,43 @@ def write_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage,
     What has expired (TTL) is left out of the snapshot and then removed from the live table too."""
     table = backend.table
     table.commit()
-    filters = {U16.pack(m.sid): f for m in backend.state_metas if (f := backend.expiry_filter(m.sid))}
+    expired: list[tuple[int, bytes, bytes | None]] = []
+    with gc_paused(), table.consistent_view() as view:
+        handle = write_key_groups(view, backend.key_groups, backend.state_metas, expiry_filters(backend), storage,
+                                  path, compress, expired)
+    _purge(table, expired)
+    return handle
+
+
+def expiry_filters(backend: KeyedStateBackend) -> dict[bytes, Callable[[bytes], bytes | None]]:
+    """Per state-id prefix of a TTL'd state: what of a stored value is still live at ``backend.now_ms``."""
+    return {U16.pack(m.sid): f for m in backend.state_metas if (f := backend.expiry_filter(m.sid))}
+
+
+def write_key_groups(view: TableView, key_groups: range, metas: list[StateMeta],
+                     filters: dict[bytes, Callable[[bytes], bytes | None]], storage: CheckpointStorage, path: str,
+                     compress: bool = False, expired: list[tuple[int, bytes, bytes | None]] | None = None,
+                     ) -> KeyGroupsHandle | None:
+    """Write the key groups of ``view`` as a keyed snapshot file (works from any thread for a view that is
+    consistent); expired data is left out and, if ``expired`` is given, noted there."""
     frames: list[bytes] = []
     offsets: dict[int, tuple[int, int]] = {}
-    expired: list[tuple[int, bytes, bytes | None]] = []
+    dropped: list[tuple[int, bytes, bytes | None]] = [] if expired is None else expired
     pos = 0
-    with gc_paused(), table.consistent_view() as view:
-        for kg in backend.key_groups:
-            flat = view.key_group_flat(kg)
-            if filters and flat:
-                flat = _drop_expired(kg, flat, filters, expired)
-            if flat:
-                fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat], use_bin_type=True), compress)
-                frames.append(fr)
-                offsets[kg] = (pos, len(fr))
-                pos += len(fr)
-    _purge(table, expired)
+    for kg in key_groups:
+        flat = view.key_group_flat(kg)
+        if filters and flat:
+            flat = _drop_expired(kg, flat, filters, dropped)
+        if flat:
+            fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat], use_bin_type=True), compress)
+            frames.append(fr)
+            offsets[kg] = (pos, len(fr))
+            pos += len(fr)
     if not frames:
         return None
     storage.write(path, b"".join(frames))
-    kgs = backend.key_groups
-    return KeyGroupsHandle(path, kgs.start, kgs.stop - 1, offsets, pos,
-                           tuple(m.to_dict() for m in backend.state_metas))
+    return KeyGroupsHandle(path, key_groups.start, key_groups.stop - 1, offsets, pos,
+                           tuple(m.to_dict() for m in metas))
 
 
 def _drop_expired(kg: int, flat: list[bytes], filters: dict[bytes, Callable[[bytes], bytes | None]],
@@ -113,15 +128,21 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle,
         yield kg, flat
 
 
-def restore_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage,
-                           handle: KeyGroupsHandle, context: str = "") -> int:
-    """Insert the entries of ``handle`` that fall in the backend's key groups; returns entries restored."""
+def sid_remap(backend: KeyedStateBackend, states: tuple[dict, ...]) -> dict[bytes, bytes]:
+    """State-id prefixes of a snapshot's writer → this backend's (registering states it does not know)."""
     remap = {}
-    for m in handle.states:
+    for m in states:
         meta = StateMeta.from_dict(m)
         local = backend.adopt(meta)
         if local != meta.sid:
             remap[U16.pack(meta.sid)] = U16.pack(local)
+    return remap
+
+
+def restore_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage,
+                           handle: KeyGroupsHandle, context: str = "") -> int:
+    """Insert the entries of ``handle`` that fall in the backend's key groups; returns entries restored."""
+    remap = sid_remap(backend, handle.states)
     map_sids = frozenset([U16.pack(backend.adopt(StateMeta.from_dict(m))) for m in handle.states
                           if m["kind"] == MAP] + [U16.pack(sid) for sid in RESERVED_SIDS])
     table, owned, count = backend.table, backend.key_groups, 0

@@ -2,10 +2,14 @@
 
 Per key group, value-like entries are one flat dict (``primary -> value``) so snapshots can stream it
 without a Python-level loop; map entries and timers live in a second dict (``primary -> {user_key: value}``).
+A consistent view (for asynchronous materialization) is copy-on-write per key group: a key group is copied
+only if it is written before the view has read it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator
 from itertools import chain
 
@@ -22,18 +26,36 @@ class HeapTable(StateTable):
         self._values: dict[int, dict[bytes, bytes]] = {}
         self._maps: dict[int, dict[bytes, dict[bytes, bytes]]] = {}
         self._meta: dict[str, bytes] = {}
+        self._views: list[_HeapView] = []
+
+    def _preserve(self, kg: int) -> None:
+        for view in self._views:
+            view.preserve(kg)
+
+    @contextlib.contextmanager
+    def consistent_view(self) -> Iterator[_HeapView]:
+        view = _HeapView(self)
+        self._views.append(view)
+        try:
+            yield view
+        finally:
+            self._views.remove(view)
 
     def get(self, kg: int, primary: bytes) -> bytes | None:
         d = self._values.get(kg)
         return d.get(primary) if d is not None else None
 
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
+        if self._views:
+            self._preserve(kg)
         d = self._values.get(kg)
         if d is None:
             d = self._values[kg] = {}
         d[primary] = value
 
     def delete(self, kg: int, primary: bytes) -> None:
+        if self._views:
+            self._preserve(kg)
         for store in (self._values, self._maps):
             d = store.get(kg)
             if d is not None:
@@ -45,6 +67,8 @@ class HeapTable(StateTable):
         return m.get(user_key) if m is not None else None
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
+        if self._views:
+            self._preserve(kg)
         d = self._maps.get(kg)
         if d is None:
             d = self._maps[kg] = {}
@@ -54,6 +78,8 @@ class HeapTable(StateTable):
         m[user_key] = value
 
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
+        if self._views:
+            self._preserve(kg)
         d = self._maps.get(kg)
         m = d.get(primary) if d is not None else None
         if m is not None:
@@ -77,15 +103,8 @@ class HeapTable(StateTable):
                 for uk, mv in list(m.items()):
                     yield primary, uk, mv
 
-    # consistent_view (inherited) is the live table: consistent while nobody writes, which holds for the
-    # synchronous full snapshots taken between batches.
-
     def key_group_flat(self, kg: int) -> list[bytes]:
-        flat = list(chain.from_iterable(self._values.get(kg, {}).items()))
-        for primary, m in (self._maps.get(kg) or {}).items():
-            for uk, v in m.items():
-                flat += (primary + uk, v)
-        return flat
+        return _flatten(self._values.get(kg, {}), self._maps.get(kg, {}))
 
     def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
         keys, values = flat[0::2], flat[1::2]
@@ -117,3 +136,37 @@ class HeapTable(StateTable):
         self._values.clear()
         self._maps.clear()
         self._meta.clear()
+
+
+def _flatten(values: dict[bytes, bytes], maps: dict[bytes, dict[bytes, bytes]]) -> list[bytes]:
+    flat = list(chain.from_iterable(values.items()))
+    for primary, m in maps.items():
+        for uk, v in m.items():
+            flat += (primary + uk, v)
+    return flat
+
+
+class _HeapView:
+    """The heap table as of the view's creation; safe to read from another thread while writes go on."""
+
+    def __init__(self, table: HeapTable) -> None:
+        self._table = table
+        self._frozen: dict[int, tuple[dict[bytes, bytes], dict[bytes, dict[bytes, bytes]]]] = {}
+        self._read: set[int] = set()
+        self._lock = threading.Lock()
+
+    def preserve(self, kg: int) -> None:
+        """Called before the table changes key group ``kg``: keep a copy unless the view is done with it."""
+        with self._lock:
+            if kg in self._read or kg in self._frozen:
+                return
+            t = self._table
+            self._frozen[kg] = (dict(t._values.get(kg, {})), {p: dict(m) for p, m in t._maps.get(kg, {}).items()})
+
+    def key_group_flat(self, kg: int) -> list[bytes]:
+        with self._lock:  # writers wait for this key group to be read, or find it read
+            self._read.add(kg)
+            frozen = self._frozen.pop(kg, None)
+            if frozen is not None:
+                return _flatten(*frozen)
+            return _flatten(self._table._values.get(kg, {}), self._table._maps.get(kg, {}))

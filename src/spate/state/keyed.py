@@ -391,9 +391,7 @@ class ListState(_State):
         if not data:
             return
         b = self._b
-        primary = self._primary()
-        old = self._table.get(b._kg, primary)
-        self._table.put(b._kg, primary, old + data if old else data)
+        self._table.append(b._kg, self._primary(), data)
         b.dirty = True
 
     def update(self, values: Iterable[Any]) -> None:

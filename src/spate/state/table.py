@@ -30,6 +30,11 @@ class StateTable(ABC):
     @abstractmethod
     def put(self, kg: int, primary: bytes, value: bytes) -> None: ...
 
+    def append(self, kg: int, primary: bytes, data: bytes) -> None:
+        """Append ``data`` to the value at ``primary`` (list state adds elements this way)."""
+        old = self.get(kg, primary)
+        self.put(kg, primary, old + data if old else data)
+
     @abstractmethod
     def delete(self, kg: int, primary: bytes) -> None:
         """Remove a value entry, or every user-key entry of a map primary."""

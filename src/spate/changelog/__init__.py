@@ -1,0 +1,1 @@
+"""FLIP-158: changelog-based incremental checkpoints (DSTL, materialization, restore, truncation)."""

@@ -1,0 +1,261 @@
+"""The upload path of the changelog (DSTL): one scheduler per worker process and checkpoint root batches the
+persist requests of all its subtasks into one file, caps the bytes in flight (back-pressure), and retries
+each upload with a per-attempt timeout and hedging: a slow attempt keeps running while the next starts, the
+first success wins and any later success is deleted."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from spate.changelog.changeset import ChangeSet
+from spate.changelog.format import encode_change_file
+from spate.fs import CheckpointStorage, random_name
+from spate.snapshot.handles import ChangeSetHandle
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class UploadConfig:
+    """Upload settings; defaults as Flink's ``dstl.dfs.*``."""
+
+    persist_delay_s: float = 0.010
+    persist_size_threshold: int = 10 * MB
+    max_in_flight: int = 100 * MB
+    timeout_s: float = 1.0
+    max_attempts: int = 3
+    next_attempt_delay_s: float = 0.5
+    num_threads: int = 5
+    compress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+
+class RetryingExecutor:
+    """Runs ``action(attempt_number)`` until one attempt succeeds.
+
+    An ``OSError`` is retried after ``next_attempt_delay_s``; an attempt still running after ``timeout_s``
+    triggers the next attempt at once (hedging) while it keeps running; any other error fails at once.
+    At most ``max_attempts`` attempts start. The first success completes the future; later successes are
+    passed to ``discard``.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor, max_attempts: int, timeout_s: float | None,
+                 next_attempt_delay_s: float) -> None:
+        self._pool = pool
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self.delay_s = next_attempt_delay_s
+
+    def execute(self, action: Callable[[int], T], discard: Callable[[T], None]) -> Execution[T]:
+        """Start the attempts; the returned execution's ``result`` future completes with the winner."""
+        execution = Execution(self, action, discard)
+        execution._attempt()
+        return execution
+
+
+class Execution(Generic[T]):
+    """One retried action: ``result`` (a future), ``attempts`` started so far, ``errors`` seen."""
+
+    def __init__(self, ex: RetryingExecutor, action: Callable[[int], T], discard: Callable[[T], None]) -> None:
+        self.ex, self.action, self.discard = ex, action, discard
+        self.result: Future[T] = Future()
+        self.lock = threading.Lock()
+        self.attempts = 0
+        self.running = 0
+        self.errors: list[BaseException] = []
+
+    def _attempt(self) -> None:
+        with self.lock:
+            if self.result.done() or self.attempts >= self.ex.max_attempts:
+                return
+            self.attempts += 1
+            self.running += 1
+            n = self.attempts
+        timer = None
+        if self.ex.timeout_s:
+            timer = threading.Timer(self.ex.timeout_s, self._attempt)  # hedge if this one is slow
+            timer.daemon = True
+            timer.start()
+        self.ex._pool.submit(self.action, n).add_done_callback(lambda f: self._finished(f, timer))
+
+    def _finished(self, f: Future[T], timer: threading.Timer | None) -> None:
+        if timer is not None:
+            timer.cancel()
+        exc = f.exception()
+        with self.lock:
+            self.running -= 1
+            won = exc is None and not self.result.done()
+            if won:
+                self.result.set_result(f.result())
+        if exc is None:
+            if not won:
+                self.discard(f.result())
+            return
+        with self.lock:
+            self.errors.append(exc)
+            if self.result.done():
+                return
+            retryable = isinstance(exc, OSError)
+            if not retryable or (self.attempts >= self.ex.max_attempts and self.running == 0):
+                self.result.set_exception(exc)
+                return
+            retry = self.attempts < self.ex.max_attempts
+        if retry:
+            t = threading.Timer(self.ex.delay_s, self._attempt)
+            t.daemon = True
+            t.start()
+
+
+@dataclass
+class UploadTask:
+    """Change sets of one log to upload; ``on_done`` gets their handles, ``on_fail`` the error."""
+
+    log_id: str
+    change_sets: dict[int, ChangeSet]
+    on_done: Callable[[dict[int, ChangeSetHandle], UploadStats], None]
+    on_fail: Callable[[BaseException], None]
+    size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.size = sum(cs.size for cs in self.change_sets.values())
+
+
+@dataclass
+class UploadStats:
+    """What one upload (one file) cost."""
+
+    path: str
+    bytes: int
+    latency_ms: float
+    attempts: int
+    errors: int
+    tasks: int
+
+
+class ChangelogFileRegistry:
+    """Per process: a change file is deleted once every change set in it was released by its writer,
+    unless a completed checkpoint took it over (then the coordinator's registry owns it)."""
+
+    def __init__(self, storage: CheckpointStorage) -> None:
+        self._storage = storage
+        self._refs: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def track(self, path: str, change_sets: int) -> None:
+        with self._lock:
+            self._refs[path] = change_sets
+
+    def release(self, path: str) -> None:
+        with self._lock:
+            if path not in self._refs:
+                return
+            self._refs[path] -= 1
+            if self._refs[path] > 0:
+                return
+            del self._refs[path]
+        self._storage.delete(path)
+
+    def stop_tracking(self, path: str) -> None:
+        with self._lock:
+            self._refs.pop(path, None)
+
+    def tracked(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._refs)
+
+
+class BatchingUploadScheduler:
+    """Collects upload tasks for ``persist_delay_s`` (or until ``persist_size_threshold`` bytes) and writes
+    them as one change file; blocks ``upload`` while more than ``max_in_flight`` bytes are in flight."""
+
+    def __init__(self, storage: CheckpointStorage, config: UploadConfig | None = None,
+                 directory: str = "shared/changelog") -> None:
+        self.storage = storage
+        self.config = config or UploadConfig()
+        self.directory = directory
+        self.registry = ChangelogFileRegistry(storage)
+        self._pool = ThreadPoolExecutor(self.config.num_threads, thread_name_prefix="spate-upload")
+        self._retry = RetryingExecutor(self._pool, self.config.max_attempts, self.config.timeout_s,
+                                       self.config.next_attempt_delay_s)
+        self._cond = threading.Condition()
+        self._pending: list[UploadTask] = []
+        self._pending_bytes = 0
+        self._in_flight = 0
+        self._timer: threading.Timer | None = None
+        self.uploads: list[UploadStats] = []
+        self.write_file: Callable[[str, bytes], None] = storage.write  # fault-injection point for tests
+
+    def upload(self, task: UploadTask) -> None:
+        with self._cond:
+            while self._in_flight > 0 and self._in_flight + task.size > self.config.max_in_flight:
+                self._cond.wait()  # back-pressure
+            self._in_flight += task.size
+            self._pending.append(task)
+            self._pending_bytes += task.size
+            if self.config.persist_delay_s <= 0 or self._pending_bytes >= self.config.persist_size_threshold:
+                self._flush_locked()
+            elif self._timer is None:
+                self._timer = threading.Timer(self.config.persist_delay_s, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        with self._cond:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        tasks, self._pending, self._pending_bytes = self._pending, [], 0
+        if not tasks:
+            return
+        started = time.perf_counter()
+        execution = self._retry.execute(lambda n: self._write(tasks), self._discard)
+        execution.result.add_done_callback(lambda f: self._completed(tasks, execution, started))
+
+    def _write(self, tasks: list[UploadTask]) -> tuple[str, dict[tuple[str, int], ChangeSetHandle], int]:
+        path = f"{self.directory}/{random_name('.chg')}"  # attempt-unique: hedged attempts never collide
+        data, handles = encode_change_file(
+            path, [(t.log_id, sqn, cs) for t in tasks for sqn, cs in t.change_sets.items()], self.config.compress)
+        self.write_file(path, data)
+        return path, handles, len(data)
+
+    def _discard(self, result: tuple[str, Any, int]) -> None:
+        self.storage.delete(result[0])
+
+    def _completed(self, tasks: list[UploadTask], execution: Execution, started: float) -> None:
+        with self._cond:
+            self._in_flight -= sum(t.size for t in tasks)
+            self._cond.notify_all()
+        f = execution.result
+        exc = f.exception()
+        if exc is not None:
+            log.warning("changelog upload failed: %s", exc)
+            for t in tasks:
+                t.on_fail(exc)
+            return
+        path, handles, size = f.result()
+        self.registry.track(path, len(handles))
+        stats = UploadStats(path, size, round((time.perf_counter() - started) * 1000, 3), execution.attempts,
+                            len(execution.errors), len(tasks))
+        self.uploads.append(stats)
+        for t in tasks:
+            t.on_done({sqn: handles[(t.log_id, sqn)] for sqn in t.change_sets if (t.log_id, sqn) in handles}, stats)
+
+    def close(self) -> None:
+        self.flush()
+        self._pool.shutdown(wait=True)
