@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from model_job import OPS, Model, ModelJob
 
 from spate import LocalRunner, keyed_state_entries, load_checkpoint, operator_state_elements
+from spate.changelog.state import ChangelogConfig
+from spate.changelog.upload import UploadConfig
 from spate.checkpoint.inspect import keyed_state_names
 from spate.fs import CheckpointStorage
 
@@ -29,7 +31,9 @@ class Crash(Exception):
 row = st.tuples(st.sampled_from(KEYS), st.sampled_from(OPS), st.integers(-50, 50))
 batches_st = st.lists(st.lists(row, max_size=12), min_size=1, max_size=7)
 segment = st.tuples(st.integers(1, 16), st.sampled_from(["heap", "lmdb"]), st.integers(0, 7),
-                    st.sampled_from(CRASH_STEPS))
+                    st.sampled_from(CRASH_STEPS), st.booleans())
+# materialize every ~2 batches (1000 ms apart), staggered: restarts land in the middle of materializations
+CHANGELOG = ChangelogConfig(materialization_interval_ms=1500, upload=UploadConfig(persist_delay_s=0.0))
 
 
 def _rows(raw: list[list[tuple]]) -> list[list[dict]]:
@@ -61,17 +65,17 @@ def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: t
     def sink(rows: list[dict], batch_id: int) -> None:
         deliveries.setdefault(batch_id, []).append(_norm(rows))
 
-    def runner(parallelism: int, table: str, crash: tuple[str, int] | None) -> LocalRunner:
+    def runner(parallelism: int, table: str, crash: tuple[str, int] | None, changelog: bool) -> LocalRunner:
         def fault(step: str, batch_id: int) -> None:
             if crash and (step, batch_id) == crash:
                 raise Crash(step)
 
         return LocalRunner(ModelJob, key="k", checkpoint_root=root, parallelism=parallelism, max_parallelism=128,
                            table=table, local_dir=local_dir, sink=sink, clock=lambda: clock[0],
-                           fault_injector=fault)
+                           fault_injector=fault, changelog=CHANGELOG if changelog else False)
 
-    for parallelism, table, stop, crash_step in segments:
-        r = runner(parallelism, table, None)
+    for parallelism, table, stop, crash_step, changelog in segments:
+        r = runner(parallelism, table, None, changelog)
         start = r.next_batch_id
         stop = min(stop, len(batches))
         for n in range(start, stop):
@@ -90,7 +94,7 @@ def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: t
                 raise AssertionError("fault injector did not fire")
         r.close()
 
-    r = runner(final[0], final[1], None)
+    r = runner(final[0], final[1], None, final[2])
     for n in range(r.next_batch_id, len(batches)):
         clock[0] = now_of(n)
         r.run_batch(n, batches[n])
@@ -133,7 +137,8 @@ def _raise(step: str, batch_id: int, crash_step: str, crash_batch: int) -> None:
 
 
 @settings(max_examples=int(os.environ.get("SPATE_MODEL_EXAMPLES", "40")))
-@given(batches_st, st.lists(segment, max_size=3), st.tuples(st.integers(1, 16), st.sampled_from(["heap", "lmdb"])))
+@given(batches_st, st.lists(segment, max_size=3),
+       st.tuples(st.integers(1, 16), st.sampled_from(["heap", "lmdb"]), st.booleans()))
 def test_state_matches_model_across_crashes_and_rescales(raw_batches, segments, final):
     run_scenario(raw_batches, segments, final)
 
@@ -143,5 +148,12 @@ def test_model_scenario_rescale_up_and_down_with_crash():
     raw = [[(k, op, x) for k in ("a", 1, (2, "y")) for op, x in (("vput", b), ("ladd", b), ("mput", b),
                                                                   ("radd", b), ("aadd", b), ("timer", b))]
            for b in range(6)]
-    run_scenario(raw, [(2, "lmdb", 2, None), (16, "heap", 3, "after_acks"), (3, "lmdb", 5, "after_complete")],
-                 (1, "heap"))
+    run_scenario(raw, [(2, "lmdb", 2, None, False), (16, "heap", 3, "after_acks", True),
+                       (3, "lmdb", 5, "after_complete", True)], (1, "heap", False))
+
+
+def test_model_scenario_changelog_throughout():
+    raw = [[(k, op, x) for k in ("a", 1, (2, "y"), "ü") for op, x in (("vput", b), ("ladd", b), ("mput", b),
+                                                                       ("mdel", b + 1), ("tput", b), ("timer", b))]
+           for b in range(8)]
+    run_scenario(raw, [(2, "heap", 3, None, True), (3, "lmdb", 5, "after_subtask_0", True)], (4, "heap", True))

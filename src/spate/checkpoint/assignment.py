@@ -3,14 +3,17 @@ rules (split round-robin, union to all, broadcast copies)."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from spate.errors import IncompatibleStateError
 from spate.keygroups import key_group_range
-from spate.snapshot.handles import KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
 from spate.state.operator import BROADCAST, SPLIT, UNION
 
+H = TypeVar("H", KeyGroupsHandle, ChangeSetHandle)
 
-def assign_keyed_state(old: list[list[KeyGroupsHandle]], max_parallelism: int,
-                       new_parallelism: int) -> list[list[KeyGroupsHandle]]:
+
+def assign_keyed_state(old: list[list[H]], max_parallelism: int, new_parallelism: int) -> list[list[H]]:
     """Same parallelism: subtask i keeps old subtask i's handles. Otherwise each new subtask gets every old
     handle intersected with its key-group range (non-empty intersections only)."""
     if new_parallelism > max_parallelism:

@@ -192,9 +192,11 @@ class Coordinator:
         now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
         p, base = self.parallelism, self.base
         keyed: list[list] = [[] for _ in range(p)]
+        changelog: list[list] = [[] for _ in range(p)]
         operator: list[list] = [[] for _ in range(p)]
         if base is not None:
             keyed = assign_keyed_state([s.keyed for s in base.subtasks], base.max_parallelism, p)
+            changelog = assign_keyed_state([s.changelog for s in base.subtasks], base.max_parallelism, p)
             operator = assign_operator_state([s.operator for s in base.subtasks], p)
         self._pending = _Pending(checkpoint_id, p, now, {})
         return [SubtaskPlan(
@@ -202,7 +204,8 @@ class Coordinator:
             query_id=self.query.query_id, epoch=self.query.epoch, checkpoint_uri=self.storage.uri,
             base_checkpoint_id=base.checkpoint_id if base else None,
             base_uri=self._base_storage.uri if base and self._base_storage else None,
-            base_is_savepoint=bool(base and base.is_savepoint), keyed=keyed[i], operator=operator[i],
+            base_is_savepoint=bool(base and base.is_savepoint), keyed=keyed[i], changelog=changelog[i],
+            operator=operator[i],
             processing_time_ms=now, watermark_ms=base.watermark_ms if base else None) for i in range(p)]
 
     def acknowledge(self, ack: SubtaskAck) -> bool:
@@ -253,7 +256,7 @@ class Coordinator:
         return CheckpointMetadata(
             pending.checkpoint_id, self.query.query_id, self.query.epoch, pending.parallelism,
             self.query.max_parallelism, pending.processing_time_ms,
-            [SubtaskState(a.keyed, a.operator, a.outputs, a.stats) for a in acks], max_event, watermark)
+            [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog) for a in acks], max_event, watermark)
 
     def _check_fence(self) -> None:
         assert self.query is not None

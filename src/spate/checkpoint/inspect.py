@@ -8,15 +8,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from spate.changelog.format import read_change_set
+from spate.changelog.state import restore_keyed_state
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.metadata import METADATA_FILE, CheckpointMetadata, metadata_path, read_metadata
 from spate.errors import CheckpointError, SpateError
 from spate.fs import CheckpointStorage
+from spate.keygroups import key_group_range
 from spate.serde import decode_key, serializer_by_name
 from spate.snapshot.keyed import read_key_groups
 from spate.snapshot.operator import read_operator_piece
-from spate.state.keyed import StateMeta, decode_stored
-from spate.state.layout import U16, primary_length, split_primary
+from spate.state.heap import HeapTable
+from spate.state.keyed import KeyedStateBackend, decode_stored
+from spate.state.layout import U16, split_primary
 from spate.state.timers import TIMER_SIDS
 
 
@@ -47,6 +51,12 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
                     pass
             except SpateError as e:
                 problems.append(f"subtask {i}: {e}")
+        for c in st.changelog:
+            try:
+                for _ in read_change_set(storage, c, context):
+                    pass
+            except SpateError as e:
+                problems.append(f"subtask {i}: {e}")
         if st.operator:
             for name in st.operator.states:
                 try:
@@ -58,7 +68,7 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
 
 def keyed_state_names(meta: CheckpointMetadata) -> dict[str, str]:
     """name → kind of every keyed state in a checkpoint."""
-    return {m["name"]: m["kind"] for st in meta.subtasks for h in st.keyed for m in h.states}
+    return {m["name"]: m["kind"] for st in meta.subtasks for h in [*st.keyed, *st.changelog] for m in h.states}
 
 
 def operator_state_names(meta: CheckpointMetadata) -> dict[str, str]:
@@ -80,46 +90,42 @@ class StateEntry:
 
 def keyed_state_entries(storage: CheckpointStorage, meta: CheckpointMetadata, name: str,
                         allow_pickle: bool = False, now_ms: int | None = None) -> Iterator[StateEntry]:
-    """Every live entry of keyed state ``name`` (or "timers:event"/"timers:processing") in a checkpoint."""
+    """Every live entry of keyed state ``name`` (or "timers:event"/"timers:processing") in a checkpoint.
+
+    Each subtask's state is rebuilt in memory exactly as a restore would (materialized snapshots, then the
+    changelog), so what this shows is what a restarted query would see."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     timer_domain = name.split(":", 1)[1] if name.startswith("timers:") else None
     if timer_domain is not None and timer_domain not in TIMER_SIDS:
         raise ValueError(f"unknown timer domain in {name!r}: use timers:event or timers:processing")
-    found = timer_domain is not None
-    context = f"checkpoint {meta.checkpoint_id}"
-    for i, st in enumerate(meta.subtasks):
-        for h in st.keyed:
-            metas = [StateMeta.from_dict(m) for m in h.states]
-            if timer_domain is not None:
-                sid, state_meta = TIMER_SIDS[timer_domain], None
-            else:
-                state_meta = next((m for m in metas if m.name == name), None)
-                if state_meta is None:
-                    continue
-                found, sid = True, state_meta.sid
-                loads = serializer_by_name(state_meta.serializer, allow_pickle, f"state {name!r}").loads
-            prefix = U16.pack(sid)
-            for kg, flat in read_key_groups(storage, h, context):
-                for j in range(0, len(flat), 2):
-                    fkey = flat[j]
-                    if fkey[:2] != prefix:
-                        continue
-                    plen = primary_length(fkey)
-                    _sid, key_bytes, ns = split_primary(fkey[:plen])
-                    uk = fkey[plen:]
-                    user_key: Any
-                    if state_meta is None:
-                        value, live = None, True
-                        user_key = int.from_bytes(uk, "big") - (1 << 63)
-                    else:
-                        live, value = decode_stored(state_meta, flat[j + 1], loads, now)
-                        user_key = decode_key(uk) if uk else None
-                    if live:
-                        yield StateEntry(i, kg, decode_key(key_bytes), decode_key(ns) if ns else None, user_key,
-                                         value)
-    if not found:
+    if timer_domain is None and name not in keyed_state_names(meta):
         raise CheckpointError(f"checkpoint {meta.checkpoint_id} has no keyed state named {name!r}; it has "
                               f"{sorted(keyed_state_names(meta))} (timers: timers:event, timers:processing)")
+    context = f"checkpoint {meta.checkpoint_id}"
+    for i, st in enumerate(meta.subtasks):
+        backend = KeyedStateBackend(HeapTable(), meta.max_parallelism,
+                                    key_group_range(meta.max_parallelism, meta.parallelism, i), allow_pickle=True)
+        restore_keyed_state(backend, storage, st.keyed, st.changelog, context)
+        state_meta = next((m for m in backend.state_metas if m.name == name), None)
+        if timer_domain is not None:
+            sid = TIMER_SIDS[timer_domain]
+        elif state_meta is None:
+            continue
+        else:
+            sid = state_meta.sid
+            loads = serializer_by_name(state_meta.serializer, allow_pickle, f"state {name!r}").loads
+        for kg in backend.key_groups:
+            for primary, uk, raw in backend.table.state_entries(kg, U16.pack(sid)):
+                _sid, key_bytes, ns = split_primary(primary)
+                user_key: Any
+                if timer_domain is not None:
+                    value, live = None, True
+                    user_key = int.from_bytes(uk, "big") - (1 << 63)
+                else:
+                    live, value = decode_stored(state_meta, raw, loads, now)  # type: ignore[arg-type]
+                    user_key = decode_key(uk) if uk else None
+                if live:
+                    yield StateEntry(i, kg, decode_key(key_bytes), decode_key(ns) if ns else None, user_key, value)
 
 
 def operator_state_elements(storage: CheckpointStorage, meta: CheckpointMetadata, name: str,

@@ -8,7 +8,7 @@ from typing import Any
 
 from spate.errors import CorruptFileError
 from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
-from spate.snapshot.handles import KeyGroupsHandle, OperatorStateHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle
 from spate.snapshot.outputs import OutputsHandle
 
 METADATA_FORMAT_VERSION = 1
@@ -42,9 +42,10 @@ class SubtaskState:
     operator: OperatorStateHandle | None = None
     outputs: OutputsHandle | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    changelog: list[ChangeSetHandle] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"keyed": [h.to_dict() for h in self.keyed],
+        return {"keyed": [h.to_dict() for h in self.keyed], "changelog": [h.to_dict() for h in self.changelog],
                 "operator": self.operator.to_dict() if self.operator else None,
                 "outputs": self.outputs.to_dict() if self.outputs else None, "stats": self.stats}
 
@@ -53,7 +54,8 @@ class SubtaskState:
         op, outputs = data.get("operator"), data.get("outputs")
         return SubtaskState([KeyGroupsHandle.from_dict(h) for h in data["keyed"]],
                             OperatorStateHandle.from_dict(op) if op else None,
-                            OutputsHandle.from_dict(outputs) if outputs else None, data.get("stats", {}))
+                            OutputsHandle.from_dict(outputs) if outputs else None, data.get("stats", {}),
+                            [ChangeSetHandle.from_dict(h) for h in data.get("changelog", [])])
 
 
 @dataclass
@@ -78,6 +80,8 @@ class CheckpointMetadata:
         for st in self.subtasks:
             for h in st.keyed:
                 out[h.path] = h.size
+            for c in st.changelog:  # size: the end of the last frame any handle uses
+                out[c.path] = max(out.get(c.path, 0), max(o + n for o, n in c.offsets.values()))
             if st.operator:
                 out[st.operator.path] = st.operator.size
             if st.outputs:
@@ -90,8 +94,8 @@ class CheckpointMetadata:
         return sorted(p for p in self.files() if p not in shared)
 
     def shared_files(self) -> list[str]:
-        """Files that may be referenced by several checkpoints (keyed snapshots under ``shared/``)."""
-        return sorted({h.path for st in self.subtasks for h in st.keyed})
+        """Files that may be referenced by several checkpoints (keyed snapshots and change files)."""
+        return sorted({h.path for st in self.subtasks for h in [*st.keyed, *st.changelog]})
 
     @property
     def state_bytes(self) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spate.keygroups import key_group_range
-from spate.snapshot.handles import KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
 from spate.snapshot.outputs import OutputsHandle
 
 
@@ -33,6 +33,7 @@ class SubtaskPlan:
     base_uri: str | None = None
     base_is_savepoint: bool = False
     keyed: list[KeyGroupsHandle] = field(default_factory=list)
+    changelog: list[ChangeSetHandle] = field(default_factory=list)
     operator: list[OperatorStatePiece] = field(default_factory=list)
     processing_time_ms: int = 0
     watermark_ms: int | None = None
@@ -44,6 +45,7 @@ class SubtaskPlan:
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["keyed"] = [h.to_dict() for h in self.keyed]
+        d["changelog"] = [h.to_dict() for h in self.changelog]
         d["operator"] = [p.to_dict() for p in self.operator]
         return d
 
@@ -51,6 +53,7 @@ class SubtaskPlan:
     def from_dict(data: dict[str, Any]) -> SubtaskPlan:
         d = dict(data)
         d["keyed"] = [KeyGroupsHandle.from_dict(h) for h in d["keyed"]]
+        d["changelog"] = [ChangeSetHandle.from_dict(h) for h in d.get("changelog", [])]
         d["operator"] = [OperatorStatePiece.from_dict(p) for p in d["operator"]]
         return SubtaskPlan(**d)
 
@@ -63,6 +66,7 @@ class SubtaskAck:
     index: int
     epoch: int
     keyed: list[KeyGroupsHandle] = field(default_factory=list)
+    changelog: list[ChangeSetHandle] = field(default_factory=list)
     operator: OperatorStateHandle | None = None
     outputs: OutputsHandle | None = None
     new_files: list[str] = field(default_factory=list)
@@ -72,6 +76,7 @@ class SubtaskAck:
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["keyed"] = [h.to_dict() for h in self.keyed]
+        d["changelog"] = [h.to_dict() for h in self.changelog]
         d["operator"] = self.operator.to_dict() if self.operator else None
         d["outputs"] = self.outputs.to_dict() if self.outputs else None
         return d
@@ -80,6 +85,7 @@ class SubtaskAck:
     def from_dict(data: dict[str, Any]) -> SubtaskAck:
         d = dict(data)
         d["keyed"] = [KeyGroupsHandle.from_dict(h) for h in d["keyed"]]
+        d["changelog"] = [ChangeSetHandle.from_dict(h) for h in d.get("changelog", [])]
         d["operator"] = OperatorStateHandle.from_dict(d["operator"]) if d["operator"] else None
         d["outputs"] = OutputsHandle.from_dict(d["outputs"]) if d.get("outputs") else None
         return SubtaskAck(**d)

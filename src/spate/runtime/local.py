@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.coordinator import DEFAULT_RETAINED, Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.keygroups import compile_key_hasher
@@ -70,6 +71,8 @@ class LocalRunner:
         sink: called with (outputs, batch_id) after the batch's checkpoint completed; outputs are staged in
             the checkpoint first and re-delivered on restart if the sink did not confirm them.
         output_serializer: how staged outputs are stored ("msgpack" or, opted in, "pickle").
+        changelog: log every state change (FLIP-158) so a checkpoint only uploads what changed since the
+            last one; ``True`` for the defaults or a :class:`ChangelogConfig`. May change on any restart.
         clock: processing time in ms (defaults to wall-clock time).
         fault_injector: test hook called at each protocol step (``"after_acks"``, ...); may raise.
     """
@@ -79,7 +82,8 @@ class LocalRunner:
                  table: str = "heap", local_dir: str | None = None, key_types: Any = None,
                  event_time_column: str | None = None, watermark_delay_ms: int = 0,
                  retained: int = DEFAULT_RETAINED, restore_from: str | None = None, allow_pickle: bool = False,
-                 compress: bool = False, sink: Sink | None = None, output_serializer: str = "msgpack",
+                 compress: bool = False, changelog: bool | ChangelogConfig = False,
+                 sink: Sink | None = None, output_serializer: str = "msgpack",
                  clock: Callable[[], int] | None = None,
                  fault_injector: FaultInjector | None = None) -> None:
         self._factory = processor_factory(processor)
@@ -97,7 +101,8 @@ class LocalRunner:
             local_dir = self._temp_local_dir = tempfile.mkdtemp(prefix="spate-local-")
         self.config = SubtaskConfig(table=table, local_dir=local_dir, allow_pickle=allow_pickle, compress=compress,
                                     key_types=key_types, event_time_column=event_time_column,
-                                    stage_outputs=sink is not None, output_serializer=output_serializer)
+                                    stage_outputs=sink is not None, output_serializer=output_serializer,
+                                    changelog=ChangelogConfig() if changelog is True else (changelog or None))
         self.parallelism = parallelism
         self.subtasks = [Subtask(i, parallelism, self._factory, self.config) for i in range(parallelism)]
         self._remove_other_parallelism_local_state()

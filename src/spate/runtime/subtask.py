@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_keyed_state
 from spate.checkpoint.metadata import staged_dir
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.fs import CheckpointStorage, random_name
 from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
 from spate.serde import resolve_serializer
-from spate.snapshot.keyed import restore_keyed_snapshot, write_keyed_snapshot
+from spate.snapshot.keyed import write_keyed_snapshot
 from spate.snapshot.operator import read_operator_piece, write_operator_snapshot
 from spate.snapshot.outputs import write_outputs
 from spate.state.heap import HeapTable
@@ -49,6 +50,7 @@ class SubtaskConfig:
     event_time_column: str | None = None
     stage_outputs: bool = False
     output_serializer: str = "msgpack"
+    changelog: ChangelogConfig | None = None
 
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:
@@ -90,6 +92,7 @@ class Subtask:
         self._handles: tuple[int, list] | None = None  # (checkpoint, keyed handles) equal to the live state
         self.restored_from: int | None = None
         self.restore_ms = 0.0
+        self.clog: ChangelogKeyedState | None = None
 
     # -- the batch ------------------------------------------------------------------------------------
     def run(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> BatchOutput:
@@ -110,6 +113,8 @@ class Subtask:
             self._open_local_lmdb(plan)
         if self.keyed is None or self._tag != base or plan.base_is_savepoint:
             self._restore(plan)
+        elif self.clog is not None and plan.base_checkpoint_id is not None:
+            self.clog.checkpoint_completed(plan.base_checkpoint_id)
         assert self.keyed is not None
         self._mark_dirty()
 
@@ -122,7 +127,9 @@ class Subtask:
         if tag is None or tag == _DIRTY or int(tag) != base or plan.base_is_savepoint:
             table.destroy()
             return
-        self._install(plan, table, self._read_operator_state(plan))
+        self._install(plan, self._with_changelog(plan, table), self._read_operator_state(plan))
+        if self.clog is not None:
+            self.clog.restored(plan.keyed, plan.changelog)  # local state equals them: nothing to replay
         self._tag, self._handles = base, None
 
     def _read_operator_state(self, plan: SubtaskPlan) -> dict[str, RestoredOperatorState]:
@@ -146,10 +153,18 @@ class Subtask:
 
     def _new_table(self, plan: SubtaskPlan) -> StateTable:
         if self.config.table == "heap":
-            return HeapTable()
+            return self._with_changelog(plan, HeapTable())
         path = self._lmdb_dir(plan)
         shutil.rmtree(path, ignore_errors=True)
-        return LmdbTable(path)
+        return self._with_changelog(plan, LmdbTable(path))
+
+    def _with_changelog(self, plan: SubtaskPlan, table: StateTable) -> StateTable:
+        """With the changelog on, wrap ``table`` so every change is also logged."""
+        if self.config.changelog is None:
+            return table
+        self.clog = ChangelogKeyedState(table, CheckpointStorage(plan.checkpoint_uri), self.config.changelog,
+                                        self.index, self.parallelism)
+        return self.clog.table
 
     def _restore(self, plan: SubtaskPlan) -> None:
         if self.keyed is not None:
@@ -160,10 +175,13 @@ class Subtask:
         if plan.base_checkpoint_id is not None:
             # keyed state first, so the processor's open() is checked against the restored state registry
             backend = self._keyed_backend(plan, table)
-            storage = CheckpointStorage(plan.base_uri)  # type: ignore[arg-type]
-            for handle in plan.keyed:
-                restore_keyed_snapshot(backend, storage, handle, self._restore_context(plan))
-            table.commit()
+            restore_keyed_state(backend, CheckpointStorage(plan.base_uri),  # type: ignore[arg-type]
+                                plan.keyed, plan.changelog, self._restore_context(plan))
+            if self.clog is not None:
+                if plan.base_uri == plan.checkpoint_uri:
+                    self.clog.restored(plan.keyed, plan.changelog)
+                else:  # a savepoint elsewhere: this root must hold its own copy before the first checkpoint
+                    self.clog.materialize_now(backend)
         self._install(plan, table, restored_ops)
         assert self.keyed is not None
         self.restore_ms = (time.perf_counter() - started) * 1000
@@ -227,10 +245,14 @@ class Subtask:
         new_files: list[str] = []
         # reuse only what the coordinator recorded for this subtask in the base checkpoint: an attempt whose
         # ack was rejected must not reuse its (deleted) files
-        reuse = (self._handles is not None and self._handles[0] == plan.base_checkpoint_id
+        reuse = (self.clog is None and self._handles is not None and self._handles[0] == plan.base_checkpoint_id
                  and self._handles[1] == plan.keyed
                  and not keyed.dirty and not keyed.has_ttl_state())
-        if reuse:
+        changelog: list = []
+        clog_stats: dict = {}
+        if self.clog is not None:
+            keyed_handles, changelog, clog_stats = self.clog.snapshot(plan.checkpoint_id, keyed)
+        elif reuse:
             keyed_handles = self._handles[1]  # type: ignore[index]
         else:
             path = f"shared/subtask-{self.index}-{self.parallelism}/{random_name('.kg')}"
@@ -260,9 +282,12 @@ class Subtask:
             stats["restore_ms"] = round(self.restore_ms, 3)
         if self.config.stage_outputs:
             stats["staged"] = True
+        stats.update(clog_stats)
+        if self.clog is not None and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
+            stats["materialization_started"] = True
         self.restored_from = None
-        return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, op_handle, staged, new_files,
-                          self._max_event_time(rows), stats)
+        return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, changelog, op_handle, staged,
+                          new_files, self._max_event_time(rows), stats)
 
     def _max_event_time(self, rows: Sequence[tuple[int, Any, Row]]) -> int | None:
         col = self.config.event_time_column
@@ -275,6 +300,9 @@ class Subtask:
         """Close the processor and the table (``destroy`` also deletes local state)."""
         if self.processor is not None:
             self.processor.close()
+        if self.clog is not None:
+            self.clog.close()
+            self.clog = None
         if self.keyed is not None:
             if destroy:
                 self.keyed.table.destroy()

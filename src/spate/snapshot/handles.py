@@ -72,13 +72,18 @@ class ChangeSetHandle:
     log_id: str
     sqn: int
     offsets: dict[int, tuple[int, int]]
+    states: tuple[dict[str, Any], ...] = ()
 
     def intersect(self, key_groups: range) -> ChangeSetHandle | None:
         offsets = offsets_within(self.offsets, key_groups.start, key_groups.stop - 1)
         if not offsets:
             return None
-        return self if len(offsets) == len(self.offsets) else ChangeSetHandle(self.path, self.log_id, self.sqn,
-                                                                              offsets)
+        if len(offsets) == len(self.offsets):
+            return self
+        return ChangeSetHandle(self.path, self.log_id, self.sqn, offsets, self.states)
+
+    def with_states(self, states: tuple[dict[str, Any], ...]) -> ChangeSetHandle:
+        return ChangeSetHandle(self.path, self.log_id, self.sqn, self.offsets, states)
 
     def span(self) -> tuple[int, int]:
         return offsets_span(self.offsets)
@@ -89,11 +94,12 @@ class ChangeSetHandle:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "log": self.log_id, "sqn": self.sqn,
-                "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())]}
+                "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "states": list(self.states)}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> ChangeSetHandle:
-        return ChangeSetHandle(data["path"], data["log"], data["sqn"], {kg: (o, n) for kg, o, n in data["offsets"]})
+        return ChangeSetHandle(data["path"], data["log"], data["sqn"], {kg: (o, n) for kg, o, n in data["offsets"]},
+                               tuple(data.get("states", ())))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,226 @@
+"""Keyed state of one subtask with the changelog on: a materialized part (full snapshots taken in the
+background now and then) plus the change sets logged since. A checkpoint only waits for the change sets not
+yet uploaded; restore = materialized snapshot + replay of the change sets, filtered by key group."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from spate.changelog.changeset import replay
+from spate.changelog.format import read_change_set
+from spate.changelog.table import ChangelogTable
+from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
+from spate.changelog.writer import ChangelogWriter
+from spate.errors import CheckpointError
+from spate.fs import CheckpointStorage, random_name
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.keyed import expiry_filters, gc_paused, restore_keyed_snapshot, sid_remap, write_key_groups
+from spate.state.keyed import KeyedStateBackend
+from spate.state.table import StateTable
+
+log = logging.getLogger(__name__)
+_materializers = ThreadPoolExecutor(2, thread_name_prefix="spate-materialize")
+_schedulers: dict[tuple[str, UploadConfig], BatchingUploadScheduler] = {}
+_schedulers_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ChangelogConfig:
+    """Changelog settings (Flink defaults where Flink has one)."""
+
+    materialization_interval_ms: int = 600_000
+    max_materialization_failures: int = 3
+    preemptive_threshold: int = 5 * MB
+    persist_timeout_s: float = 60.0
+    upload: UploadConfig = field(default_factory=UploadConfig)
+
+    def __post_init__(self) -> None:
+        if self.materialization_interval_ms <= 0:
+            raise ValueError("materialization_interval_ms must be > 0")
+
+
+def scheduler_for(storage: CheckpointStorage, config: UploadConfig) -> BatchingUploadScheduler:
+    """The upload scheduler of this process for a checkpoint root (shared by its subtasks)."""
+    with _schedulers_lock:
+        key = (storage.uri, config)
+        scheduler = _schedulers.get(key)
+        if scheduler is None:
+            scheduler = _schedulers[key] = BatchingUploadScheduler(storage, config)
+        return scheduler
+
+
+def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, materialized: list[KeyGroupsHandle],
+                        changelog: list[ChangeSetHandle], context: str) -> None:
+    """Materialized snapshots, then every change set in order, keeping only the backend's key groups.
+    Replayed changes go to the table under any changelog wrapper: they are already durable."""
+    for handle in materialized:
+        restore_keyed_snapshot(backend, storage, handle, context)
+    table = backend.table.inner if isinstance(backend.table, ChangelogTable) else backend.table
+    owned = backend.key_groups
+    with gc_paused():
+        for handle in changelog:
+            remap = sid_remap(backend, handle.states)
+            for kg, records in read_change_set(storage, handle, context):
+                if kg in owned:
+                    replay(table, kg, records, remap)
+    backend.table.commit()
+
+
+@dataclass
+class _Materialization:
+    sqn: int
+    started: float
+    future: Future[KeyGroupsHandle | None]
+
+
+class ChangelogKeyedState:
+    """The changelog side of a subtask's keyed state: writer, materialized handles, materialization."""
+
+    def __init__(self, inner: StateTable, storage: CheckpointStorage, config: ChangelogConfig, index: int,
+                 parallelism: int) -> None:
+        self.config = config
+        self.storage = storage
+        self.index, self.parallelism = index, parallelism
+        self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}",
+                                      scheduler_for(storage, config.upload), config.preemptive_threshold)
+        self.table = ChangelogTable(inner, self.writer)
+        self.materialized: list[KeyGroupsHandle] = []
+        self.restored_changelog: list[ChangeSetHandle] = []
+        self.materialized_to = 0
+        self._included: dict[int, tuple[int, int]] = {}  # checkpoint -> sqn range it included
+        self._running: _Materialization | None = None
+        self._failures = 0
+        self._next_due_ms: int | None = None
+        self.last_materialization: dict[str, Any] = {}
+
+    def restored(self, materialized: list[KeyGroupsHandle], changelog: list[ChangeSetHandle]) -> None:
+        """Record what the state was restored from: it is part of every checkpoint until the next
+        materialization (the new log starts at sequence number 0)."""
+        self.materialized, self.restored_changelog = list(materialized), list(changelog)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def snapshot(self, checkpoint_id: int, backend: KeyedStateBackend) -> tuple[list[KeyGroupsHandle],
+                                                                                 list[ChangeSetHandle], dict]:
+        """Persist the log's tail; returns (materialized handles, change-set handles, statistics)."""
+        self._collect_materialization()
+        started = time.perf_counter()
+        future = self.writer.persist(self.materialized_to)
+        to = self.writer.active_sqn
+        try:
+            handles = future.result(timeout=self.config.persist_timeout_s)
+        except TimeoutError as e:
+            raise CheckpointError(f"changelog of subtask {self.index} not durable after "
+                                  f"{self.config.persist_timeout_s} s") from e
+        self._included[checkpoint_id] = (self.materialized_to, to)
+        states = tuple(m.to_dict() for m in backend.state_metas)
+        stats = self._stats((time.perf_counter() - started) * 1000, handles)
+        return list(self.materialized), self.restored_changelog + [h.with_states(states) for h in handles], stats
+
+    def _stats(self, persist_ms: float, handles: list[ChangeSetHandle]) -> dict[str, Any]:
+        w = self.writer.take_stats()
+        return {"changelog_persist_ms": round(persist_ms, 3),
+                "changelog_bytes_at_checkpoint": w.persisted_at_checkpoint,
+                "changelog_bytes_preemptive": w.persisted_preemptively,
+                "changelog_change_sets": len(handles), "changelog_uploads": len(w.uploads),
+                "upload_bytes": sum(u.bytes for u in w.uploads),
+                "upload_latency_ms_max": max((u.latency_ms for u in w.uploads), default=0.0),
+                "upload_attempts": sum(u.attempts for u in w.uploads),
+                "upload_errors": sum(u.errors for u in w.uploads),
+                "materialized_to": self.materialized_to, **self.last_materialization}
+
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        """The coordinator completed ``checkpoint_id``: its change sets belong to it now; what lies before
+        the materialization point is no longer needed by new checkpoints."""
+        span = self._included.pop(checkpoint_id, None)
+        if span is not None:
+            self.writer.confirm(*span)
+        for cid in [c for c in self._included if c < checkpoint_id]:
+            del self._included[cid]  # older attempts were aborted
+        if not self._included:
+            self.writer.truncate(self.materialized_to)
+
+    # -- materialization --------------------------------------------------------------------------------
+    def maybe_materialize(self, backend: KeyedStateBackend, now_ms: int) -> bool:
+        """Start a background materialization if one is due (staggered per subtask) and none is running."""
+        interval = self.config.materialization_interval_ms
+        if self._next_due_ms is None:
+            stagger = zlib.crc32(f"{self.index}/{self.parallelism}".encode()) % interval
+            self._next_due_ms = now_ms + interval + stagger
+        self._collect_materialization()
+        if self._running is not None or now_ms < self._next_due_ms:
+            return False
+        self._next_due_ms = now_ms + interval
+        sqn = self.writer.next_sequence_number()
+        if sqn == self.materialized_to and not self.restored_changelog:
+            return False  # nothing changed since the last materialization
+        self.start_materialization(backend, sqn)
+        return True
+
+    def start_materialization(self, backend: KeyedStateBackend, sqn: int) -> None:
+        table = backend.table
+        table.commit()
+        view_cm = table.consistent_view()
+        view = view_cm.__enter__()  # taken now, atomically with ``sqn``; read in the background
+        metas, filters, kgs = backend.state_metas, expiry_filters(backend), backend.key_groups
+        path = f"shared/subtask-{self.index}-{self.parallelism}/{random_name('.kg')}"
+
+        def work() -> KeyGroupsHandle | None:
+            try:
+                return write_key_groups(view, kgs, metas, filters, self.storage, path)
+            finally:
+                view_cm.__exit__(None, None, None)
+
+        self._running = _Materialization(sqn, time.perf_counter(), _materializers.submit(work))
+
+    def _collect_materialization(self, wait: bool = False) -> None:
+        run = self._running
+        if run is None or (not wait and not run.future.done()):
+            return
+        self._running = None
+        try:
+            handle = run.future.result()
+        except Exception as e:  # noqa: BLE001 - tolerated up to a limit
+            self._failures += 1
+            log.warning("materialization of subtask %d failed (%d in a row): %s", self.index, self._failures, e)
+            if self._failures > self.config.max_materialization_failures:
+                raise CheckpointError(f"materialization of subtask {self.index} failed {self._failures} times in a "
+                                      f"row (limit {self.config.max_materialization_failures}): {e}") from e
+            return
+        self._apply(run, handle)
+
+    def _apply(self, run: _Materialization, handle: KeyGroupsHandle | None) -> None:
+        self._failures = 0
+        self.materialized = [handle] if handle is not None else []
+        self.materialized_to = run.sqn
+        self.restored_changelog = []
+        self.last_materialization = {"materialization_ms": round((time.perf_counter() - run.started) * 1000, 3),
+                                     "materialization_bytes": handle.size if handle else 0,
+                                     "materialized_sqn": run.sqn}
+
+    def materialize_now(self, backend: KeyedStateBackend) -> None:
+        """Materialize synchronously (after restoring from a savepoint that lives outside this root)."""
+        self.restored_changelog = []
+        self.start_materialization(backend, self.writer.next_sequence_number())
+        run, self._running = self._running, None
+        assert run is not None
+        self._apply(run, run.future.result())
+
+    def wait_for_materialization(self) -> None:
+        """Block until a running materialization is done and applied (tests, shutdown)."""
+        self._collect_materialization(wait=True)
+
+    def close(self) -> None:
+        run = self._running
+        if run is not None:
+            run.future.exception()  # let the background write finish before the table goes
+        for span in self._included.values():
+            # a checkpoint that included these may have completed without telling us yet: keep the files
+            # (if it did not, orphan cleanup removes them on the next start)
+            self.writer.confirm(*span)
+        self.writer.close()
