@@ -1,0 +1,464 @@
+"""FLIP-158 changelog: writer (digest §4 scenarios 1–2), batching (3), retry and hedging (4), file registry
+(5–6), materialization gating (7), round trip (8), the seed's state change lifecycle, and faults."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from spate import (
+    CheckpointStorage,
+    Coordinator,
+    ListStateDescriptor,
+    LocalRunner,
+    ValueStateDescriptor,
+    keyed_state_entries,
+    load_checkpoint,
+)
+from spate.changelog.changeset import ChangeSet
+from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, scheduler_for
+from spate.changelog.upload import (
+    BatchingUploadScheduler,
+    ChangelogFileRegistry,
+    RetryingExecutor,
+    UploadConfig,
+    UploadTask,
+)
+from spate.changelog.writer import ChangelogWriter
+from spate.checkpoint.coordinator import list_complete_checkpoints
+from spate.checkpoint.protocol import SubtaskAck
+from spate.errors import CheckpointError
+from spate.state.heap import HeapTable
+from spate.state.keyed import KeyedStateBackend
+from spate.state.timers import EVENT_TIME
+
+NOW = UploadConfig(persist_delay_s=0.0, timeout_s=5.0)
+
+
+def scheduler(tmp_path, config: UploadConfig = NOW) -> BatchingUploadScheduler:
+    return BatchingUploadScheduler(CheckpointStorage(str(tmp_path)), config)
+
+
+def change(writer: ChangelogWriter, n: int = 1, size: int = 10) -> None:
+    for i in range(n):
+        writer.active.put(i % 4, b"\x00\x00" + bytes([i % 256]), b"x" * size)
+    writer.after_append()
+
+
+# -- scenario 1: sequence numbers --------------------------------------------------------------------------
+def test_scenario_1_sequence_numbers(tmp_path):
+    w = ChangelogWriter("w", scheduler(tmp_path))
+    assert w.next_sequence_number() == 0 and w.next_sequence_number() == 0
+    change(w)
+    assert w.active_sqn == 0, "appending alone never increments"
+    assert w.next_sequence_number() == 1
+    w.persist(1).result(5)
+    assert w.next_sequence_number() == 1, "persist increments only if something was appended"
+    change(w)
+    w.persist(1).result(5)
+    assert w.next_sequence_number() == 2
+
+
+# -- scenario 2: persistence ---------------------------------------------------------------------------------
+def test_scenario_2_preemptive_persist_and_no_reupload(tmp_path):
+    s = scheduler(tmp_path)
+    w = ChangelogWriter("w", s, preemptive_threshold=1000)
+    w.active.put(0, b"k" * 10, b"v" * 990)
+    w.after_append()  # 1003 bytes ≥ 1000: uploaded at once
+    time.sleep(0.2)
+    assert len(s.uploads) == 1
+    handles = w.persist(0).result(5)
+    assert len(s.uploads) == 1 and len(handles) == 1, "persist after a pre-emptive upload uploads nothing"
+    change(w)
+    f1, f2 = w.persist(0), w.persist(0)
+    assert len(f1.result(5)) == 2 and f2.result(5) == f1.result(5)
+    assert len(s.uploads) == 2, "persist twice before completion: one upload"
+    w.confirm(0, 2)
+    w.persist(0).result(5)
+    assert len(s.uploads) == 2, "after confirm: no re-upload"
+    change(w, 1, size=5)
+    w.persist(0).result(5)
+    assert len(s.uploads) == 3 and s.uploads[-1].bytes < s.uploads[0].bytes, "only the new bytes"
+
+
+def test_scenario_2_failed_upload_and_truncation(tmp_path):
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_attempts=1))
+    fail = [True]
+
+    def write(path, data):
+        if fail[0]:
+            raise OSError("storage down")
+        CheckpointStorage.write(s.storage, path, data)
+
+    s.write_file = write
+    w = ChangelogWriter("w", s)
+    change(w)
+    with pytest.raises(OSError):
+        w.persist(0).result(5)
+    with pytest.raises(OSError, match="failed to upload"):
+        w.persist(0)
+    fail[0] = False
+    change(w)
+    assert len(w.persist(1).result(5)) == 1, "a later sequence number persists"
+    change(w)
+    w.next_sequence_number()
+    w.truncate(3)
+    with pytest.raises(CheckpointError, match="truncated"):
+        w.persist(2)
+    with pytest.raises(CheckpointError, match="not yet appended"):
+        w.persist(9)
+
+
+# -- scenario 3: batching and back-pressure --------------------------------------------------------------
+def _task(size: int, done: list) -> UploadTask:
+    cs = ChangeSet()
+    cs.put(0, b"k" * (size - 5), b"vv")  # key + value + 3 bytes of framing = size
+    assert cs.size == size
+    return UploadTask("log", {len(done): cs}, lambda h, st: done.append(h), lambda e: done.append(e))
+
+
+def test_scenario_3_batching(tmp_path):
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, persist_size_threshold=0))
+    done: list = []
+    for _ in range(3):
+        s.upload(_task(7, done))
+    s.close()
+    assert len(s.uploads) == 3, "delay 0 and threshold 0: each upload at once"
+
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=60.0, persist_size_threshold=77))
+    done = []
+    for i in range(11):
+        s.upload(_task(7, []))
+        time.sleep(0.01)
+        if i < 10:
+            assert not s.uploads
+    s.close()
+    assert len(s.uploads) == 1 and s.uploads[0].tasks == 11, "threshold reached by the 11th: one file"
+
+
+def test_scenario_3_in_flight_limit_blocks(tmp_path):
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_in_flight=10))
+    gate = threading.Event()
+
+    def slow_write(path, data):
+        gate.wait(5)
+        CheckpointStorage.write(s.storage, path, data)
+
+    s.write_file = slow_write
+    s.upload(_task(7, []))
+    second = threading.Thread(target=s.upload, args=(_task(7, []),))
+    second.start()
+    time.sleep(0.2)
+    assert second.is_alive(), "upload blocks while the in-flight limit is reached"
+    gate.set()
+    second.join(5)
+    assert not second.is_alive()
+    s.close()
+
+
+# -- scenario 4: retry ----------------------------------------------------------------------------------------
+def _run(max_attempts, action, timeout=None, discard=None):
+    pool = ThreadPoolExecutor(8)
+    ex = RetryingExecutor(pool, max_attempts, timeout, 0.0).execute(action, discard or (lambda r: None))
+    try:
+        return ex, ex.result.result(10)
+    except Exception as e:  # noqa: BLE001
+        return ex, e
+
+
+def test_scenario_4_retry_policy():
+    def always_fail(n):
+        raise OSError(n)
+
+    ex, res = _run(1, always_fail)
+    assert ex.attempts == 1 and isinstance(res, OSError)
+    ex, res = _run(5, always_fail)
+    assert ex.attempts == 5 and isinstance(res, OSError)
+    ex, res = _run(6, lambda n: n if n >= 3 else always_fail(n))
+    assert ex.attempts == 3 and res == 3
+
+    def not_io(n):
+        raise ValueError("bug")
+
+    ex, res = _run(6, not_io)
+    assert ex.attempts == 1 and isinstance(res, ValueError)
+
+
+def test_scenario_4_hedging_keeps_exactly_one_result():
+    discarded: list = []
+
+    def action(n):
+        if n < 7:
+            time.sleep(0.3)
+        return n
+
+    ex, res = _run(7, action, timeout=0.005, discard=discarded.append)
+    time.sleep(0.5)
+    assert ex.attempts == 7 and res == 7
+    assert sorted(discarded) == [1, 2, 3, 4, 5, 6], "later results are discarded"
+
+
+# -- scenarios 5 and 6: the change-file registry ----------------------------------------------------------------
+def test_scenario_5_registry(tmp_path):
+    storage = CheckpointStorage(str(tmp_path))
+    reg = ChangelogFileRegistry(storage)
+    for name in ("a", "b"):
+        storage.write(name, b"x")
+    reg.track("a", 2)
+    reg.release("a")
+    assert storage.exists("a")
+    reg.release("a")
+    assert not storage.exists("a"), "ref count 2 + two releases: deleted"
+    reg.track("b", 1)
+    reg.stop_tracking("b")
+    reg.release("b")
+    assert storage.exists("b"), "stopped tracking (a checkpoint owns it): never deleted by the writer"
+
+
+def test_scenario_6_file_shared_by_two_writers(tmp_path):
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.2))
+    a, b = ChangelogWriter("a", s), ChangelogWriter("b", s)
+    change(a)
+    change(b)
+    fa, fb = a.persist(0), b.persist(0)
+    path = fa.result(5)[0].path
+    assert fb.result(5)[0].path == path, "batched into one file"
+    a.truncate(1)
+    assert s.storage.exists(path)
+    b.truncate(1)
+    assert not s.storage.exists(path), "deleted only after both truncated"
+
+
+def test_scenario_6_close_keeps_what_checkpoints_included(tmp_path):
+    root = str(tmp_path)
+    cfg = ChangelogConfig(upload=NOW)
+    clog = ChangelogKeyedState(HeapTable(), CheckpointStorage(root), cfg, 0, 1)
+    backend = KeyedStateBackend(clog.table, 128, range(128))
+    v = backend.get_state(ValueStateDescriptor("v"))
+    backend.set_current_key("k")
+    v.update(1)
+    _, included, _ = clog.snapshot(0, backend)
+    v.update(2)
+    clog.writer.persist(clog.materialized_to).result(5)  # uploaded after the last checkpoint
+    later = [h for h in clog.writer._uploaded.values() if h.sqn == 1]  # noqa: SLF001
+    clog.close()
+    st = CheckpointStorage(root)
+    assert st.exists(included[0].path) and not st.exists(later[0].path)
+
+
+# -- scenario 7: materialization gating ------------------------------------------------------------------------
+def test_scenario_7_materialization_gating(tmp_path):
+    cfg = ChangelogConfig(materialization_interval_ms=10, upload=NOW)
+    storage = CheckpointStorage(str(tmp_path))
+    clog = ChangelogKeyedState(HeapTable(), storage, cfg, 0, 1)
+    backend = KeyedStateBackend(clog.table, 128, range(128))
+    v = backend.get_state(ValueStateDescriptor("v"))
+    backend.set_current_key("k")
+    gate = threading.Event()
+    real_write = storage.write
+    calls = []
+
+    def gated(path, data):
+        calls.append(path)
+        if len(calls) == 1:
+            gate.wait(5)
+            raise OSError("first materialization fails")
+        real_write(path, data)
+
+    storage.write = gated  # fault injection: the materialized file's write
+    clog.maybe_materialize(backend, 0)  # schedules the first due time
+    v.update(1)
+    assert clog.maybe_materialize(backend, 10_000)
+    v.update(2)
+    assert not clog.maybe_materialize(backend, 20_000), "previous not finished: skipped"
+    gate.set()
+    time.sleep(0.2)
+    v.update(3)
+    assert clog.maybe_materialize(backend, 30_000), "after a failure it runs again"
+    clog.wait_for_materialization()
+    assert clog.materialized and clog.materialized_to > 0
+
+
+# -- scenario 8: round trip --------------------------------------------------------------------------------------
+def test_scenario_8_round_trip(tmp_path):
+    root = str(tmp_path)
+    coord = Coordinator(root, 1)
+    coord.start()
+    clog = ChangelogKeyedState(HeapTable(), CheckpointStorage(root), ChangelogConfig(upload=NOW), 0, 1)
+    backend = KeyedStateBackend(clog.table, 128, range(128))
+    v = backend.get_state(ValueStateDescriptor("v"))
+
+    def put(k, x):
+        backend.set_current_key(k)
+        v.update(x)
+
+    put("k1", "u1")
+    put("k2", "u2")
+    clog.materialize_now(backend)
+    put("k2", 22)
+    put("k3", "u3")
+    clog.materialize_now(backend)
+    put("k4", "u4")
+    backend.set_current_key("k4")
+    v.clear()
+    put("k2", 222)
+    for key, ts in (("a", 100), ("a", 10), ("a", 20), ("b", 9), ("c", 9), ("c", 8)):
+        backend.set_current_key(key)
+        backend.timers.register(EVENT_TIME, ts)
+    coord.begin(0, 0)
+    materialized, changelog, _ = clog.snapshot(0, backend)
+    coord.acknowledge(SubtaskAck(0, 0, coord.query.epoch, materialized, changelog))
+    meta = coord.complete(0)
+    st = CheckpointStorage(root)
+    assert {e.key: e.value for e in keyed_state_entries(st, meta, "v")} == {"k1": "u1", "k2": 222, "k3": "u3"}
+    timers = sorted((e.key, e.user_key) for e in keyed_state_entries(st, meta, "timers:event"))
+    assert timers == [("a", 10), ("a", 20), ("a", 100), ("b", 9), ("c", 8), ("c", 9)]
+
+
+# -- the seed's state change lifecycle -------------------------------------------------------------------------
+class GatedStorage(CheckpointStorage):
+    """Fault injection: writes of materialized snapshots wait for ``gate``."""
+
+    gate: threading.Event
+
+    def write(self, rel: str, data: bytes) -> None:
+        if rel.endswith(".kg"):
+            self.gate.wait(10)
+        super().write(rel, data)
+
+
+def test_seed_state_change_lifecycle(tmp_path):
+    root = str(tmp_path)
+    storage = GatedStorage(root)
+    storage.gate = threading.Event()
+    coord = Coordinator(root, 1, retained=1)
+    coord.start()
+    clog = ChangelogKeyedState(HeapTable(), storage, ChangelogConfig(upload=NOW), 0, 1)
+    backend = KeyedStateBackend(clog.table, 128, range(128))
+    lst = backend.get_state(ListStateDescriptor("list"))
+    backend.set_current_key("op")
+
+    def checkpoint(n):
+        coord.begin(n, 0)
+        materialized, changelog, _ = clog.snapshot(n, backend)
+        coord.acknowledge(SubtaskAck(n, 0, coord.query.epoch, materialized, changelog))
+        meta = coord.complete(n)
+        clog.checkpoint_completed(n)
+        return meta
+
+    def restored(meta):
+        return [e.value for e in keyed_state_entries(CheckpointStorage(root), meta, "list")]
+
+    lst.add("a")                                   # T0
+    cp1 = checkpoint(1)                            # CP1: (T0:T1 = a)
+    assert [h.sqn for h in cp1.subtasks[0].changelog] == [0] and restored(cp1) == [["a"]]
+    file_a = cp1.subtasks[0].changelog[0].path
+    lst.add("b")
+    clog.start_materialization(backend, clog.writer.next_sequence_number())  # T2: materializes (a, b)
+    lst.add("c")
+    cp2 = checkpoint(2)                            # CP2: (T0:T1 = a) + (T1:T3 = b, c)
+    assert [h.sqn for h in cp2.subtasks[0].changelog] == [0, 1, 2] and not cp2.subtasks[0].keyed
+    assert restored(cp2) == [["a", "b", "c"]]
+    assert storage.exists(file_a), "CP1 subsumed, but CP2 still needs (T0:T1 = a)"
+    storage.gate.set()
+    clog.wait_for_materialization()                # materializedTo = T2
+    lst.add("d")
+    cp3 = checkpoint(3)                            # CP3: materialized (a, b) + (T2:T4 = c, d)
+    assert len(cp3.subtasks[0].keyed) == 1 and [h.sqn for h in cp3.subtasks[0].changelog] == [2, 3]
+    assert restored(cp3) == [["a", "b", "c", "d"]]
+    assert not storage.exists(file_a), "deleted exactly when CP3 completed and CP2 was subsumed"
+    assert all(storage.exists(p) for p in cp3.files())
+
+
+# -- faults ------------------------------------------------------------------------------------------------------
+def _count_job():
+    from spate import Processor
+
+    class CountJob(Processor):
+        def open(self, ctx):
+            self.c = ctx.state(ValueStateDescriptor("c", default=0))
+
+        def process(self, key, rows, ctx):
+            self.c.update(self.c.value() + len(rows))
+            return None
+
+    return CountJob
+
+
+def test_hanging_upload_is_hedged(tmp_path):
+    cfg = ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0, timeout_s=0.05, max_attempts=3))
+    root = str(tmp_path)
+    with LocalRunner(_count_job(), key="k", checkpoint_root=root, changelog=cfg) as r:
+        s = scheduler_for(CheckpointStorage(root), cfg.upload)
+        real = s.write_file
+        calls = []
+
+        def hang_first(path, data):
+            calls.append(path)
+            if len(calls) == 1:
+                time.sleep(1.0)
+            real(path, data)
+
+        s.write_file = hang_first
+        started = time.perf_counter()
+        result = r.run_batch(0, [{"k": "a"}])
+        assert time.perf_counter() - started < 0.9, "the hedged attempt finished first"
+        assert result.checkpoint.subtasks[0].stats["upload_attempts"] >= 2
+        time.sleep(1.2)
+        storage = CheckpointStorage(root)
+        assert not storage.exists(calls[0]), "the late duplicate was deleted"
+        s.write_file = real
+
+
+def test_failing_upload_fails_the_checkpoint_and_the_next_one_succeeds(tmp_path):
+    cfg = ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0, max_attempts=2, next_attempt_delay_s=0.0))
+    root = str(tmp_path)
+    with LocalRunner(_count_job(), key="k", checkpoint_root=root, changelog=cfg) as r:
+        s = scheduler_for(CheckpointStorage(root), cfg.upload)
+        real = s.write_file
+        failures = [2]
+
+        def flaky(path, data):
+            if failures[0] > 0:
+                failures[0] -= 1
+                raise OSError("throttled")
+            real(path, data)
+
+        s.write_file = flaky
+        with pytest.raises(OSError, match="throttled"):
+            r.run_batch(0, [{"k": "a"}])
+        assert list_complete_checkpoints(CheckpointStorage(root)) == []
+        r.run_batch(0, [{"k": "a"}])
+        r.run_batch(1, [{"k": "a"}])
+        s.write_file = real
+    meta = load_checkpoint(CheckpointStorage(root))
+    assert {e.key: e.value for e in keyed_state_entries(CheckpointStorage(root), meta, "c")} == {"a": 2}
+
+
+def test_crash_between_persist_and_metadata_leaves_no_dangling_checkpoint(tmp_path):
+    root = str(tmp_path)
+    cfg = ChangelogConfig(upload=NOW)
+
+    def crash(step, batch):
+        if (step, batch) == ("after_acks", 2):
+            raise RuntimeError("driver died")
+
+    src = [[{"k": i % 3} for i in range(9)]] * 4
+    r = LocalRunner(_count_job(), key="k", checkpoint_root=root, parallelism=2, changelog=cfg, fault_injector=crash)
+    r.run(src, until=2)
+    with pytest.raises(RuntimeError):
+        r.run_batch(2, src[2])
+    r.close()
+    storage = CheckpointStorage(root)
+    referenced = set()
+    for n in list_complete_checkpoints(storage):
+        referenced |= set(load_checkpoint(storage, n).files())
+    leftovers = {p for p, _ in storage.list_files("shared/changelog")} - referenced
+    with LocalRunner(_count_job(), key="k", checkpoint_root=root, parallelism=3, changelog=cfg) as r2:
+        assert not any(storage.exists(p) for p in leftovers), "orphaned change files were cleaned"
+        r2.run(src)
+    meta = load_checkpoint(storage)
+    assert {e.key: e.value for e in keyed_state_entries(storage, meta, "c")} == {0: 12, 1: 12, 2: 12}
