@@ -1,12 +1,16 @@
-"""PNG plots of benchmark results (matplotlib, headless)."""
+"""PNG plots of benchmark results (matplotlib, headless): one panel per metric, one bar per variant."""
 
 from __future__ import annotations
 
 from typing import Any
 
+METRICS = ("ops_per_s", "mb_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50",
+           "full_checkpoint_bytes", "recovery_s")
+LOG_SCALE = {"ops_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50", "full_checkpoint_bytes"}
+
 
 def plot_results(name: str, results: list[dict[str, Any]], path: str) -> str | None:
-    """One bar group per operation, one bar per variant, for every throughput metric in ``results``."""
+    """Bars grouped by the results' ``op`` (or ``state_mb``), one per variant, for each metric present."""
     try:
         import matplotlib
 
@@ -14,19 +18,24 @@ def plot_results(name: str, results: list[dict[str, Any]], path: str) -> str | N
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    metrics = [m for m in ("ops_per_s", "mb_per_s") if any(m in r for r in results)]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4), squeeze=False)
+    metrics = [m for m in METRICS if any(m in r for r in results)]
+    if not metrics:
+        return None
+    group = "op" if any("op" in r for r in results) else "state_mb"
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         rows = [r for r in results if metric in r]
-        ops = list(dict.fromkeys(r["op"] for r in rows))
+        groups = list(dict.fromkeys(r[group] for r in rows))
         variants = list(dict.fromkeys(r["variant"] for r in rows))
         width = 0.8 / len(variants)
         for j, v in enumerate(variants):
-            vals = [next((r[metric] for r in rows if r["op"] == op and r["variant"] == v), 0) for op in ops]
-            ax.bar([i + j * width for i in range(len(ops))], vals, width, label=v)
-        ax.set_xticks([i + width * (len(variants) - 1) / 2 for i in range(len(ops))], ops, rotation=20)
+            vals = [next((r[metric] for r in rows if r[group] == g and r["variant"] == v), 0) for g in groups]
+            ax.bar([i + j * width for i in range(len(groups))], vals, width, label=v)
+        ax.set_xticks([i + width * (len(variants) - 1) / 2 for i in range(len(groups))], [str(g) for g in groups],
+                      rotation=20)
+        ax.set_xlabel(group)
         ax.set_ylabel(metric)
-        if metric == "ops_per_s":
+        if metric in LOG_SCALE:
             ax.set_yscale("log")
         ax.legend()
     fig.suptitle(f"spate bench {name}")
