@@ -68,12 +68,18 @@ def cmd_show(args: argparse.Namespace) -> int:
         for h in st.keyed:
             rows.append({"subtask": i, "kind": "keyed", "key_groups": f"{h.start}-{h.end}",
                          "groups_with_data": len(h.offsets), "bytes": h.state_bytes, "file": h.path})
+        for c in st.changelog:
+            rows.append({"subtask": i, "kind": f"changelog sqn {c.sqn}", "key_groups": f"{min(c.offsets)}-"
+                         f"{max(c.offsets)}", "groups_with_data": len(c.offsets), "bytes": c.state_bytes,
+                         "file": c.path})
         if st.operator:
             rows.append({"subtask": i, "kind": "operator", "key_groups": "-",
                          "groups_with_data": None, "bytes": st.operator.size,
                          "file": st.operator.path})
     print(format_table(rows, title="state handles"))
-    stats = [{"subtask": i, **st.stats} for i, st in enumerate(meta.subtasks)]
+    names = list(dict.fromkeys(k for st in meta.subtasks for k in st.stats))
+    stats = [{"statistic": n, **{f"subtask {i}": st.stats.get(n) for i, st in enumerate(meta.subtasks)}}
+             for n in names]
     print()
     print(format_table(stats, title="subtask statistics"))
     return 0

@@ -81,6 +81,14 @@ class ChangeSet:
 
 def replay(table: StateTable, kg: int, records: list, remap: dict[bytes, bytes] | None = None) -> int:
     """Apply ``records`` (as from :meth:`ChangeSet.records`) of key group ``kg`` to ``table``."""
+    if records and all(op == PUT for op in records[0::3]):  # common case: bulk insert, no per-record dispatch
+        keys = records[1::3]
+        if remap:
+            keys = [remap.get(k[:2], k[:2]) + k[2:] for k in keys]
+        flat: list[bytes] = [None] * (2 * len(keys))  # type: ignore[list-item]
+        flat[0::2], flat[1::2] = keys, records[2::3]
+        table.restore_key_group(kg, flat, frozenset())
+        return len(keys)
     n = 0
     for i in range(0, len(records), 3):
         op, key, value = records[i], records[i + 1], records[i + 2]
