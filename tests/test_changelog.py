@@ -462,3 +462,31 @@ def test_crash_between_persist_and_metadata_leaves_no_dangling_checkpoint(tmp_pa
         r2.run(src)
     meta = load_checkpoint(storage)
     assert {e.key: e.value for e in keyed_state_entries(storage, meta, "c")} == {0: 12, 1: 12, 2: 12}
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+def test_coalescing_logs_a_hot_key_once(tmp_path, coalesce):
+    root = str(tmp_path)
+    cfg = ChangelogConfig(upload=NOW, coalesce=coalesce)
+    clog = ChangelogKeyedState(HeapTable(), CheckpointStorage(root), cfg, 0, 1)
+    backend = KeyedStateBackend(clog.table, 128, range(128))
+    v = backend.get_state(ValueStateDescriptor("v"))
+    lst = backend.get_state(ListStateDescriptor("l"))
+    backend.set_current_key("hot")
+    for i in range(100):
+        v.update(i)
+        lst.add(i)
+    lst.update([7])
+    lst.add(8)
+    _, handles, _ = clog.snapshot(0, backend)
+    from spate.changelog.format import read_change_set
+
+    records = [r for h in handles for _, recs in read_change_set(CheckpointStorage(root), h) for r in recs[0::3]]
+    assert len(records) == (2 if coalesce else 202)
+    restored = KeyedStateBackend(HeapTable(), 128, range(128))
+    from spate.changelog.state import restore_keyed_state
+
+    restore_keyed_state(restored, CheckpointStorage(root), [], handles, "test")
+    restored.set_current_key("hot")
+    assert restored.get_state(ValueStateDescriptor("v")).value() == 99
+    assert restored.get_state(ListStateDescriptor("l")).get() == [7, 8]

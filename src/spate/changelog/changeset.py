@@ -19,7 +19,9 @@ OP_NAMES = {PUT: "put", DELETE: "delete", MAP_PUT: "map_put", MAP_DELETE: "map_d
 class ChangeSet:
     """Changes of one subtask since the last sequence number, per key group, coalesced per entry."""
 
-    def __init__(self) -> None:
+    def __init__(self, coalesce: bool = True) -> None:
+        self.coalesce = coalesce
+        self._seq = 0  # without coalescing every record gets its own slot
         self._groups: dict[int, dict[bytes, tuple[int, bytes]]] = {}
         self._map_primaries: dict[int, set[bytes]] = {}
         self.size = 0  # bytes of the pending records (after coalescing)
@@ -32,7 +34,7 @@ class ChangeSet:
 
     def append(self, kg: int, primary: bytes, data: bytes) -> None:
         group = self._groups.get(kg)
-        prev = group.get(primary) if group is not None else None
+        prev = group.get(primary) if group is not None and self.coalesce else None
         if prev is None:
             self._set(kg, primary, APPEND, data)
         elif prev[0] == DELETE:
@@ -42,7 +44,7 @@ class ChangeSet:
 
     def delete(self, kg: int, primary: bytes) -> None:
         maps = self._map_primaries.get(kg)
-        if maps and primary in maps:  # the delete covers pending map entries of this primary
+        if maps and primary in maps and self.coalesce:  # the delete covers pending map entries of this primary
             maps.discard(primary)
             group = self._groups[kg]
             for key in [k for k in group if k.startswith(primary)]:
@@ -58,6 +60,9 @@ class ChangeSet:
         self._set(kg, primary + user_key, MAP_DELETE, b"")
 
     def _set(self, kg: int, key: bytes, op: int, value: bytes) -> None:
+        if not self.coalesce:
+            self._seq += 1
+            key = key + b"\x00" + self._seq.to_bytes(8, "big")  # a unique slot; stripped in records()
         group = self._groups.get(kg)
         if group is None:
             group = self._groups[kg] = {}
@@ -75,7 +80,7 @@ class ChangeSet:
         """[op, key, value, op, key, value, ...] of one key group, in replay order."""
         out: list[bytes | int] = []
         for key, (op, value) in self._groups[kg].items():
-            out += (op, key, value)
+            out += (op, key if self.coalesce else key[:-9], value)
         return out
 
 

@@ -37,6 +37,7 @@ class ChangelogConfig:
     materialization_interval_ms: int = 600_000
     max_materialization_failures: int = 3
     preemptive_threshold: int = 5 * MB
+    coalesce: bool = True  # log an entry changed many times between uploads once (beyond Flink)
     persist_timeout_s: float = 60.0
     upload: UploadConfig = field(default_factory=UploadConfig)
 
@@ -88,7 +89,8 @@ class ChangelogKeyedState:
         self.storage = storage
         self.index, self.parallelism = index, parallelism
         self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}",
-                                      scheduler_for(storage, config.upload), config.preemptive_threshold)
+                                      scheduler_for(storage, config.upload), config.preemptive_threshold,
+                                      config.coalesce)
         self.table = ChangelogTable(inner, self.writer)
         self.materialized: list[KeyGroupsHandle] = []
         self.restored_changelog: list[ChangeSetHandle] = []

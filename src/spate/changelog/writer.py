@@ -33,11 +33,13 @@ class WriterStats:
 class ChangelogWriter:
     """The change log of one subtask (``log_id``), uploaded through a per-process scheduler."""
 
-    def __init__(self, log_id: str, scheduler: BatchingUploadScheduler, preemptive_threshold: int = 5 * MB) -> None:
+    def __init__(self, log_id: str, scheduler: BatchingUploadScheduler, preemptive_threshold: int = 5 * MB,
+                 coalesce: bool = True) -> None:
         self.log_id = log_id
         self.scheduler = scheduler
         self.preemptive_threshold = preemptive_threshold
-        self.active = ChangeSet()
+        self.coalesce = coalesce
+        self.active = ChangeSet(coalesce)
         self.active_sqn = 0
         self.lowest = 0
         self.highest_failed = -1
@@ -68,7 +70,7 @@ class ChangelogWriter:
     def _roll_over(self) -> None:
         if self.active:
             self._not_uploaded[self.active_sqn] = self.active
-            self.active = ChangeSet()
+            self.active = ChangeSet(self.coalesce)
             self.active_sqn += 1
 
     # -- persisting -------------------------------------------------------------------------------------
