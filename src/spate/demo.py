@@ -1,7 +1,8 @@
 """``spate demo`` / ``make demo``: a clickstream job on the in-process runner.
 
-It counts clicks per user and per page, stops mid-stream, restarts at another parallelism (and on the other
-table kind), finishes, and checks the checkpointed state against an independent computation.
+It counts clicks per user and per page, stops mid-stream, restarts at another parallelism (on the other
+table kind, with incremental changelog checkpoints), finishes, and checks the checkpointed state against an
+independent computation.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def run_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool = Fal
                      sink=sink) as runner:
         results += runner.run(source, until=stop_at)
     with LocalRunner(ClickCounter, key="user", checkpoint_root=root, parallelism=3, table="heap",
-                     sink=sink) as runner:
+                     changelog=True, sink=sink) as runner:
         results += runner.run(source)
     elapsed = time.perf_counter() - started
 
@@ -118,7 +119,7 @@ def _summarize(source: list[list[dict]], results: list[BatchResult], root: str, 
         "latest_checkpoint": meta.checkpoint_id, "state_bytes": meta.state_bytes,
         "files_alive": len(storage.list_files()),
         "rescale": {"stopped_after_batch": stop_at - 1, "from_parallelism": 2, "to_parallelism": 3,
-                    "from_table": "lmdb", "to_table": "heap", "restore_ms": restore_ms,
+                    "from_table": "lmdb", "to_table": "heap + changelog", "restore_ms": restore_ms,
                     "subtasks_restored": results[stop_at].restored_subtasks if len(results) > stop_at else []},
         "checks": checks, "verified": all(checks.values()), "problems": problems,
     }
@@ -131,7 +132,7 @@ def _print(s: dict[str, Any]) -> None:
         {"what": "input", "value": f"{s['rows']:,} clicks of {s['users']:,} users in {s['batches']} batches"},
         {"what": "throughput", "value": f"{s['rows_per_s']:,} rows/s (including checkpoints)"},
         {"what": "batch duration", "value": f"p50 {s['batch_ms_p50']:.1f} ms, p99 {s['batch_ms_p99']:.1f} ms"},
-        {"what": "checkpoint commit", "value": f"p50 {s['checkpoint_ms_p50']:.2f} ms, p99 "
+        {"what": "checkpoint duration", "value": f"p50 {s['checkpoint_ms_p50']:.2f} ms, p99 "
                                                f"{s['checkpoint_ms_p99']:.2f} ms"},
         {"what": "checkpoints", "value": f"one per batch; retained {s['retained_checkpoints']}"},
         {"what": "state", "value": f"{human_bytes(s['state_bytes'])} in the latest checkpoint, "
