@@ -3,6 +3,7 @@ growing state. Keyed value state, mostly new keys, one checkpoint per batch; the
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import tempfile
@@ -69,15 +70,31 @@ def _run_variant(variant: str, state_mb: int, batches: int, workdir: str) -> dic
     cp_ms = [r.checkpoint_ms for r in results]
     at_checkpoint = [st.stats.get("changelog_bytes_at_checkpoint", st.stats.get("keyed_bytes", 0))
                      for r in results for st in r.checkpoint.subtasks]
-    started = time.perf_counter()
-    with LocalRunner(Put, key="k", checkpoint_root=root, parallelism=1, changelog=changelog) as runner:
-        runner.run_batch(runner.next_batch_id, [])  # restores every key before processing
-    recovery_s = time.perf_counter() - started
+    recovery_s = min(_recover(root, changelog) for _ in range(2))  # best of two: the machine is noisy
     return {"variant": variant, "state_mb": state_mb, "keys": keys, "checkpoints": batches,
             "checkpoint_ms_p50": percentile(cp_ms, 50), "checkpoint_ms_p90": percentile(cp_ms, 90),
             "checkpoint_ms_p99": percentile(cp_ms, 99), "checkpoint_ms_max": max(cp_ms),
             "checkpointed_bytes_p50": percentile(at_checkpoint, 50), "full_checkpoint_bytes": last.state_bytes,
             "recovery_s": round(recovery_s, 3)}
+
+
+def _recover(root: str, changelog: ChangelogConfig | bool) -> float:
+    """Seconds for a new runner to restore every key and finish an empty batch (the checkpoint is not
+    committed, so the next measurement restores the same state)."""
+
+    def stop(step: str, batch_id: int) -> None:
+        if step == "after_acks":
+            raise _Stop
+
+    started = time.perf_counter()
+    with LocalRunner(Put, key="k", checkpoint_root=root, parallelism=1, changelog=changelog,
+                     fault_injector=stop) as runner, contextlib.suppress(_Stop):
+        runner.run_batch(runner.next_batch_id, [])
+    return time.perf_counter() - started
+
+
+class _Stop(Exception):
+    """Ends a recovery measurement before its checkpoint completes."""
 
 
 def bench_changelog(quick: bool) -> tuple[list[dict[str, Any]], str]:
