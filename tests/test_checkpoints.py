@@ -143,6 +143,7 @@ def test_exactly_one_ack_per_subtask(tmp_path):
     retry = r.subtasks[0].run(plans[0], []).ack  # a retried attempt of subtask 0
     assert coord.acknowledge(acks[0]) and coord.acknowledge(acks[1])
     assert not coord.acknowledge(retry)
+    coord.drain()  # deletions run in the background
     assert all(not CheckpointStorage(root).exists(p) for p in retry.new_files), "rejected attempt's files deleted"
     meta = coord.complete(0)
     assert meta.subtasks[0].operator == acks[0].operator

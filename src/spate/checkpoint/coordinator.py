@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state
@@ -82,6 +84,9 @@ class Coordinator:
         self._pending: _Pending | None = None
         self.registry = SharedStateRegistry(self._discard)
         self.files_deleted = 0
+        self._count_lock = threading.Lock()
+        self._discarder = ThreadPoolExecutor(1, thread_name_prefix="spate-discard")
+        self._discards: list[Future[None]] = []
         self._delivered: set[int] = set()
 
     # -- start ----------------------------------------------------------------------------------------
@@ -276,7 +281,8 @@ class Coordinator:
     def _drop_checkpoint(self, checkpoint_id: int, meta: CheckpointMetadata | None = None) -> None:
         # metadata first: once it is gone the checkpoint is no longer complete, whatever happens next
         if self.storage.delete(metadata_path(checkpoint_id)):
-            self.files_deleted += 1
+            with self._count_lock:
+                self.files_deleted += 1
         for rel in meta.exclusive_files() if meta else []:
             self._discard(rel)
         for directory in (checkpoint_dir(checkpoint_id), staged_dir(checkpoint_id)):
@@ -325,8 +331,24 @@ class Coordinator:
                 self._discard(rel)
 
     def _discard(self, rel: str) -> None:
+        """Delete a file no retained checkpoint needs, in the background: deleting big files must not hold
+        up the checkpoint that subsumed them (a crash before it happens leaves an orphan for cleanup)."""
+        self._discards.append(self._discarder.submit(self._delete, rel))
+
+    def _delete(self, rel: str) -> None:
         if self.storage.delete(rel):
-            self.files_deleted += 1
+            with self._count_lock:
+                self.files_deleted += 1
+
+    def drain(self) -> None:
+        """Wait until every discarded file is deleted."""
+        pending, self._discards = self._discards, []
+        for f in pending:
+            f.result()
+
+    def close(self) -> None:
+        self.drain()
+        self._discarder.shutdown(wait=True)
 
     # -- savepoints -----------------------------------------------------------------------------------
     def savepoint(self, target_uri: str | None = None, checkpoint_id: int | None = None) -> str:

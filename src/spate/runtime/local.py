@@ -197,6 +197,7 @@ class LocalRunner:
         to reuse; a temporary one is deleted."""
         for s in self.subtasks:
             s.close()
+        self.coordinator.close()
         if self._temp_local_dir is not None:
             shutil.rmtree(self._temp_local_dir, ignore_errors=True)
 
