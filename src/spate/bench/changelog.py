@@ -4,8 +4,6 @@ growing state. Keyed value state, mostly new keys, one checkpoint per batch; the
 from __future__ import annotations
 
 import contextlib
-import gc
-import os
 import random
 import shutil
 import tempfile
@@ -67,10 +65,8 @@ def _run_variant(variant: str, state_mb: int, batches: int, workdir: str) -> dic
         if sub.clog is not None:
             sub.clog.materialize_now(backend)  # type: ignore[arg-type]
             runner.run_batch(2, [])
-        _settle()
         results = [runner.run_batch(runner.next_batch_id, rows) for rows in _batches(batches, keys, rng)]
         last = results[-1].checkpoint
-    gc.unfreeze()
     cp_ms = [r.checkpoint_ms for r in results]
     at_checkpoint = [st.stats.get("changelog_bytes_at_checkpoint", st.stats.get("keyed_bytes", 0))
                      for r in results for st in r.checkpoint.subtasks]
@@ -80,13 +76,6 @@ def _run_variant(variant: str, state_mb: int, batches: int, workdir: str) -> dic
             "checkpoint_ms_p99": percentile(cp_ms, 99), "checkpoint_ms_max": max(cp_ms),
             "checkpointed_bytes_p50": percentile(at_checkpoint, 50), "full_checkpoint_bytes": last.state_bytes,
             "recovery_s": round(recovery_s, 3)}
-
-
-def _settle() -> None:
-    """Same start for both variants: the pre-fill's dirty pages flushed, its objects out of the GC's way."""
-    os.sync()
-    gc.collect()
-    gc.freeze()
 
 
 def _recover(root: str, changelog: ChangelogConfig | bool) -> float:

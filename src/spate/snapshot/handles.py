@@ -5,6 +5,7 @@ Paths are relative to the checkpoint root (or savepoint directory) the metadata 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,10 @@ class KeyGroupsHandle:
         return sum(length for _, length in self.offsets.values())
 
     def to_dict(self) -> dict[str, Any]:
+        return self._dict
+
+    @functools.cached_property
+    def _dict(self) -> dict[str, Any]:  # handles are immutable and re-sent with every checkpoint: encode once
         return {"type": "key_groups", "path": self.path, "start": self.start, "end": self.end,
                 "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "size": self.size,
                 "states": list(self.states)}
@@ -93,6 +98,10 @@ class ChangeSetHandle:
         return sum(length for _, length in self.offsets.values())
 
     def to_dict(self) -> dict[str, Any]:
+        return self._dict
+
+    @functools.cached_property
+    def _dict(self) -> dict[str, Any]:
         return {"path": self.path, "log": self.log_id, "sqn": self.sqn,
                 "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "states": list(self.states)}
 
