@@ -65,6 +65,24 @@ def iter_frames(data: bytes, where: str, base_offset: int = 0) -> Iterator[Frame
         pos += FRAME_HEADER_SIZE + _HEADER.unpack_from(view, pos)[4]
 
 
+def read_span_frames(storage: CheckpointStorage, path: str, offsets: dict[int, tuple[int, int]], kind: int,
+                     context: str = "") -> tuple[str, Iterator[Frame]]:
+    """The frames between the first and last of ``offsets`` (key group → (offset, length)) of ``path``,
+    fetched with one ranged read, each verified and of ``kind``. Returns (where, frames)."""
+    first, last = offsets[min(offsets)], offsets[max(offsets)]
+    offset, length = first[0], last[0] + last[1] - first[0]
+    data = storage.read_range(path, offset, length, context)
+    where = f"{storage.path(path)}{f' ({context})' if context else ''}"
+
+    def frames() -> Iterator[Frame]:
+        for fr in iter_frames(data, where, offset):
+            if fr.kind != kind:
+                raise CorruptFileError(f"{where}: frame at offset {fr.offset} has kind {fr.kind}, expected {kind}")
+            yield fr
+
+    return where, frames()
+
+
 def read_single_frame(data: bytes, where: str, expected_kind: int | None = None) -> bytes:
     """Verify that ``data`` is exactly one frame (of ``expected_kind``) and return its payload."""
     if len(data) < FRAME_HEADER_SIZE:

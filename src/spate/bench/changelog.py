@@ -16,7 +16,7 @@ from spate.runtime.local import LocalRunner
 from spate.runtime.processor import Context, Processor
 from spate.state.descriptors import ValueStateDescriptor
 
-VALUE = ValueStateDescriptor("value")
+VALUE: ValueStateDescriptor[bytes] = ValueStateDescriptor("value")
 VALUE_BYTES = 500
 ROWS_PER_BATCH = 2_000
 

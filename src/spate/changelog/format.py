@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import msgpack
 
 from spate.changelog.changeset import ChangeSet
-from spate.errors import CorruptFileError
-from spate.fs import CheckpointStorage, FrameKind, frame, iter_frames
+from spate.fs import CheckpointStorage, FrameKind, frame, read_span_frames
 from spate.snapshot.handles import ChangeSetHandle
 
 
@@ -35,12 +34,8 @@ def encode_change_file(path: str, change_sets: list[tuple[str, int, ChangeSet]],
 def read_change_set(storage: CheckpointStorage, handle: ChangeSetHandle,
                     context: str = "") -> Iterator[tuple[int, list]]:
     """(key group, records) of every key group of ``handle``, checksums verified, one ranged read."""
-    offset, length = handle.span()
-    data = storage.read_range(handle.path, offset, length, context)
-    where = f"{storage.path(handle.path)}{f' ({context})' if context else ''}"
-    for fr in iter_frames(data, where, offset):
-        if fr.kind != FrameKind.CHANGE_SET:
-            raise CorruptFileError(f"{where}: frame at offset {fr.offset} is not a change set (kind {fr.kind})")
+    _where, frames = read_span_frames(storage, handle.path, handle.offsets, FrameKind.CHANGE_SET, context)
+    for fr in frames:
         log_id, sqn, kg, records = msgpack.unpackb(fr.payload, raw=False)
         if (log_id, sqn) != (handle.log_id, handle.sqn):
             continue  # another log's change set between ours (never the case for a contiguous span)

@@ -65,9 +65,9 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
     table = backend.table.inner if isinstance(backend.table, ChangelogTable) else backend.table
     owned = backend.key_groups
     with gc_paused():
-        for handle in changelog:
-            remap = sid_remap(backend, handle.states)
-            for kg, records in read_change_set(storage, handle, context):
+        for change_set in changelog:
+            remap = sid_remap(backend, change_set.states)
+            for kg, records in read_change_set(storage, change_set, context):
                 if kg in owned:
                     replay(table, kg, records, remap)
     backend.table.commit()

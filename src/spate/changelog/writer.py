@@ -9,6 +9,7 @@ the pre-emptive threshold it is uploaded right away, so most bytes are durable b
 
 from __future__ import annotations
 
+import functools
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -101,7 +102,7 @@ class ChangelogWriter:
         for sqn in batch:
             del self._not_uploaded[sqn]
             self._in_flight.add(sqn)
-        task = UploadTask(self.log_id, batch, self._uploaded_cb, lambda e, s=tuple(batch): self._failed_cb(s, e))
+        task = UploadTask(self.log_id, batch, self._uploaded_cb, functools.partial(self._failed_cb, tuple(batch)))
         if preemptive:
             self.stats.persisted_preemptively += task.size
         else:

@@ -45,15 +45,10 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
     problems = []
     context = f"checkpoint {meta.checkpoint_id}"
     for i, st in enumerate(meta.subtasks):
-        for h in st.keyed:
+        readers = [(read_key_groups, h) for h in st.keyed] + [(read_change_set, c) for c in st.changelog]
+        for read, handle in readers:
             try:
-                for _ in read_key_groups(storage, h, context):
-                    pass
-            except SpateError as e:
-                problems.append(f"subtask {i}: {e}")
-        for c in st.changelog:
-            try:
-                for _ in read_change_set(storage, c, context):
+                for _ in read(storage, handle, context):  # type: ignore[operator,arg-type]
                     pass
             except SpateError as e:
                 problems.append(f"subtask {i}: {e}")
@@ -68,7 +63,9 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
 
 def keyed_state_names(meta: CheckpointMetadata) -> dict[str, str]:
     """name → kind of every keyed state in a checkpoint."""
-    return {m["name"]: m["kind"] for st in meta.subtasks for h in [*st.keyed, *st.changelog] for m in h.states}
+    handles = [h.states for st in meta.subtasks for h in st.keyed] + [
+        c.states for st in meta.subtasks for c in st.changelog]
+    return {m["name"]: m["kind"] for states in handles for m in states}
 
 
 def operator_state_names(meta: CheckpointMetadata) -> dict[str, str]:

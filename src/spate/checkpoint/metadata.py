@@ -95,7 +95,8 @@ class CheckpointMetadata:
 
     def shared_files(self) -> list[str]:
         """Files that may be referenced by several checkpoints (keyed snapshots and change files)."""
-        return sorted({h.path for st in self.subtasks for h in [*st.keyed, *st.changelog]})
+        return sorted({h.path for st in self.subtasks for h in st.keyed}
+                      | {c.path for st in self.subtasks for c in st.changelog})
 
     @property
     def state_bytes(self) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import msgpack
 
 from spate.errors import CorruptFileError
-from spate.fs import CheckpointStorage, FrameKind, frame, iter_frames
+from spate.fs import CheckpointStorage, FrameKind, frame, read_span_frames
 from spate.snapshot.handles import KeyGroupsHandle
 from spate.state.descriptors import MAP
 from spate.state.keyed import KeyedStateBackend, StateMeta
@@ -113,12 +113,8 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle,
     verifying each frame's checksum. One ranged read fetches the handle's span of the file."""
     if not handle.offsets:
         return
-    offset, length = handle.span()
-    data = storage.read_range(handle.path, offset, length, context)
-    where = f"{storage.path(handle.path)}{f' ({context})' if context else ''}"
-    for fr in iter_frames(data, where, offset):
-        if fr.kind != FrameKind.KEY_GROUP:
-            raise CorruptFileError(f"{where}: frame at offset {fr.offset} is not keyed state (kind {fr.kind})")
+    where, frames = read_span_frames(storage, handle.path, handle.offsets, FrameKind.KEY_GROUP, context)
+    for fr in frames:
         kg, flat = msgpack.unpackb(fr.payload, raw=False)
         if handle.offsets.get(kg, (None,))[0] != fr.offset:
             if handle.start <= kg <= handle.end:
