@@ -10,8 +10,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class _KeyGroupIndexed:
+    """Shared by handles whose file has one frame per key group, located by ``offsets``."""
+
+    offsets: dict[int, tuple[int, int]]
+
+    def span(self) -> tuple[int, int]:
+        """(offset, length) of the contiguous byte range holding every key group of this handle."""
+        return offsets_span(self.offsets)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(length for _, length in self.offsets.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._dict
+
+    @functools.cached_property
+    def _dict(self) -> dict[str, Any]:  # handles are immutable and re-sent with every checkpoint: encode once
+        return self._encode()
+
+    def _encode(self) -> dict[str, Any]:
+        raise TypeError(f"{type(self).__name__} must define _encode")
+
+
 @dataclass(frozen=True)
-class KeyGroupsHandle:
+class KeyGroupsHandle(_KeyGroupIndexed):
     """A full keyed-state snapshot file: one frame per non-empty key group, ``offsets[kg] = (offset, length)``.
 
     ``start``..``end`` (inclusive) is the key-group range the handle covers; a handle intersected with a
@@ -35,19 +59,7 @@ class KeyGroupsHandle:
             return self
         return KeyGroupsHandle(self.path, start, end, offsets, self.size, self.states)
 
-    def span(self) -> tuple[int, int]:
-        """(offset, length) of the contiguous byte range holding every key group of this handle."""
-        return offsets_span(self.offsets)
-
-    @property
-    def state_bytes(self) -> int:
-        return sum(length for _, length in self.offsets.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return self._dict
-
-    @functools.cached_property
-    def _dict(self) -> dict[str, Any]:  # handles are immutable and re-sent with every checkpoint: encode once
+    def _encode(self) -> dict[str, Any]:
         return {"type": "key_groups", "path": self.path, "start": self.start, "end": self.end,
                 "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "size": self.size,
                 "states": list(self.states)}
@@ -69,7 +81,7 @@ def offsets_span(offsets: dict[int, tuple[int, int]]) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class ChangeSetHandle:
+class ChangeSetHandle(_KeyGroupIndexed):
     """One uploaded change set (sequence number ``sqn`` of log ``log_id``) inside a change file: one frame
     per key group, ``offsets[kg] = (offset, length)``, contiguous in the file."""
 
@@ -90,18 +102,7 @@ class ChangeSetHandle:
     def with_states(self, states: tuple[dict[str, Any], ...]) -> ChangeSetHandle:
         return ChangeSetHandle(self.path, self.log_id, self.sqn, self.offsets, states)
 
-    def span(self) -> tuple[int, int]:
-        return offsets_span(self.offsets)
-
-    @property
-    def state_bytes(self) -> int:
-        return sum(length for _, length in self.offsets.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        return self._dict
-
-    @functools.cached_property
-    def _dict(self) -> dict[str, Any]:
+    def _encode(self) -> dict[str, Any]:
         return {"path": self.path, "log": self.log_id, "sqn": self.sqn,
                 "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "states": list(self.states)}
 
