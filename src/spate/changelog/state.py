@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,19 +111,30 @@ class ChangelogKeyedState:
     def snapshot(self, checkpoint_id: int, backend: KeyedStateBackend) -> tuple[list[KeyGroupsHandle],
                                                                                  list[ChangeSetHandle], dict]:
         """Persist the log's tail; returns (materialized handles, change-set handles, statistics)."""
+        return self.start_snapshot(checkpoint_id, backend)()
+
+    def start_snapshot(self, checkpoint_id: int, backend: KeyedStateBackend) -> Callable[
+            [], tuple[list[KeyGroupsHandle], list[ChangeSetHandle], dict]]:
+        """Start persisting the log's tail without waiting; the returned function waits and gives the
+        handles. Subtasks of one process start theirs together, so their uploads share a file."""
         self._collect_materialization()
         started = time.perf_counter()
         future = self.writer.persist(self.materialized_to)
-        to = self.writer.active_sqn
-        try:
-            handles = future.result(timeout=self.config.persist_timeout_s)
-        except TimeoutError as e:
-            raise CheckpointError(f"changelog of subtask {self.index} not durable after "
-                                  f"{self.config.persist_timeout_s} s") from e
-        self._included[checkpoint_id] = (self.materialized_to, to)
+        span = (self.materialized_to, self.writer.active_sqn)
         states = tuple(m.to_dict() for m in backend.state_metas)
-        stats = self._stats((time.perf_counter() - started) * 1000, handles)
-        return list(self.materialized), self.restored_changelog + [h.with_states(states) for h in handles], stats
+        materialized, restored = list(self.materialized), list(self.restored_changelog)
+
+        def finish() -> tuple[list[KeyGroupsHandle], list[ChangeSetHandle], dict]:
+            try:
+                handles = future.result(timeout=self.config.persist_timeout_s)
+            except TimeoutError as e:
+                raise CheckpointError(f"changelog of subtask {self.index} not durable after "
+                                      f"{self.config.persist_timeout_s} s") from e
+            self._included[checkpoint_id] = span
+            stats = self._stats((time.perf_counter() - started) * 1000, handles)
+            return materialized, restored + [h.with_states(states) for h in handles], stats
+
+        return finish
 
     def _stats(self, persist_ms: float, handles: list[ChangeSetHandle]) -> dict[str, Any]:
         w = self.writer.take_stats()

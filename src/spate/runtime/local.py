@@ -163,22 +163,28 @@ class LocalRunner:
         outputs: list[Row] = []
         restored = []
         try:
-            for plan in plans:
-                result = self.subtasks[plan.index].run(plan, routed[plan.index])
+            # every subtask processes and starts its snapshot before any waits: their changelog uploads share
+            # the persist delay and one file, as parallel tasks of one worker would
+            pending = [(plan, self.subtasks[plan.index].start(plan, routed[plan.index])) for plan in plans]
+            waited = time.perf_counter()
+            for plan, finish in pending:
+                result = finish()
                 if result.ack.stats.get("restored_from") is not None:
                     restored.append(plan.index)
                 self._fault(f"after_subtask_{plan.index}", batch_id)
                 coord.acknowledge(result.ack)
                 outputs.extend(result.rows)
             self._fault("after_acks", batch_id)
+            waited_ms = (time.perf_counter() - waited) * 1000
             cp_started = time.perf_counter()
             meta = coord.complete(batch_id)
         except BaseException:
             coord.abort(batch_id, "batch failed")
             raise
-        # the checkpoint's cost: every subtask's snapshot (they run one after another here) + the commit
-        checkpoint_ms = (time.perf_counter() - cp_started) * 1000 + sum(
-            st.stats.get("snapshot_ms", 0.0) for st in meta.subtasks)
+        # the checkpoint's cost: starting every subtask's snapshot (one after another here), waiting until all
+        # are durable, and the commit
+        checkpoint_ms = (time.perf_counter() - cp_started) * 1000 + waited_ms + sum(
+            st.stats.get("snapshot_start_ms", 0.0) for st in meta.subtasks)
         self._fault("after_complete", batch_id)
         if self._sink is not None:
             self._sink(outputs, batch_id)

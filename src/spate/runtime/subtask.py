@@ -97,10 +97,16 @@ class Subtask:
     # -- the batch ------------------------------------------------------------------------------------
     def run(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> BatchOutput:
         """Process one micro-batch: ``rows`` are (key group, key, row) of this subtask's key groups."""
+        return self.start(plan, rows)()
+
+    def start(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> Callable[[], BatchOutput]:
+        """Process the batch and start its snapshot; the returned function waits until the snapshot is
+        durable and gives the ack (a runner starts every subtask before waiting for any)."""
         self._check_plan(plan)
         self._prepare(plan)
         out = self._process(plan, rows)
-        return BatchOutput(self._snapshot(plan, rows, out), out)
+        finish = self._snapshot(plan, rows, out)
+        return lambda: BatchOutput(finish(), out)
 
     def _check_plan(self, plan: SubtaskPlan) -> None:
         if (plan.index, plan.parallelism) != (self.index, self.parallelism):
@@ -237,7 +243,8 @@ class Subtask:
             _extend(out, proc.on_timer(keyed.current_key, ts, ctx))
         ctx.timer_domain = ctx.timer_namespace = None
 
-    def _snapshot(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]], out: list[Row]) -> SubtaskAck:
+    def _snapshot(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]],
+                  out: list[Row]) -> Callable[[], SubtaskAck]:
         keyed, operator = self.keyed, self.operator
         assert keyed is not None and operator is not None
         started = time.perf_counter()
@@ -248,10 +255,10 @@ class Subtask:
         reuse = (self.clog is None and self._handles is not None and self._handles[0] == plan.base_checkpoint_id
                  and self._handles[1] == plan.keyed
                  and not keyed.dirty and not keyed.has_ttl_state())
-        changelog: list = []
-        clog_stats: dict = {}
+        clog_finish = None
+        keyed_handles: list = []
         if self.clog is not None:
-            keyed_handles, changelog, clog_stats = self.clog.snapshot(plan.checkpoint_id, keyed)
+            clog_finish = self.clog.start_snapshot(plan.checkpoint_id, keyed)
         elif reuse:
             keyed_handles = self._handles[1]  # type: ignore[index]
         else:
@@ -269,12 +276,29 @@ class Subtask:
                                    f"{random_name('.out')}", resolve_serializer(self.config.output_serializer))
             if staged:
                 new_files.append(staged.path)
+        start_ms = (time.perf_counter() - started) * 1000
+        return lambda: self._acknowledge(plan, rows, start_ms, keyed_handles, clog_finish, op_handle, staged,
+                                         new_files, reuse)
+
+    def _acknowledge(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]], start_ms: float,
+                     keyed_handles: list, clog_finish: Callable[[], tuple[list, list, dict]] | None,
+                     op_handle: Any, staged: Any, new_files: list[str], reuse: bool) -> SubtaskAck:
+        """Once everything is durable: tag the live state with the checkpoint and build the ack."""
+        keyed = self.keyed
+        assert keyed is not None
+        started = time.perf_counter()
+        changelog: list = []
+        clog_stats: dict = {}
+        if clog_finish is not None:
+            keyed_handles, changelog, clog_stats = clog_finish()
         keyed.table.put_meta(_TAG, str(plan.checkpoint_id).encode())
         keyed.table.commit()
         keyed.dirty = False
         self._tag = plan.checkpoint_id
         self._handles = (plan.checkpoint_id, keyed_handles)
-        stats = {"rows": len(rows), "snapshot_ms": round((time.perf_counter() - started) * 1000, 3),
+        finish_ms = (time.perf_counter() - started) * 1000
+        stats = {"rows": len(rows), "snapshot_ms": round(start_ms + finish_ms, 3),
+                 "snapshot_start_ms": round(start_ms, 3),
                  "keyed_bytes": sum(h.state_bytes for h in keyed_handles), "reused": reuse,
                  "operator_bytes": op_handle.size if op_handle else 0,
                  "restored_from": self.restored_from}
