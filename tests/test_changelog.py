@@ -491,3 +491,26 @@ def test_coalescing_logs_a_hot_key_once(tmp_path, coalesce):
     restored.set_current_key("hot")
     assert restored.get_state(ValueStateDescriptor("v")).value() == 99
     assert restored.get_state(ListStateDescriptor("l")).get() == [7, 8]
+
+
+def test_a_materialization_no_checkpoint_used_is_deleted(tmp_path):
+    root = str(tmp_path)
+    storage = CheckpointStorage(root)
+    clog = ChangelogKeyedState(HeapTable(), storage, ChangelogConfig(upload=NOW), 0, 1)
+    backend = KeyedStateBackend(clog.table, 128, range(128))
+    v = backend.get_state(ValueStateDescriptor("v"))
+    backend.set_current_key("k")
+    v.update(1)
+    clog.materialize_now(backend)
+    first = clog.materialized[0].path
+    v.update(2)
+    clog.materialize_now(backend)
+    assert not storage.exists(first), "superseded before any checkpoint referenced it"
+    second = clog.materialized[0].path
+    clog.snapshot(0, backend)  # referenced now: the coordinator owns it
+    v.update(3)
+    clog.materialize_now(backend)
+    assert storage.exists(second)
+    third = clog.materialized[0].path
+    clog.close()
+    assert not storage.exists(third), "abandoned at close"

@@ -4,6 +4,7 @@ yet uploaded; restore = materialized snapshot + replay of the change sets, filte
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -101,6 +102,7 @@ class ChangelogKeyedState:
         self._failures = 0
         self._next_due_ms: int | None = None
         self.last_materialization: dict[str, Any] = {}
+        self._unreferenced_materialization: str | None = None  # ours, not yet in any checkpoint
 
     def restored(self, materialized: list[KeyGroupsHandle], changelog: list[ChangeSetHandle]) -> None:
         """Record what the state was restored from: it is part of every checkpoint until the next
@@ -123,6 +125,7 @@ class ChangelogKeyedState:
         span = (self.materialized_to, self.writer.active_sqn)
         states = tuple(m.to_dict() for m in backend.state_metas)
         materialized, restored = list(self.materialized), list(self.restored_changelog)
+        self._unreferenced_materialization = None  # this checkpoint references it: the coordinator owns it
 
         def finish() -> tuple[list[KeyGroupsHandle], list[ChangeSetHandle], dict]:
             try:
@@ -209,6 +212,8 @@ class ChangelogKeyedState:
         self._apply(run, handle)
 
     def _apply(self, run: _Materialization, handle: KeyGroupsHandle | None) -> None:
+        self._drop_unreferenced_materialization()
+        self._unreferenced_materialization = handle.path if handle else None
         self._failures = 0
         self.materialized = [handle] if handle is not None else []
         self.materialized_to = run.sqn
@@ -225,14 +230,21 @@ class ChangelogKeyedState:
         assert run is not None
         self._apply(run, run.future.result())
 
+    def _drop_unreferenced_materialization(self) -> None:
+        """A materialized file superseded (or abandoned) before any checkpoint referenced it is garbage."""
+        if self._unreferenced_materialization is not None:
+            self.storage.delete(self._unreferenced_materialization)
+            self._unreferenced_materialization = None
+
     def wait_for_materialization(self) -> None:
         """Block until a running materialization is done and applied (tests, shutdown)."""
         self._collect_materialization(wait=True)
 
     def close(self) -> None:
-        run = self._running
-        if run is not None:
-            run.future.exception()  # let the background write finish before the table goes
+        if self._running is not None:  # let the background write finish before the table goes
+            with contextlib.suppress(Exception):
+                self._collect_materialization(wait=True)
+        self._drop_unreferenced_materialization()
         for span in self._included.values():
             # a checkpoint that included these may have completed without telling us yet: keep the files
             # (if it did not, orphan cleanup removes them on the next start)
