@@ -274,21 +274,18 @@ class Coordinator:
 
     def _subsume(self) -> None:
         while len(self.completed) > self.retained:
-            old = self.completed.pop(0)
-            self._drop_checkpoint(old.checkpoint_id, old)
+            self._drop_checkpoint(self.completed.pop(0).checkpoint_id)
         self.registry.unregister_unused(self.completed[0].checkpoint_id)
 
-    def _drop_checkpoint(self, checkpoint_id: int, meta: CheckpointMetadata | None = None) -> None:
-        # metadata first: once it is gone the checkpoint is no longer complete, whatever happens next
-        if self.storage.delete(metadata_path(checkpoint_id)):
-            with self._count_lock:
-                self.files_deleted += 1
-        for rel in meta.exclusive_files() if meta else []:
-            self._discard(rel)
+    def _drop_checkpoint(self, checkpoint_id: int) -> None:
+        """Delete a subsumed checkpoint: its metadata first (from then on it is not complete, whatever happens
+        next), then its own directories (operator state, staged outputs). Shared files go by the registry."""
+        deleted = int(self.storage.delete(metadata_path(checkpoint_id)))
         for directory in (checkpoint_dir(checkpoint_id), staged_dir(checkpoint_id)):
-            for rel, _ in self.storage.list_files(directory):
-                self._discard(rel)
+            deleted += len(self.storage.list_files(directory))
             self.storage.delete_dir(directory)
+        with self._count_lock:
+            self.files_deleted += deleted
 
     # -- sink delivery --------------------------------------------------------------------------------
     def undelivered(self) -> list[CheckpointMetadata]:

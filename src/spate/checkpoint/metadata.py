@@ -88,11 +88,6 @@ class CheckpointMetadata:
                 out[st.outputs.path] = st.outputs.size
         return out
 
-    def exclusive_files(self) -> list[str]:
-        """Files only this checkpoint references (operator state, staged outputs)."""
-        shared = set(self.shared_files())
-        return sorted(p for p in self.files() if p not in shared)
-
     def shared_files(self) -> list[str]:
         """Files that may be referenced by several checkpoints (keyed snapshots and change files)."""
         return sorted({h.path for st in self.subtasks for h in st.keyed}
