@@ -471,32 +471,8 @@ def _compile(types: tuple[str, ...]) -> KeyHasher:
             h = upd(key, SEED)
             return h - 0x100000000 if h & 0x80000000 else h
 
-        if types[0] == "bigint":
-
-            def hasher(key: Any) -> int:
-                if type(key) is int:
-                    h = _LONG_CACHE.get(key)
-                    return _long_miss(key) if h is None else h
-                return generic(key)
-
-        elif types[0] == "int":
-
-            def hasher(key: Any) -> int:
-                if type(key) is int:
-                    h = _INT32_CACHE.get(key)
-                    return _int32_miss(key) if h is None else h
-                return generic(key)
-
-        elif types[0] == "string":
-
-            def hasher(key: Any) -> int:
-                if type(key) is str:
-                    h = _STR_CACHE.get(key)
-                    return _str_miss(key) if h is None else h
-                return generic(key)
-
-        else:
-            hasher = generic
+        fast = _MEMO_HASHERS.get(types[0])
+        hasher = _memo_hasher(*fast, generic) if fast else generic
 
     elif n == 2:
         u0, u1 = updates
@@ -554,6 +530,26 @@ def _str_miss(key: str) -> int:
     if len(key) <= _CACHE_MAX_STR_LEN:
         return _remember(_STR_CACHE, key, h)
     return h - 0x100000000 if h & 0x80000000 else h
+
+
+_MEMO_HASHERS: dict[str, tuple[type, dict[Any, int], Callable[[Any], int]]] = {
+    "bigint": (int, _LONG_CACHE, _long_miss),
+    "int": (int, _INT32_CACHE, _int32_miss),
+    "string": (str, _STR_CACHE, _str_miss),
+}
+
+
+def _memo_hasher(py_type: type, cache: dict[Any, int], miss: Callable[[Any], int],
+                 generic: KeyHasher) -> KeyHasher:
+    """A single-column hasher with a memoised fast path for exact ``py_type`` values."""
+
+    def hasher(key: Any) -> int:
+        if type(key) is py_type:
+            h = cache.get(key)
+            return miss(key) if h is None else h
+        return generic(key)
+
+    return hasher
 
 
 def _hash_dynamic(key: Any) -> int:
