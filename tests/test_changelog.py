@@ -514,3 +514,73 @@ def test_a_materialization_no_checkpoint_used_is_deleted(tmp_path):
     third = clog.materialized[0].path
     clog.close()
     assert not storage.exists(third), "abandoned at close"
+
+
+def test_lmdb_map_growth_waits_for_a_running_materialization(tmp_path):
+    from spate.state.lmdb_table import LmdbTable
+
+    root = str(tmp_path / "c")
+    storage = GatedStorage(root)
+    storage.gate = threading.Event()
+    table = LmdbTable(str(tmp_path / "lmdb"), map_size=1 << 20)
+    table.env.set_mapsize(1 << 20)
+    clog = ChangelogKeyedState(table, storage, ChangelogConfig(upload=NOW), 0, 1)
+    backend = KeyedStateBackend(clog.table, 128, range(128))
+    v = backend.get_state(ValueStateDescriptor("v"))
+    for i in range(50):
+        backend.set_current_key(i)
+        v.update("x" * 100)
+    clog.start_materialization(backend, clog.writer.next_sequence_number())  # holds a read view
+    threading.Timer(0.3, storage.gate.set).start()
+    for i in range(50, 3000):  # fills the map: growing it must wait for the view, not break it
+        backend.set_current_key(i)
+        v.update("y" * 1000)
+    clog.wait_for_materialization()
+    assert clog.materialized and clog.materialized_to == 1
+    assert table.env.info()["map_size"] > 1 << 20, "the map did grow"
+    restored = KeyedStateBackend(HeapTable(), 128, range(128))
+    from spate.changelog.state import restore_keyed_state
+
+    restore_keyed_state(restored, storage, clog.materialized, [], "test")
+    assert len(list(restored.keys(ValueStateDescriptor("v")))) == 50, "the view saw the table as of its start"
+    clog.close()
+    table.close()
+
+
+def test_switching_the_changelog_off_keeps_unmaterialized_changes(tmp_path):
+    root = str(tmp_path)
+    job = _count_job()
+    src = [[{"k": i} for i in range(20)]] * 3 + [[]] * 2
+    with LocalRunner(job, key="k", checkpoint_root=root, parallelism=2, changelog=ChangelogConfig(upload=NOW)) as r:
+        r.run(src, until=3)
+    with LocalRunner(job, key="k", checkpoint_root=root, parallelism=2) as r:
+        r.run(src)  # batches without rows: nothing changes, nothing may be lost
+    meta = load_checkpoint(CheckpointStorage(root))
+    assert {e.key: e.value for e in keyed_state_entries(CheckpointStorage(root), meta, "c")} == {
+        i: 3 for i in range(20)}
+
+
+def test_aborted_checkpoints_leave_no_change_files_behind(tmp_path):
+    root = str(tmp_path)
+    aborts = {3, 5}
+
+    def fault(step, batch):
+        if step == "after_acks" and batch in aborts:
+            aborts.discard(batch)
+            raise RuntimeError("abort")
+
+    src = [[{"k": i} for i in range(10)]] * 8
+    with LocalRunner(_count_job(), key="k", checkpoint_root=root, parallelism=2,
+                     changelog=ChangelogConfig(upload=NOW), fault_injector=fault) as r:
+        n = 0
+        while n < len(src):
+            try:
+                r.run_batch(n, src[n])
+                n += 1
+            except RuntimeError:
+                pass
+    storage = CheckpointStorage(root)
+    referenced = set()
+    for cid in list_complete_checkpoints(storage):
+        referenced |= set(load_checkpoint(storage, cid).files())
+    assert {p for p, _ in storage.list_files("shared")} <= referenced

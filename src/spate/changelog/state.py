@@ -149,7 +149,11 @@ class ChangelogKeyedState:
                 "upload_latency_ms_max": max((u.latency_ms for u in w.uploads), default=0.0),
                 "upload_attempts": sum(u.attempts for u in w.uploads),
                 "upload_errors": sum(u.errors for u in w.uploads),
-                "materialized_to": self.materialized_to, **self.last_materialization}
+                "materialized_to": self.materialized_to, **self._take_materialization_stats()}
+
+    def _take_materialization_stats(self) -> dict[str, Any]:
+        stats, self.last_materialization = self.last_materialization, {}
+        return stats
 
     def checkpoint_completed(self, checkpoint_id: int) -> None:
         """The coordinator completed ``checkpoint_id``: its change sets belong to it now; what lies before
@@ -161,6 +165,12 @@ class ChangelogKeyedState:
             del self._included[cid]  # older attempts were aborted
         if not self._included:
             self.writer.truncate(self.materialized_to)
+
+    def abandon_after(self, checkpoint_id: int) -> None:
+        """Checkpoints after ``checkpoint_id`` (the latest complete one) were aborted: forget what they
+        included, so closing the writer deletes those change files instead of keeping them."""
+        for cid in [c for c in self._included if c > checkpoint_id]:
+            del self._included[cid]
 
     # -- materialization --------------------------------------------------------------------------------
     def maybe_materialize(self, backend: KeyedStateBackend, now_ms: int) -> bool:

@@ -72,6 +72,7 @@ class Execution(Generic[T]):
     def __init__(self, ex: RetryingExecutor, action: Callable[[int], T], discard: Callable[[T], None]) -> None:
         self.ex, self.action, self.discard = ex, action, discard
         self.result: Future[T] = Future()
+        self.decided = False  # a winner or a final failure was chosen (the future may complete just after)
         self.lock = threading.Lock()
         self.attempts = 0
         self.running = 0
@@ -79,7 +80,7 @@ class Execution(Generic[T]):
 
     def _attempt(self) -> None:
         with self.lock:
-            if self.result.done() or self.attempts >= self.ex.max_attempts:
+            if self.decided or self.attempts >= self.ex.max_attempts:
                 return
             self.attempts += 1
             self.running += 1
@@ -94,25 +95,26 @@ class Execution(Generic[T]):
     def _finished(self, f: Future[T], timer: threading.Timer | None) -> None:
         if timer is not None:
             timer.cancel()
+        # decide under the lock; complete the future after releasing it, because its callbacks run right there
         exc = f.exception()
         with self.lock:
             self.running -= 1
-            won = exc is None and not self.result.done()
-            if won:
-                self.result.set_result(f.result())
-        if exc is None:
-            if not won:
-                self.discard(f.result())
-            return
-        with self.lock:
-            self.errors.append(exc)
-            if self.result.done():
-                return
-            retryable = isinstance(exc, OSError)
-            if not retryable or (self.attempts >= self.ex.max_attempts and self.running == 0):
-                self.result.set_exception(exc)
-                return
-            retry = self.attempts < self.ex.max_attempts
+            won = exc is None and not self.decided
+            failed = retry = False
+            if exc is not None:
+                self.errors.append(exc)
+                if not self.decided:
+                    if not isinstance(exc, OSError) or (self.attempts >= self.ex.max_attempts and self.running == 0):
+                        failed = True
+                    else:
+                        retry = self.attempts < self.ex.max_attempts
+            self.decided = self.decided or won or failed
+        if won:
+            self.result.set_result(f.result())
+        elif exc is None:
+            self.discard(f.result())
+        elif failed:
+            self.result.set_exception(exc)
         if retry:
             t = threading.Timer(self.ex.delay_s, self._attempt)
             t.daemon = True
@@ -199,6 +201,9 @@ class BatchingUploadScheduler:
         self.write_file: Callable[[str, bytes], None] = storage.write  # fault-injection point for tests
 
     def upload(self, task: UploadTask) -> None:
+        """Queue ``task``; blocks while too many bytes are in flight. Callers must not hold locks that upload
+        callbacks need (the writer calls this outside its own lock)."""
+        batch = None
         with self._cond:
             while self._in_flight > 0 and self._in_flight + task.size > self.config.max_in_flight:
                 self._cond.wait()  # back-pressure
@@ -206,21 +211,27 @@ class BatchingUploadScheduler:
             self._pending.append(task)
             self._pending_bytes += task.size
             if self.config.persist_delay_s <= 0 or self._pending_bytes >= self.config.persist_size_threshold:
-                self._flush_locked()
+                batch = self._take_pending()
             elif self._timer is None:
                 self._timer = threading.Timer(self.config.persist_delay_s, self.flush)
                 self._timer.daemon = True
                 self._timer.start()
+        self._start(batch)
 
     def flush(self) -> None:
         with self._cond:
-            self._flush_locked()
+            batch = self._take_pending()
+        self._start(batch)
 
-    def _flush_locked(self) -> None:
+    def _take_pending(self) -> list[UploadTask]:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         tasks, self._pending, self._pending_bytes = self._pending, [], 0
+        return tasks
+
+    def _start(self, tasks: list[UploadTask] | None) -> None:
+        """Start one upload of ``tasks`` (outside ``_cond``: completion callbacks may run synchronously)."""
         if not tasks:
             return
         started = time.perf_counter()
@@ -250,11 +261,14 @@ class BatchingUploadScheduler:
             return
         path, handles, size = f.result()
         self.registry.track(path, len(handles))
-        stats = UploadStats(path, size, round((time.perf_counter() - started) * 1000, 3), execution.attempts,
-                            len(execution.errors), len(tasks))
-        self.uploads.append(stats)
+        latency = round((time.perf_counter() - started) * 1000, 3)
+        self.uploads.append(UploadStats(path, size, latency, execution.attempts, len(execution.errors), len(tasks)))
         for t in tasks:
-            t.on_done({sqn: handles[(t.log_id, sqn)] for sqn in t.change_sets if (t.log_id, sqn) in handles}, stats)
+            mine = {sqn: handles[(t.log_id, sqn)] for sqn in t.change_sets if (t.log_id, sqn) in handles}
+            # each task's share of the file, so statistics summed over subtasks add up to the file
+            share = UploadStats(path, sum(h.state_bytes for h in mine.values()), latency, execution.attempts,
+                                len(execution.errors), len(tasks))
+            t.on_done(mine, share)
 
     def close(self) -> None:
         self.flush()

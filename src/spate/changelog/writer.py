@@ -60,7 +60,8 @@ class ChangelogWriter:
         if self.active.size >= self.preemptive_threshold:
             with self._lock:
                 self._roll_over()
-                self._upload(self.lowest, preemptive=True)
+                task = self._take_upload(self.lowest, preemptive=True)
+            self._send(task)
 
     def next_sequence_number(self) -> int:
         """Close the active change set if it holds changes; the number later changes will get."""
@@ -91,14 +92,22 @@ class ChangelogWriter:
             self._roll_over()
             future: Future[list[ChangeSetHandle]] = Future()
             self._waiters.append((from_sqn, self.active_sqn, future))
-            self._upload(from_sqn, preemptive=False)
+            task = self._take_upload(from_sqn, preemptive=False)
             self._check_waiters()
-            return future
+        self._send(task)
+        return future
 
-    def _upload(self, from_sqn: int, preemptive: bool) -> None:
+    def _send(self, task: UploadTask | None) -> None:
+        # outside the writer lock: the scheduler may block (back-pressure) until uploads complete, and
+        # their callbacks need this lock
+        if task is not None:
+            self.scheduler.upload(task)
+
+    def _take_upload(self, from_sqn: int, preemptive: bool) -> UploadTask | None:
+        """Move every not-uploaded change set from ``from_sqn`` on into one upload task (caller holds the lock)."""
         batch = {sqn: cs for sqn, cs in self._not_uploaded.items() if sqn >= from_sqn}
         if not batch:
-            return
+            return None
         for sqn in batch:
             del self._not_uploaded[sqn]
             self._in_flight.add(sqn)
@@ -107,7 +116,7 @@ class ChangelogWriter:
             self.stats.persisted_preemptively += task.size
         else:
             self.stats.persisted_at_checkpoint += task.size
-        self.scheduler.upload(task)
+        return task
 
     def _uploaded_cb(self, handles: dict[int, ChangeSetHandle], stats: UploadStats) -> None:
         release = []

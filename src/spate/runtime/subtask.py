@@ -173,6 +173,9 @@ class Subtask:
         return self.clog.table
 
     def _restore(self, plan: SubtaskPlan) -> None:
+        if self.clog is not None and plan.base_checkpoint_id is not None:
+            # checkpoints this subtask took after the base were aborted: let close() delete their changes
+            self.clog.abandon_after(plan.base_checkpoint_id)
         if self.keyed is not None:
             self.close(destroy=True)
         table = self._new_table(plan)
@@ -193,7 +196,8 @@ class Subtask:
         self.restore_ms = (time.perf_counter() - started) * 1000
         self.restored_from = plan.base_checkpoint_id
         self._tag = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
-        reusable = plan.base_checkpoint_id is not None and not plan.base_is_savepoint
+        # the restored handles describe the state only if there is no changelog part to them
+        reusable = plan.base_checkpoint_id is not None and not plan.base_is_savepoint and not plan.changelog
         self._handles = (plan.base_checkpoint_id, list(plan.keyed)) if reusable else None  # type: ignore[assignment]
         self.keyed.dirty = False
 

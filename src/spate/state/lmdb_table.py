@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 
 import lmdb
@@ -47,6 +48,8 @@ class LmdbTable(StateTable):
                              sync=False, metasync=False, readahead=False, max_dbs=0, lock=True)
         self._commit_every = commit_every
         self._txn: lmdb.Transaction | None = None
+        self._open_views = 0  # read views in use (possibly by another thread)
+        self._views_closed = threading.Condition()
         self._ops: list[tuple[bytes, bytes | None]] = []  # writes of the open transaction, for replay
 
     # -- transaction handling -------------------------------------------------------------------------
@@ -93,7 +96,7 @@ class LmdbTable(StateTable):
         assert self._txn is not None
         self._txn.abort()
         self._txn = None
-        self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        self._resize(self.env.info()["map_size"] * 2)
         txn = self._begin()
         for key, value in self._ops:
             try:
@@ -160,12 +163,31 @@ class LmdbTable(StateTable):
         with self.env.begin() as txn:
             return _flat(txn, kg)
 
+    def _resize(self, map_size: int) -> None:
+        """Grow the map. Resizing invalidates every open transaction, so wait until no view is in use."""
+        with self._views_closed:
+            while self._open_views:
+                self._views_closed.wait()
+            self.env.set_mapsize(map_size)
+
     @contextlib.contextmanager
     def consistent_view(self) -> Iterator[_ReadView]:
-        """An lmdb read transaction: an O(1) MVCC snapshot that later writes do not change."""
+        """An lmdb read transaction: an O(1) MVCC snapshot that later writes do not change. While it is open
+        the map cannot grow, so it is given room first (writes that still fill it wait for the view)."""
         self.commit()
-        with self.env.begin() as txn:
-            yield _ReadView(txn)
+        info = self.env.info()
+        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        if used * 2 > info["map_size"]:
+            self._resize(max(info["map_size"] * 2, used * 4))
+        with self._views_closed:
+            self._open_views += 1
+        try:
+            with self.env.begin() as txn:
+                yield _ReadView(txn)
+        finally:
+            with self._views_closed:
+                self._open_views -= 1
+                self._views_closed.notify_all()
 
     def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
         prefix = _KG[kg]
@@ -177,7 +199,7 @@ class LmdbTable(StateTable):
                     txn.cursor().putmulti(items)
                 return
             except lmdb.MapFullError:
-                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+                self._resize(self.env.info()["map_size"] * 2)
             except lmdb.BadValsizeError as e:
                 raise SpateError(f"a restored state key is too large for the lmdb table (limit {MAX_LMDB_KEY} "
                                  "bytes); restore into the heap table") from e
