@@ -584,3 +584,43 @@ def test_aborted_checkpoints_leave_no_change_files_behind(tmp_path):
     for cid in list_complete_checkpoints(storage):
         referenced |= set(load_checkpoint(storage, cid).files())
     assert {p for p, _ in storage.list_files("shared")} <= referenced
+
+
+def _finishes(fn, seconds: float) -> bool:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
+    return not t.is_alive()
+
+
+def test_no_deadlock_between_flush_timer_and_writers(tmp_path):
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0002, timeout_s=None))
+    writers = [ChangelogWriter(f"w{i}", s, preemptive_threshold=1 << 30) for i in range(2)]
+
+    def loop():
+        for i in range(300):
+            for w in writers:
+                w.active.put(0, b"\x00\x00" + bytes([i % 256]), b"x")
+                w.persist(w.lowest)
+
+    assert _finishes(loop, 60), "writers and the flush timer deadlocked"
+
+
+def test_no_deadlock_under_back_pressure(tmp_path):
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_in_flight=2500, num_threads=1, timeout_s=None))
+    real = s.write_file
+
+    def slow(path, data):
+        time.sleep(0.3)
+        real(path, data)
+
+    s.write_file = slow
+    w = ChangelogWriter("w", s, preemptive_threshold=400)
+
+    def changes():
+        for i, n in ((1, 500), (2, 1500), (3, 1500)):
+            w.active.put(0, b"\x00\x00" + bytes([i]), b"x" * n)
+            w.after_append()
+        w.persist(0).result(10)
+
+    assert _finishes(changes, 10), "back-pressure wait and upload callbacks deadlocked"
