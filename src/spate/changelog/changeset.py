@@ -7,13 +7,10 @@ checkpoints is logged once (the blog's space amplification comes from not doing 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from spate.state.layout import primary_length
 from spate.state.table import StateTable
 
 PUT, DELETE, MAP_PUT, MAP_DELETE, APPEND = 1, 2, 3, 4, 5
-OP_NAMES = {PUT: "put", DELETE: "delete", MAP_PUT: "map_put", MAP_DELETE: "map_delete", APPEND: "append"}
 
 
 class ChangeSet:
@@ -116,7 +113,3 @@ def replay(table: StateTable, kg: int, records: list, remap: dict[bytes, bytes] 
         n += 1
     return n
 
-
-def iter_records(records: list) -> Iterator[tuple[str, bytes, bytes]]:
-    for i in range(0, len(records), 3):
-        yield OP_NAMES.get(records[i], str(records[i])), records[i + 1], records[i + 2]

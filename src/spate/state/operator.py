@@ -104,7 +104,7 @@ class OperatorStateBackend:
         if state is None:
             ser = resolve_serializer(serializer)
             entries: dict[Any, Any] = {}
-            restored = self._take(name, BROADCAST, ser)
+            restored = self._take(name, BROADCAST)
             if restored is not None:
                 vs = serializer_by_name(restored.serializer, self.allow_pickle, f"broadcast state {name!r}")
                 it = iter(restored.encoded)
@@ -118,7 +118,7 @@ class OperatorStateBackend:
         if state is None:
             ser = resolve_serializer(serializer)
             elements: list[Any] = []
-            restored = self._take(name, mode, ser)
+            restored = self._take(name, mode)
             if restored is not None:
                 rs = serializer_by_name(restored.serializer, self.allow_pickle, f"operator state {name!r}")
                 elements = [rs.loads(e) for e in restored.encoded]
@@ -126,7 +126,7 @@ class OperatorStateBackend:
         self._check_mode(state, name, mode)
         return state  # type: ignore[return-value]
 
-    def _take(self, name: str, mode: str, ser: Serializer) -> RestoredOperatorState | None:
+    def _take(self, name: str, mode: str) -> RestoredOperatorState | None:
         restored = self._restored.pop(name, None)
         if restored is not None and restored.mode != mode:
             self._restored[name] = restored
@@ -145,7 +145,3 @@ class OperatorStateBackend:
         out = [(n, s.mode, s.serializer.name, s.encoded()) for n, s in self._states.items()]
         out += [(n, r.mode, r.serializer, r.encoded) for n, r in self._restored.items()]
         return sorted(out)
-
-    @property
-    def names(self) -> list[str]:
-        return sorted([*self._states, *self._restored])

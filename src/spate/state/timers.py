@@ -54,7 +54,7 @@ class TimerService:
         if self._b._kg < 0:
             raise RuntimeError("timers belong to a key: register and delete them in process() or on_timer()")
         ns = length_prefixed(b"" if namespace is None else encode_key(namespace))
-        return self._prefix[domain] + self._b._key_part + ns
+        return self._prefix[self._domain(domain)] + self._b._key_part + ns
 
     def register(self, domain: str, timestamp: int, namespace: Any = None) -> None:
         """Register a timer for the current key at ``timestamp`` (ms); registering twice keeps one."""
@@ -92,16 +92,6 @@ class TimerService:
             _sid, key_bytes, ns = split_primary(primary)
             b.set_current_key_encoded(kg, key_bytes)
             yield ts, (decode_key(ns) if ns else None)
-
-    def next_timestamp(self, domain: str) -> int | None:
-        """Earliest live timer of a domain (None if there is none)."""
-        heap, table = self._heaps[self._domain(domain)], self._b.table
-        while heap:
-            ts, kg, primary = heap[0]
-            if table.map_get(kg, primary, _ts_bytes(ts)) is not None:
-                return ts
-            heapq.heappop(heap)
-        return None
 
     @staticmethod
     def _domain(domain: str) -> str:
