@@ -7,6 +7,7 @@ metadata can point outside the root.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import posixpath
 import struct
@@ -260,6 +261,13 @@ class CheckpointStorage:
         base = self.path(rel) if rel else self.root
         infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+@functools.lru_cache(maxsize=32)
+def storage_for(uri: str) -> CheckpointStorage:
+    """One storage object per URI and process: file-system clients (S3, GCS) are costly to create, and a
+    subtask needs its checkpoint storage every batch."""
+    return CheckpointStorage(uri)
 
 
 def _write_synced_temp(full: str, data: bytes) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_keyed_state
 from spate.checkpoint.metadata import staged_dir
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
-from spate.fs import CheckpointStorage, random_name
+from spate.fs import random_name, storage_for
 from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
 from spate.serde import resolve_serializer
 from spate.snapshot.keyed import write_keyed_snapshot
@@ -143,7 +143,7 @@ class Subtask:
         if plan.base_checkpoint_id is None:
             return restored
         assert plan.base_uri is not None
-        storage = CheckpointStorage(plan.base_uri)
+        storage = storage_for(plan.base_uri)
         for piece in plan.operator:
             elems = read_operator_piece(storage, piece, self._restore_context(plan))
             state = restored.setdefault(piece.name, RestoredOperatorState(piece.mode, piece.serializer, []))
@@ -168,7 +168,7 @@ class Subtask:
         """With the changelog on, wrap ``table`` so every change is also logged."""
         if self.config.changelog is None:
             return table
-        self.clog = ChangelogKeyedState(table, CheckpointStorage(plan.checkpoint_uri), self.config.changelog,
+        self.clog = ChangelogKeyedState(table, storage_for(plan.checkpoint_uri), self.config.changelog,
                                         self.index, self.parallelism)
         return self.clog.table
 
@@ -184,7 +184,7 @@ class Subtask:
         if plan.base_checkpoint_id is not None:
             # keyed state first, so the processor's open() is checked against the restored state registry
             backend = self._keyed_backend(plan, table)
-            restore_keyed_state(backend, CheckpointStorage(plan.base_uri),  # type: ignore[arg-type]
+            restore_keyed_state(backend, storage_for(plan.base_uri),  # type: ignore[arg-type]
                                 plan.keyed, plan.changelog, self._restore_context(plan))
             if self.clog is not None:
                 if plan.base_uri == plan.checkpoint_uri:
@@ -252,7 +252,7 @@ class Subtask:
         keyed, operator = self.keyed, self.operator
         assert keyed is not None and operator is not None
         started = time.perf_counter()
-        storage = CheckpointStorage(plan.checkpoint_uri)
+        storage = storage_for(plan.checkpoint_uri)
         new_files: list[str] = []
         # reuse only what the coordinator recorded for this subtask in the base checkpoint: an attempt whose
         # ack was rejected must not reuse its (deleted) files
