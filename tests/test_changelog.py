@@ -31,6 +31,7 @@ from spate.changelog.writer import ChangelogWriter
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.protocol import SubtaskAck
 from spate.errors import CheckpointError
+from spate.filemerging.segments import FileRef, WholeFileWriter
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.timers import EVENT_TIME
@@ -88,12 +89,12 @@ def test_scenario_2_failed_upload_and_truncation(tmp_path):
     s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_attempts=1))
     fail = [True]
 
-    def write(path, data):
+    def write(out, data):
         if fail[0]:
             raise OSError("storage down")
-        CheckpointStorage.write(s.storage, path, data)
+        return out.write(data)
 
-    s.write_file = write
+    s.write_segment = write
     w = ChangelogWriter("w", s)
     change(w)
     with pytest.raises(OSError):
@@ -143,11 +144,11 @@ def test_scenario_3_in_flight_limit_blocks(tmp_path):
     s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_in_flight=10))
     gate = threading.Event()
 
-    def slow_write(path, data):
+    def slow_write(out, data):
         gate.wait(5)
-        CheckpointStorage.write(s.storage, path, data)
+        return out.write(data)
 
-    s.write_file = slow_write
+    s.write_segment = slow_write
     s.upload(_task(7, []))
     second = threading.Thread(target=s.upload, args=(_task(7, []),))
     second.start()
@@ -204,18 +205,18 @@ def test_scenario_4_hedging_keeps_exactly_one_result():
 # -- scenarios 5 and 6: the change-file registry ----------------------------------------------------------------
 def test_scenario_5_registry(tmp_path):
     storage = CheckpointStorage(str(tmp_path))
-    reg = ChangelogFileRegistry(storage)
-    for name in ("a", "b"):
-        storage.write(name, b"x")
-    reg.track("a", 2)
-    reg.release("a")
-    assert storage.exists("a")
-    reg.release("a")
-    assert not storage.exists("a"), "ref count 2 + two releases: deleted"
-    reg.track("b", 1)
-    reg.stop_tracking("b")
-    reg.release("b")
-    assert storage.exists("b"), "stopped tracking (a checkpoint owns it): never deleted by the writer"
+    reg = ChangelogFileRegistry()
+    out = WholeFileWriter(storage, "changes", ".chg")
+    a, b = out.write(b"x"), out.write(b"y")
+    reg.track(a, 2, out)
+    reg.release(a)
+    assert storage.exists(a.path)
+    reg.release(a)
+    assert not storage.exists(a.path), "ref count 2 + two releases: deleted"
+    reg.track(b, 1, out)
+    reg.stop_tracking(b)
+    reg.release(b)
+    assert storage.exists(b.path), "stopped tracking (a checkpoint owns it): never deleted by the writer"
 
 
 def test_scenario_6_file_shared_by_two_writers(tmp_path):
@@ -389,29 +390,35 @@ def _count_job():
     return CountJob
 
 
+def _ref_of(path: str, data: bytes) -> FileRef:
+    return FileRef(path, 0, len(data))
+
+
 def test_hanging_upload_is_hedged(tmp_path):
     cfg = ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0, timeout_s=0.05, max_attempts=3))
     root = str(tmp_path)
     with LocalRunner(_count_job(), key="k", checkpoint_root=root, changelog=cfg) as r:
         s = scheduler_for(CheckpointStorage(root), cfg.upload)
-        real = s.write_file
-        calls = []
+        real = s.write_segment
+        calls: list = []
 
-        def hang_first(path, data):
-            calls.append(path)
-            if len(calls) == 1:
+        def hang_first(out, data):
+            n = len(calls)
+            calls.append(None)
+            if n == 0:
                 time.sleep(1.0)
-            real(path, data)
+            calls[n] = real(out, data).path
+            return calls[n]
 
-        s.write_file = hang_first
+        s.write_segment = lambda out, data: _ref_of(hang_first(out, data), data)
         started = time.perf_counter()
         result = r.run_batch(0, [{"k": "a"}])
         assert time.perf_counter() - started < 0.9, "the hedged attempt finished first"
         assert result.checkpoint.subtasks[0].stats["upload_attempts"] >= 2
         time.sleep(1.2)
         storage = CheckpointStorage(root)
-        assert not storage.exists(calls[0]), "the late duplicate was deleted"
-        s.write_file = real
+        assert calls[0] and not storage.exists(calls[0]), "the late duplicate was deleted"
+        s.write_segment = real
 
 
 def test_failing_upload_fails_the_checkpoint_and_the_next_one_succeeds(tmp_path):
@@ -419,22 +426,22 @@ def test_failing_upload_fails_the_checkpoint_and_the_next_one_succeeds(tmp_path)
     root = str(tmp_path)
     with LocalRunner(_count_job(), key="k", checkpoint_root=root, changelog=cfg) as r:
         s = scheduler_for(CheckpointStorage(root), cfg.upload)
-        real = s.write_file
+        real = s.write_segment
         failures = [2]
 
-        def flaky(path, data):
+        def flaky(out, data):
             if failures[0] > 0:
                 failures[0] -= 1
                 raise OSError("throttled")
-            real(path, data)
+            return real(out, data)
 
-        s.write_file = flaky
+        s.write_segment = flaky
         with pytest.raises(OSError, match="throttled"):
             r.run_batch(0, [{"k": "a"}])
         assert list_complete_checkpoints(CheckpointStorage(root)) == []
         r.run_batch(0, [{"k": "a"}])
         r.run_batch(1, [{"k": "a"}])
-        s.write_file = real
+        s.write_segment = real
     meta = load_checkpoint(CheckpointStorage(root))
     assert {e.key: e.value for e in keyed_state_entries(CheckpointStorage(root), meta, "c")} == {"a": 2}
 
@@ -608,13 +615,13 @@ def test_no_deadlock_between_flush_timer_and_writers(tmp_path):
 
 def test_no_deadlock_under_back_pressure(tmp_path):
     s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_in_flight=2500, num_threads=1, timeout_s=None))
-    real = s.write_file
+    real = s.write_segment
 
-    def slow(path, data):
+    def slow(out, data):
         time.sleep(0.3)
-        real(path, data)
+        return real(out, data)
 
-    s.write_file = slow
+    s.write_segment = slow
     w = ChangelogWriter("w", s, preemptive_threshold=400)
 
     def changes():

@@ -23,7 +23,8 @@ from spate import (
     load_checkpoint,
 )
 from spate.checkpoint.coordinator import list_complete_checkpoints
-from spate.checkpoint.registry import SharedStateRegistry
+from spate.filemerging.registry import FileRegistry
+from spate.filemerging.segments import FileRef
 
 COUNT = ValueStateDescriptor("count", default=0)
 
@@ -143,9 +144,10 @@ def test_exactly_one_ack_per_subtask(tmp_path):
     retry = r.subtasks[0].run(plans[0], []).ack  # a retried attempt of subtask 0
     assert coord.acknowledge(acks[0]) and coord.acknowledge(acks[1])
     assert not coord.acknowledge(retry)
-    coord.drain()  # deletions run in the background
-    assert all(not CheckpointStorage(root).exists(p) for p in retry.new_files), "rejected attempt's files deleted"
     meta = coord.complete(0)
+    coord.drain()  # deletions run in the background
+    assert retry.files and all(not CheckpointStorage(root).exists(p) for p in retry.files), \
+        "rejected attempt's files deleted once the checkpoint completed"
     assert meta.subtasks[0].operator == acks[0].operator
     stale = r.subtasks[1].run(coord.begin(1, 0)[1], []).ack
     stale.checkpoint_id = 0
@@ -236,14 +238,17 @@ def test_savepoint_is_relocatable_and_restores_at_another_parallelism(tmp_path):
 
 
 def test_registry_scenario_9(tmp_path):
+    """A logical file's key is its location, so registering it again (a later checkpoint reusing it) keeps
+    the one entry; unregister_unused(1) deletes what was last used by checkpoint 0."""
     discarded = []
-    reg = SharedStateRegistry(discarded.append)
-    assert reg.register("k", "original", 0) == "original"
-    assert reg.register("k", "newcomer", 0) == "original"
-    assert discarded == ["newcomer"]
-    reg.register("other", "other-file", 1)
+    reg = FileRegistry(discarded.append)
+    original = FileRef("shared/original", 0, 10)
+    reg.register(original, 0)
+    reg.register(FileRef("shared/original", 0, 10), 0)
+    assert len(reg) == 1 and discarded == []
+    reg.register(FileRef("shared/other", 0, 5), 1)
     reg.unregister_unused(1)
-    assert discarded == ["newcomer", "original"] and "other" in reg and "k" not in reg
+    assert discarded == ["shared/original"] and "shared/other" in reg and "shared/original" not in reg
 
 
 def test_coordinator_requires_acks_from_every_subtask(tmp_path):

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spate.checkpoint.assignment import assign_operator_state
+from spate.filemerging.segments import WholeFileWriter
 from spate.fs import CheckpointStorage
 from spate.snapshot.operator import read_operator_piece, write_operator_snapshot
 from spate.state.operator import OperatorStateBackend, RestoredOperatorState
@@ -18,7 +19,7 @@ def _snapshot(storage: CheckpointStorage, subtask: int, split: list, union: list
     b.get_list_state("split").add_all(split)
     b.get_union_list_state("union").add_all(union)
     b.get_broadcast_state("broadcast").put("copy-of", broadcast)
-    return write_operator_snapshot(b, storage, f"op-{subtask}")
+    return write_operator_snapshot(b, WholeFileWriter(storage, "op", ".op"))
 
 
 def _restore(storage: CheckpointStorage, pieces) -> OperatorStateBackend:
@@ -58,7 +59,7 @@ def test_remainders_rotate_across_state_names(tmp_path):
     b = OperatorStateBackend()
     for name in ("a", "b", "c"):
         b.get_list_state(name).add_all(range(4))
-    handle = write_operator_snapshot(b, storage, "op")
+    handle = write_operator_snapshot(b, WholeFileWriter(storage, "op", ".op"))
     pieces = assign_operator_state([handle], 3)
     sizes = [[sum(p.stop - p.start for p in ps if p.name == n) for ps in pieces] for n in ("a", "b", "c")]
     totals = [sum(col) for col in zip(*sizes, strict=True)]
@@ -73,7 +74,7 @@ def test_split_redistribution_never_loses_or_duplicates(tmp_path_factory, per_su
     for i, elems in enumerate(per_subtask):
         b = OperatorStateBackend()
         b.get_list_state("s").add_all([(i, j, x) for j, x in enumerate(elems)])
-        handles.append(write_operator_snapshot(b, storage, f"op-{i}") if elems else None)
+        handles.append(write_operator_snapshot(b, WholeFileWriter(storage, "op", ".op")) if elems else None)
     assignment = assign_operator_state(handles, new_p)
     got = [x for pieces in assignment for x in _restore(storage, pieces).get_list_state("s").get()]
     want = [(i, j, x) for i, elems in enumerate(per_subtask) for j, x in enumerate(elems)]

@@ -39,7 +39,9 @@ def test_a_resent_ack_never_deletes_the_accepted_files(tmp_path):
     plan = coord.begin(0, 0)[0]
     ack = Subtask(0, 1, processor_factory(C), SubtaskConfig()).run(plan, _rows(coord, ["x"])).ack
     assert coord.acknowledge(ack) and not coord.acknowledge(copy.deepcopy(ack))
-    assert all(CheckpointStorage(str(tmp_path)).exists(p) for p in ack.new_files)
+    coord.complete(0)
+    coord.drain()
+    assert ack.files and all(CheckpointStorage(str(tmp_path)).exists(p) for p in ack.files)
 
 
 def test_a_rejected_attempt_does_not_reuse_its_deleted_files(tmp_path):

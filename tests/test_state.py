@@ -19,6 +19,7 @@ from spate import (
     ValueStateDescriptor,
 )
 from spate.errors import SpateError
+from spate.filemerging.segments import WholeFileWriter
 from spate.fs import CheckpointStorage
 from spate.snapshot.keyed import restore_keyed_snapshot, write_keyed_snapshot
 from spate.state.heap import HeapTable
@@ -152,7 +153,7 @@ def test_ttl_expires_resets_on_update_and_is_dropped_on_snapshot(make_backend, t
     v.update(2)  # update resets expiry
     b.now_ms = 1120
     assert v.value() == 2
-    handle = write_keyed_snapshot(b, CheckpointStorage(str(tmp_path / "c")), "s.kg")
+    handle = write_keyed_snapshot(b, WholeFileWriter(CheckpointStorage(str(tmp_path / "c")), "s", ".kg"))
     restored = make_backend(name="restored")
     restore_keyed_snapshot(restored, CheckpointStorage(str(tmp_path / "c")), handle)
     restored.now_ms = 0  # even at an earlier time, what had expired was not written
@@ -274,7 +275,7 @@ def test_restore_remaps_state_ids_between_snapshots(make_backend, tmp_path):
                 continue
             states["x"].update(("x", k))
             states["y"].update(("y", k))
-        handles.append(write_keyed_snapshot(b, storage, f"s{i}.kg"))
+        handles.append(write_keyed_snapshot(b, WholeFileWriter(storage, "s", ".kg")))
     merged = make_backend(name="merged")
     for h in handles:
         restore_keyed_snapshot(merged, storage, h)
@@ -318,7 +319,7 @@ def test_snapshot_removes_expired_state_from_the_live_table(make_backend, tmp_pa
     mp.put("y", 2)
     b.now_ms = 120
     before = b.table.approx_bytes()
-    write_keyed_snapshot(b, CheckpointStorage(str(tmp_path / "c")), "s.kg")
+    write_keyed_snapshot(b, WholeFileWriter(CheckpointStorage(str(tmp_path / "c")), "s", ".kg"))
     b.table.commit()
     b.now_ms = 0  # read as if nothing had expired: only what the purge kept is still there
     b.set_current_key("a")

@@ -67,13 +67,15 @@ def iter_frames(data: bytes, where: str, base_offset: int = 0) -> Iterator[Frame
 
 
 def read_span_frames(storage: CheckpointStorage, path: str, offsets: dict[int, tuple[int, int]], kind: int,
-                     context: str = "") -> tuple[str, Iterator[Frame]]:
-    """The frames between the first and last of ``offsets`` (key group → (offset, length)) of ``path``,
-    fetched with one ranged read, each verified and of ``kind``. Returns (where, frames)."""
+                     context: str = "", file_offset: int = 0) -> tuple[str, Iterator[Frame]]:
+    """The frames between the first and last of ``offsets`` (key group → (offset, length) within the logical
+    file at ``file_offset`` of ``path``), fetched with one ranged read, each verified and of ``kind``.
+    Frame offsets are relative to the logical file. Returns (where, frames)."""
     first, last = offsets[min(offsets)], offsets[max(offsets)]
     offset, length = first[0], last[0] + last[1] - first[0]
-    data = storage.read_range(path, offset, length, context)
-    where = f"{storage.path(path)}{f' ({context})' if context else ''}"
+    data = storage.read_range(path, file_offset + offset, length, context)
+    segment = f" segment at {file_offset}" if file_offset else ""
+    where = f"{storage.path(path)}{segment}{f' ({context})' if context else ''}"
 
     def frames() -> Iterator[Frame]:
         for fr in iter_frames(data, where, offset):

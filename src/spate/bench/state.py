@@ -12,6 +12,7 @@ from typing import Any
 
 import lmdb
 
+from spate.filemerging.segments import WholeFileWriter
 from spate.fs import CheckpointStorage
 from spate.keygroups import key_groups
 from spate.report import format_table, progress
@@ -81,7 +82,7 @@ def _bench_table(kind: str, keys: list[int], kgs: list[int], workdir: str) -> li
 
     storage = CheckpointStorage(f"{workdir}/ckpt-{kind}")
     started = time.perf_counter()
-    handle = write_keyed_snapshot(b, storage, "snapshot.kg")
+    handle = write_keyed_snapshot(b, WholeFileWriter(storage, "snapshot", ".kg"))
     snap_s = time.perf_counter() - started
     assert handle is not None
     mb = handle.size / 1e6

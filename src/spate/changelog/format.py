@@ -1,5 +1,6 @@
-"""Change files: one file per upload, holding the change sets of one or more logs (subtasks of one worker
-process). One frame per (log, sequence number, key group), so a reader fetches only the key groups it owns."""
+"""Change files: one logical file per upload, holding the change sets of one or more logs (subtasks of one
+worker process). One frame per (log, sequence number, key group), so a reader fetches only the key groups it
+owns."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ from collections.abc import Iterator
 import msgpack
 
 from spate.changelog.changeset import ChangeSet
+from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, FrameKind, frame, read_span_frames
 from spate.snapshot.handles import ChangeSetHandle
 
+Offsets = dict[int, tuple[int, int]]
 
-def encode_change_file(path: str, change_sets: list[tuple[str, int, ChangeSet]],
-                       compress: bool = False) -> tuple[bytes, dict[tuple[str, int], ChangeSetHandle]]:
-    """The bytes of a change file at ``path`` and a handle per (log id, sqn)."""
+
+def encode_change_file(change_sets: list[tuple[str, int, ChangeSet]],
+                       compress: bool = False) -> tuple[bytes, dict[tuple[str, int], Offsets]]:
+    """The bytes of a change file and, per (log id, sqn), the key groups' (offset, length) in it."""
     frames: list[bytes] = []
-    handles: dict[tuple[str, int], ChangeSetHandle] = {}
+    located: dict[tuple[str, int], Offsets] = {}
     pos = 0
     for log_id, sqn, cs in sorted(change_sets, key=lambda x: (x[0], x[1])):
         offsets = {}
@@ -27,14 +31,22 @@ def encode_change_file(path: str, change_sets: list[tuple[str, int, ChangeSet]],
             offsets[kg] = (pos, len(fr))
             pos += len(fr)
         if offsets:
-            handles[(log_id, sqn)] = ChangeSetHandle(path, log_id, sqn, offsets)
-    return b"".join(frames), handles
+            located[(log_id, sqn)] = offsets
+    return b"".join(frames), located
+
+
+def change_set_handles(ref: FileRef, located: dict[tuple[str, int], Offsets]) -> dict[tuple[str, int],
+                                                                                       ChangeSetHandle]:
+    """Handles of the change sets of a change file written to ``ref``."""
+    return {(log_id, sqn): ChangeSetHandle(ref.path, log_id, sqn, offsets, (), ref.offset, ref.length)
+            for (log_id, sqn), offsets in located.items()}
 
 
 def read_change_set(storage: CheckpointStorage, handle: ChangeSetHandle,
                     context: str = "") -> Iterator[tuple[int, list]]:
     """(key group, records) of every key group of ``handle``, checksums verified, one ranged read."""
-    _where, frames = read_span_frames(storage, handle.path, handle.offsets, FrameKind.CHANGE_SET, context)
+    _where, frames = read_span_frames(storage, handle.path, handle.offsets, FrameKind.CHANGE_SET, context,
+                                      handle.file_offset)
     for fr in frames:
         log_id, sqn, kg, records = msgpack.unpackb(fr.payload, raw=False)
         if (log_id, sqn) != (handle.log_id, handle.sqn):

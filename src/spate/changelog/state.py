@@ -20,6 +20,7 @@ from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
 from spate.changelog.writer import ChangelogWriter
 from spate.errors import CheckpointError
+from spate.filemerging.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.fs import CheckpointStorage, random_name
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import expiry_filters, gc_paused, restore_keyed_snapshot, sid_remap, write_key_groups
@@ -27,8 +28,9 @@ from spate.state.keyed import KeyedStateBackend
 from spate.state.table import StateTable
 
 log = logging.getLogger(__name__)
+Relocate = Callable[[Any], Any]
 _materializers = ThreadPoolExecutor(2, thread_name_prefix="spate-materialize")
-_schedulers: dict[tuple[str, UploadConfig], BatchingUploadScheduler] = {}
+_schedulers: dict[tuple[str, UploadConfig, str | None], BatchingUploadScheduler] = {}
 _schedulers_lock = threading.Lock()
 
 
@@ -48,14 +50,25 @@ class ChangelogConfig:
             raise ValueError("materialization_interval_ms must be > 0")
 
 
-def scheduler_for(storage: CheckpointStorage, config: UploadConfig) -> BatchingUploadScheduler:
-    """The upload scheduler of this process for a checkpoint root (shared by its subtasks)."""
+def scheduler_for(storage: CheckpointStorage, config: UploadConfig,
+                  segments: Callable[[int], SegmentWriter] | None = None,
+                  worker_id: str | None = None) -> BatchingUploadScheduler:
+    """The upload scheduler of this process for a checkpoint root (shared by its subtasks); with file merging,
+    one per worker's file-merging manager (``worker_id``), writing change files through ``segments``."""
     with _schedulers_lock:
-        key = (storage.uri, config)
+        key = (storage.uri, config, worker_id)
         scheduler = _schedulers.get(key)
         if scheduler is None:
-            scheduler = _schedulers[key] = BatchingUploadScheduler(storage, config)
+            scheduler = _schedulers[key] = BatchingUploadScheduler(storage, config, segments)
         return scheduler
+
+
+def drop_scheduler(storage: CheckpointStorage, config: UploadConfig, worker_id: str) -> None:
+    """Close the scheduler of a file-merging manager that is closing."""
+    with _schedulers_lock:
+        scheduler = _schedulers.pop((storage.uri, config, worker_id), None)
+    if scheduler is not None:
+        scheduler.close()
 
 
 def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, materialized: list[KeyGroupsHandle],
@@ -80,19 +93,24 @@ class _Materialization:
     sqn: int
     started: float
     future: Future[KeyGroupsHandle | None]
+    out: SegmentWriter
 
 
 class ChangelogKeyedState:
     """The changelog side of a subtask's keyed state: writer, materialized handles, materialization."""
 
     def __init__(self, inner: StateTable, storage: CheckpointStorage, config: ChangelogConfig, index: int,
-                 parallelism: int) -> None:
+                 parallelism: int, scheduler: BatchingUploadScheduler | None = None,
+                 materialized: Callable[[int], SegmentWriter] | None = None) -> None:
         self.config = config
         self.storage = storage
         self.index, self.parallelism = index, parallelism
         self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}",
-                                      scheduler_for(storage, config.upload), config.preemptive_threshold,
+                                      scheduler or scheduler_for(storage, config.upload), config.preemptive_threshold,
                                       config.coalesce)
+        whole = WholeFileWriter(storage, f"shared/subtask-{index}-{parallelism}", ".kg")
+        self._materialized_writer = materialized or (lambda checkpoint_id: whole)
+        self.checkpoint_id = 0  # the checkpoint being taken (or next to be)
         self.table = ChangelogTable(inner, self.writer)
         self.materialized: list[KeyGroupsHandle] = []
         self.restored_changelog: list[ChangeSetHandle] = []
@@ -102,7 +120,7 @@ class ChangelogKeyedState:
         self._failures = 0
         self._next_due_ms: int | None = None
         self.last_materialization: dict[str, Any] = {}
-        self._unreferenced_materialization: str | None = None  # ours, not yet in any checkpoint
+        self._unreferenced_materialization: tuple[FileRef, SegmentWriter] | None = None  # not yet in a checkpoint
 
     def restored(self, materialized: list[KeyGroupsHandle], changelog: list[ChangeSetHandle]) -> None:
         """Record what the state was restored from: it is part of every checkpoint until the next
@@ -110,20 +128,28 @@ class ChangelogKeyedState:
         self.materialized, self.restored_changelog = list(materialized), list(changelog)
 
     # -- checkpoints ------------------------------------------------------------------------------------
+    def begin(self, checkpoint_id: int) -> None:
+        """The batch of checkpoint ``checkpoint_id`` starts: uploads from now on belong to it."""
+        self.checkpoint_id = self.writer.checkpoint_id = checkpoint_id
+
     def snapshot(self, checkpoint_id: int, backend: KeyedStateBackend) -> tuple[list[KeyGroupsHandle],
                                                                                  list[ChangeSetHandle], dict]:
         """Persist the log's tail; returns (materialized handles, change-set handles, statistics)."""
         return self.start_snapshot(checkpoint_id, backend)()
 
-    def start_snapshot(self, checkpoint_id: int, backend: KeyedStateBackend) -> Callable[
-            [], tuple[list[KeyGroupsHandle], list[ChangeSetHandle], dict]]:
+    def start_snapshot(self, checkpoint_id: int, backend: KeyedStateBackend, fix: Relocate | None = None
+                       ) -> Callable[[], tuple[list[KeyGroupsHandle], list[ChangeSetHandle], dict]]:
         """Start persisting the log's tail without waiting; the returned function waits and gives the
-        handles. Subtasks of one process start theirs together, so their uploads share a file."""
+        handles. Subtasks of one process start theirs together, so their uploads share a file. ``fix``
+        replaces handles that must be re-written (file merging) by their copies, once."""
         self._collect_materialization()
         started = time.perf_counter()
         future = self.writer.persist(self.materialized_to)
         span = (self.materialized_to, self.writer.active_sqn)
         states = tuple(m.to_dict() for m in backend.state_metas)
+        if fix is not None:
+            self.materialized = [fix(h) for h in self.materialized]
+            self.restored_changelog = [fix(h) for h in self.restored_changelog]
         materialized, restored = list(self.materialized), list(self.restored_changelog)
         self._unreferenced_materialization = None  # this checkpoint references it: the coordinator owns it
 
@@ -133,6 +159,8 @@ class ChangelogKeyedState:
             except TimeoutError as e:
                 raise CheckpointError(f"changelog of subtask {self.index} not durable after "
                                       f"{self.config.persist_timeout_s} s") from e
+            if fix is not None:
+                handles = self.writer.replace_uploaded([fix(h) for h in handles])
             self._included[checkpoint_id] = span
             stats = self._stats((time.perf_counter() - started) * 1000, handles)
             return materialized, restored + [h.with_states(states) for h in handles], stats
@@ -195,15 +223,15 @@ class ChangelogKeyedState:
         view_cm = table.consistent_view()
         view = view_cm.__enter__()  # taken now, atomically with ``sqn``; read in the background
         metas, filters, kgs = backend.state_metas, expiry_filters(backend), backend.key_groups
-        path = f"shared/subtask-{self.index}-{self.parallelism}/{random_name('.kg')}"
+        out = self._materialized_writer(self.checkpoint_id + 1)  # the next checkpoint references it
 
         def work() -> KeyGroupsHandle | None:
             try:
-                return write_key_groups(view, kgs, metas, filters, self.storage, path)
+                return write_key_groups(view, kgs, metas, filters, out)
             finally:
                 view_cm.__exit__(None, None, None)
 
-        self._running = _Materialization(sqn, time.perf_counter(), _materializers.submit(work))
+        self._running = _Materialization(sqn, time.perf_counter(), _materializers.submit(work), out)
 
     def _collect_materialization(self, wait: bool = False) -> None:
         run = self._running
@@ -223,7 +251,7 @@ class ChangelogKeyedState:
 
     def _apply(self, run: _Materialization, handle: KeyGroupsHandle | None) -> None:
         self._drop_unreferenced_materialization()
-        self._unreferenced_materialization = handle.path if handle else None
+        self._unreferenced_materialization = (handle.segment, run.out) if handle else None
         self._failures = 0
         self.materialized = [handle] if handle is not None else []
         self.materialized_to = run.sqn
@@ -243,7 +271,8 @@ class ChangelogKeyedState:
     def _drop_unreferenced_materialization(self) -> None:
         """A materialized file superseded (or abandoned) before any checkpoint referenced it is garbage."""
         if self._unreferenced_materialization is not None:
-            self.storage.delete(self._unreferenced_materialization)
+            ref, out = self._unreferenced_materialization
+            out.discard(ref)
             self._unreferenced_materialization = None
 
     def wait_for_materialization(self) -> None:

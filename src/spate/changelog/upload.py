@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from spate.changelog.changeset import ChangeSet
-from spate.changelog.format import encode_change_file
-from spate.fs import CheckpointStorage, random_name
+from spate.changelog.format import change_set_handles, encode_change_file
+from spate.filemerging.segments import FileRef, SegmentWriter, WholeFileWriter
+from spate.fs import CheckpointStorage
 from spate.snapshot.handles import ChangeSetHandle
 
 log = logging.getLogger(__name__)
@@ -123,12 +124,14 @@ class Execution(Generic[T]):
 
 @dataclass
 class UploadTask:
-    """Change sets of one log to upload; ``on_done`` gets their handles, ``on_fail`` the error."""
+    """Change sets of one log to upload for checkpoint ``checkpoint_id``; ``on_done`` gets their handles,
+    ``on_fail`` the error."""
 
     log_id: str
     change_sets: dict[int, ChangeSet]
     on_done: Callable[[dict[int, ChangeSetHandle], UploadStats], None]
     on_fail: Callable[[BaseException], None]
+    checkpoint_id: int = 0
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -148,47 +151,51 @@ class UploadStats:
 
 
 class ChangelogFileRegistry:
-    """Per process: a change file is deleted once every change set in it was released by its writer,
+    """Per process: a change file is discarded once every change set in it was released by its writer,
     unless a completed checkpoint took it over (then the coordinator's registry owns it)."""
 
-    def __init__(self, storage: CheckpointStorage) -> None:
-        self._storage = storage
-        self._refs: dict[str, int] = {}
+    def __init__(self) -> None:
+        self._refs: dict[FileRef, tuple[int, SegmentWriter]] = {}
         self._lock = threading.Lock()
 
-    def track(self, path: str, change_sets: int) -> None:
+    def track(self, ref: FileRef, change_sets: int, writer: SegmentWriter) -> None:
         with self._lock:
-            self._refs[path] = change_sets
+            self._refs[ref] = (change_sets, writer)
 
-    def release(self, path: str) -> None:
+    def release(self, ref: FileRef) -> None:
         with self._lock:
-            if path not in self._refs:
+            if ref not in self._refs:
                 return
-            self._refs[path] -= 1
-            if self._refs[path] > 0:
+            count, writer = self._refs[ref]
+            if count > 1:
+                self._refs[ref] = (count - 1, writer)
                 return
-            del self._refs[path]
-        self._storage.delete(path)
+            del self._refs[ref]
+        writer.discard(ref)
 
-    def stop_tracking(self, path: str) -> None:
+    def stop_tracking(self, ref: FileRef) -> None:
         with self._lock:
-            self._refs.pop(path, None)
+            self._refs.pop(ref, None)
 
-    def tracked(self) -> dict[str, int]:
+    def tracked(self) -> dict[FileRef, int]:
         with self._lock:
-            return dict(self._refs)
+            return {ref: count for ref, (count, _) in self._refs.items()}
 
 
 class BatchingUploadScheduler:
     """Collects upload tasks for ``persist_delay_s`` (or until ``persist_size_threshold`` bytes) and writes
-    them as one change file; blocks ``upload`` while more than ``max_in_flight`` bytes are in flight."""
+    them as one change file; blocks ``upload`` while more than ``max_in_flight`` bytes are in flight.
+
+    ``segments(checkpoint_id)`` gives the writer of change files for a checkpoint (default: whole files in
+    ``shared/changelog``)."""
 
     def __init__(self, storage: CheckpointStorage, config: UploadConfig | None = None,
-                 directory: str = "shared/changelog") -> None:
+                 segments: Callable[[int], SegmentWriter] | None = None) -> None:
         self.storage = storage
         self.config = config or UploadConfig()
-        self.directory = directory
-        self.registry = ChangelogFileRegistry(storage)
+        whole = WholeFileWriter(storage, "shared/changelog", ".chg")
+        self.segments = segments or (lambda checkpoint_id: whole)
+        self.registry = ChangelogFileRegistry()
         self._pool = ThreadPoolExecutor(self.config.num_threads, thread_name_prefix="spate-upload")
         self._retry = RetryingExecutor(self._pool, self.config.max_attempts, self.config.timeout_s,
                                        self.config.next_attempt_delay_s)
@@ -198,7 +205,8 @@ class BatchingUploadScheduler:
         self._in_flight = 0
         self._timer: threading.Timer | None = None
         self.uploads: list[UploadStats] = []
-        self.write_file: Callable[[str, bytes], None] = storage.write  # fault-injection point for tests
+        # fault-injection point for tests
+        self.write_segment: Callable[[SegmentWriter, bytes], FileRef] = lambda out, data: out.write(data)
 
     def upload(self, task: UploadTask) -> None:
         """Queue ``task``; blocks while too many bytes are in flight. Callers must not hold locks that upload
@@ -235,20 +243,19 @@ class BatchingUploadScheduler:
         if not tasks:
             return
         started = time.perf_counter()
-        execution = self._retry.execute(lambda n: self._write(tasks), self._discard)
-        execution.result.add_done_callback(lambda f: self._completed(tasks, execution, started))
+        out = self.segments(max(t.checkpoint_id for t in tasks))
+        data, located = encode_change_file([(t.log_id, sqn, cs) for t in tasks for sqn, cs in t.change_sets.items()],
+                                           self.config.compress)
+        # every attempt writes a new logical file: hedged attempts never collide, losers are discarded
+        execution = self._retry.execute(lambda n: (self.write_segment(out, data), out), self._discard)
+        execution.result.add_done_callback(lambda f: self._completed(tasks, located, execution, started))
 
-    def _write(self, tasks: list[UploadTask]) -> tuple[str, dict[tuple[str, int], ChangeSetHandle], int]:
-        path = f"{self.directory}/{random_name('.chg')}"  # attempt-unique: hedged attempts never collide
-        data, handles = encode_change_file(
-            path, [(t.log_id, sqn, cs) for t in tasks for sqn, cs in t.change_sets.items()], self.config.compress)
-        self.write_file(path, data)
-        return path, handles, len(data)
+    @staticmethod
+    def _discard(result: tuple[FileRef, SegmentWriter]) -> None:
+        result[1].discard(result[0])
 
-    def _discard(self, result: tuple[str, Any, int]) -> None:
-        self.storage.delete(result[0])
-
-    def _completed(self, tasks: list[UploadTask], execution: Execution, started: float) -> None:
+    def _completed(self, tasks: list[UploadTask], located: dict[tuple[str, int], Any], execution: Execution,
+                   started: float) -> None:
         with self._cond:
             self._in_flight -= sum(t.size for t in tasks)
             self._cond.notify_all()
@@ -259,10 +266,13 @@ class BatchingUploadScheduler:
             for t in tasks:
                 t.on_fail(exc)
             return
-        path, handles, size = f.result()
-        self.registry.track(path, len(handles))
+        ref, out = f.result()
+        handles = change_set_handles(ref, located)
+        self.registry.track(ref, len(handles), out)
+        path = ref.path
         latency = round((time.perf_counter() - started) * 1000, 3)
-        self.uploads.append(UploadStats(path, size, latency, execution.attempts, len(execution.errors), len(tasks)))
+        self.uploads.append(UploadStats(path, ref.length, latency, execution.attempts, len(execution.errors),
+                                        len(tasks)))
         for t in tasks:
             mine = {sqn: handles[(t.log_id, sqn)] for sqn in t.change_sets if (t.log_id, sqn) in handles}
             # each task's share of the file, so statistics summed over subtasks add up to the file

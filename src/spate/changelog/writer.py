@@ -53,6 +53,7 @@ class ChangelogWriter:
         self._lock = threading.RLock()
         self.stats = WriterStats()
         self.closed = False
+        self.checkpoint_id = 0  # the checkpoint uploads belong to (picks the file pool with file merging)
 
     # -- appending --------------------------------------------------------------------------------------
     def after_append(self) -> None:
@@ -111,7 +112,8 @@ class ChangelogWriter:
         for sqn in batch:
             del self._not_uploaded[sqn]
             self._in_flight.add(sqn)
-        task = UploadTask(self.log_id, batch, self._uploaded_cb, functools.partial(self._failed_cb, tuple(batch)))
+        task = UploadTask(self.log_id, batch, self._uploaded_cb, functools.partial(self._failed_cb, tuple(batch)),
+                          self.checkpoint_id)
         if preemptive:
             self.stats.persisted_preemptively += task.size
         else:
@@ -125,12 +127,12 @@ class ChangelogWriter:
             for sqn, handle in handles.items():
                 self._in_flight.discard(sqn)
                 if sqn < self.lowest or self.closed:
-                    release.append(handle.path)  # truncated or closed meanwhile: nobody will reference it
+                    release.append(handle.segment)  # truncated or closed meanwhile: nobody will reference it
                 else:
                     self._uploaded[sqn] = handle
             self._check_waiters()
-        for path in release:
-            self.scheduler.registry.release(path)
+        for ref in release:
+            self.scheduler.registry.release(ref)
 
     def _failed_cb(self, sqns: tuple[int, ...], error: BaseException) -> None:
         with self._lock:
@@ -161,7 +163,22 @@ class ChangelogWriter:
                 handle = self._uploaded.get(sqn)
                 if handle is not None and sqn not in self._confirmed:
                     self._confirmed.add(sqn)
-                    self.scheduler.registry.stop_tracking(handle.path)
+                    self.scheduler.registry.stop_tracking(handle.segment)
+
+    def replace_uploaded(self, handles: list[ChangeSetHandle]) -> list[ChangeSetHandle]:
+        """Use ``handles`` (re-written copies) instead of the uploaded change sets of the same sequence numbers
+        from now on; the originals stay as long as a completed checkpoint references them."""
+        stop = []
+        with self._lock:
+            for h in handles:
+                old = self._uploaded.get(h.sqn)
+                if old is not None and old is not h:
+                    if h.sqn not in self._confirmed:
+                        stop.append(old.segment)
+                    self._uploaded[h.sqn] = h
+        for ref in stop:
+            self.scheduler.registry.stop_tracking(ref)
+        return handles
 
     def truncate(self, to_sqn: int) -> None:
         """Forget change sets before ``to_sqn`` (materialized and no longer needed by new checkpoints)."""
@@ -172,23 +189,23 @@ class ChangelogWriter:
             self.lowest = max(self.lowest, to_sqn)
             for sqn in [s for s in self._not_uploaded if s < to_sqn]:
                 del self._not_uploaded[sqn]
-            release = [self._uploaded.pop(s).path for s in sorted(self._uploaded) if s < to_sqn
+            release = [self._uploaded.pop(s).segment for s in sorted(self._uploaded) if s < to_sqn
                        and s not in self._confirmed]
             for s in [s for s in self._uploaded if s < to_sqn]:
                 del self._uploaded[s]
             self._confirmed = {s for s in self._confirmed if s >= to_sqn}
-        for path in release:
-            self.scheduler.registry.release(path)
+        for ref in release:
+            self.scheduler.registry.release(ref)
 
     def close(self) -> None:
         """Release every file no completed checkpoint took over (it would be an orphan)."""
         with self._lock:
             self.closed = True
-            release = [h.path for s, h in self._uploaded.items() if s not in self._confirmed]
+            release = [h.segment for s, h in self._uploaded.items() if s not in self._confirmed]
             self._uploaded.clear()
             self._not_uploaded.clear()
-        for path in release:
-            self.scheduler.registry.release(path)
+        for ref in release:
+            self.scheduler.registry.release(ref)
 
     def take_stats(self) -> WriterStats:
         with self._lock:

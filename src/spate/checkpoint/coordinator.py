@@ -6,13 +6,15 @@ checkpoint (which would hide corruption); deleting that ``chk-<n>`` directory is
 
 ``start`` fences older drivers, finds the latest complete checkpoint and removes orphan files; ``begin``
 plans a checkpoint for every subtask; ``acknowledge`` accepts exactly one ack per subtask; ``complete``
-writes the metadata atomically (the checkpoint is complete iff it exists and verifies), registers shared
-files, subsumes checkpoints beyond the retention and deletes what no retained checkpoint references.
+writes the metadata atomically (the checkpoint is complete iff it exists and verifies), registers the logical
+files it references, subsumes checkpoints beyond the retention and deletes every physical file that is closed
+and holds nothing a retained checkpoint references (the file registry, shared with file merging).
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
 import re
 import threading
 import time
@@ -34,9 +36,10 @@ from spate.checkpoint.metadata import (
     staged_dir,
 )
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
-from spate.checkpoint.registry import SharedStateRegistry
 from spate.checkpoint.savepoint import write_savepoint
 from spate.errors import CheckpointError, FencedError, IncompatibleStateError
+from spate.filemerging.manager import subtask_dir, worker_dir
+from spate.filemerging.registry import FileRegistry
 from spate.fs import CheckpointStorage, FrameKind, frame, join_uri
 from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
 
@@ -51,6 +54,7 @@ class _Pending:
     parallelism: int
     processing_time_ms: int
     acks: dict[int, SubtaskAck]
+    reported: set[str]  # physical files any ack of this checkpoint (accepted or not) reported
 
 
 def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
@@ -64,7 +68,7 @@ class Coordinator:
 
     def __init__(self, root: str | CheckpointStorage, parallelism: int, *, max_parallelism: int | None = None,
                  retained: int = DEFAULT_RETAINED, restore_from: str | None = None,
-                 watermark_delay_ms: int | None = None) -> None:
+                 watermark_delay_ms: int | None = None, max_space_amplification: float = 2.0) -> None:
         self.storage = root if isinstance(root, CheckpointStorage) else CheckpointStorage(root)
         if parallelism < 1:
             raise ValueError(f"parallelism must be >= 1, got {parallelism}")
@@ -82,7 +86,8 @@ class Coordinator:
         self.base: CheckpointMetadata | None = None
         self._base_storage: CheckpointStorage | None = None
         self._pending: _Pending | None = None
-        self.registry = SharedStateRegistry(self._discard)
+        self.registry = FileRegistry(self._discard, max_space_amplification)
+        self.live_workers: set[str] = set()
         self.files_deleted = 0
         self._count_lock = threading.Lock()
         self._discarder = ThreadPoolExecutor(1, thread_name_prefix="spate-discard")
@@ -101,7 +106,8 @@ class Coordinator:
             self._drop_checkpoint(n)
         for meta in self.completed:
             self._register(meta)
-        self.remove_orphans()
+        for rel, size in self.remove_orphans():
+            self.registry.track(rel, size)
         self.base = self.completed[-1] if self.completed else savepoint
         self._base_storage = self.storage if self.completed or savepoint is None else \
             CheckpointStorage(self.restore_from)  # type: ignore[arg-type]
@@ -142,19 +148,22 @@ class Coordinator:
         return info
 
     def _register(self, meta: CheckpointMetadata) -> None:
-        for path in meta.shared_files():
-            self.registry.register(path, path, meta.checkpoint_id)
+        for ref in meta.segments():
+            self.registry.register(ref, meta.checkpoint_id)
 
-    def remove_orphans(self) -> list[str]:
+    def remove_orphans(self) -> list[tuple[str, int]]:
         """Delete every file under the root that no retained complete checkpoint references (leftovers of
-        failed attempts and crashes). Savepoints and the query file are kept."""
-        keep = {QUERY_FILE} | {metadata_path(m.checkpoint_id) for m in self.completed}
-        keep |= {delivered_path(m.checkpoint_id) for m in self.completed}
-        for meta in self.completed:
-            keep.update(meta.files())
-        removed = []
-        for rel, _size in self.storage.list_files():
-            if rel in keep or rel.startswith("savepoints/"):
+        failed attempts and crashes, half-written physical files), and directories left empty. Savepoints and
+        the query file are kept. Returns the referenced state files that remain, with their sizes."""
+        markers = {QUERY_FILE} | {metadata_path(m.checkpoint_id) for m in self.completed}
+        markers |= {delivered_path(m.checkpoint_id) for m in self.completed}
+        referenced = {path for meta in self.completed for path in meta.files()}
+        removed, kept = [], []
+        for rel, size in self.storage.list_files():
+            if rel in markers or rel.startswith("savepoints/"):
+                continue
+            if rel in referenced:
+                kept.append((rel, size))
                 continue
             self.storage.delete(rel)
             removed.append(rel)
@@ -166,10 +175,29 @@ class Coordinator:
         for name in self.storage.list_dirs("staged"):
             if name not in retained_ids:
                 self.storage.delete_dir(f"staged/{name}")
+        in_use = {posixpath.dirname(rel) for rel, _ in kept}
+        self._remove_dead_dirs([f"{top}/{name}" for top in ("shared", "taskowned")
+                                for name in self.storage.list_dirs(top)], in_use)
         if removed:
             log.info("removed %d orphan files under %s", len(removed), self.storage.uri)
         self.files_deleted += len(removed)
-        return removed
+        return kept
+
+    def _live_dirs(self) -> set[str]:
+        """Directories a running worker may write to: this parallelism's subtask directories, the change-file
+        directory without merging, and the private directories of the workers of the latest checkpoint."""
+        live = {subtask_dir(i, self.parallelism) for i in range(self.parallelism)} | {"shared/changelog"}
+        return live | {worker_dir(w) for w in self.live_workers}
+
+    def _remove_dead_dirs(self, candidates: list[str], in_use: set[str]) -> None:
+        """Delete directories no worker writes to any more and holding no file in use (an earlier
+        parallelism's subtask directories, finished workers' directories). Object stores have no directories."""
+        if not self.storage.is_local:
+            return
+        live = self._live_dirs()
+        for d in dict.fromkeys(candidates):
+            if d not in live and d not in in_use and not any(u.startswith(d + "/") for u in in_use):
+                self.storage.delete_dir(d)
 
     # -- one checkpoint -------------------------------------------------------------------------------
     @property
@@ -203,7 +231,8 @@ class Coordinator:
             keyed = assign_keyed_state([s.keyed for s in base.subtasks], base.max_parallelism, p)
             changelog = assign_keyed_state([s.changelog for s in base.subtasks], base.max_parallelism, p)
             operator = assign_operator_state([s.operator for s in base.subtasks], p)
-        self._pending = _Pending(checkpoint_id, p, now, {})
+        self._pending = _Pending(checkpoint_id, p, now, {}, set())
+        open_files, non_reusable = self.registry.open_files, self.registry.non_reusable
         return [SubtaskPlan(
             checkpoint_id=checkpoint_id, index=i, parallelism=p, max_parallelism=self.max_parallelism,
             query_id=self.query.query_id, epoch=self.query.epoch, checkpoint_uri=self.storage.uri,
@@ -211,19 +240,27 @@ class Coordinator:
             base_uri=self._base_storage.uri if base and self._base_storage else None,
             base_is_savepoint=bool(base and base.is_savepoint), keyed=keyed[i], changelog=changelog[i],
             operator=operator[i],
-            processing_time_ms=now, watermark_ms=base.watermark_ms if base else None) for i in range(p)]
+            processing_time_ms=now, watermark_ms=base.watermark_ms if base else None, open_files=open_files,
+            non_reusable=non_reusable) for i in range(p)]
 
     def acknowledge(self, ack: SubtaskAck) -> bool:
-        """Accept the first ack of each subtask for the pending checkpoint; discard any other (its files
-        are deleted, so a retried or speculative attempt can never leave two versions of a subtask)."""
+        """Accept the first ack of each subtask for the pending checkpoint; refuse any other. The files a
+        refused attempt wrote are deleted once nothing references them, so a retried or speculative attempt
+        can never leave two versions of a subtask."""
         pending = self._pending
         valid = (pending is not None and ack.checkpoint_id == pending.checkpoint_id
                  and self.query is not None and ack.epoch == self.query.epoch
                  and 0 <= ack.index < pending.parallelism and ack.index not in pending.acks)
+        for path, (size, _open) in ack.files.items():
+            self.registry.track(path, size)
         if not valid:
-            self._discard_unreferenced(ack.new_files)
+            if pending is not None:
+                pending.reported.update(ack.files)
+            else:
+                self._sweep(list(ack.files))
             return False
         pending.acks[ack.index] = ack  # type: ignore[union-attr]
+        pending.reported.update(ack.files)  # type: ignore[union-attr]
         return True
 
     def complete(self, checkpoint_id: int) -> CheckpointMetadata:
@@ -245,7 +282,13 @@ class Coordinator:
         self.completed.append(meta)
         self.base, self._base_storage = meta, self.storage
         self._register(meta)
-        self._subsume()
+        acks = pending.acks.values()
+        self.live_workers = {a.worker for a in acks if a.worker}
+        deleted = self.registry.set_open({p for a in acks for p, (_size, is_open) in a.files.items() if is_open})
+        deleted += self._subsume()
+        deleted += self.registry.sweep(pending.reported)
+        self.registry.control_space()
+        self._remove_dead_dirs([posixpath.dirname(p) for p in deleted], self.registry.directories())
         return meta
 
     def _build_metadata(self, pending: _Pending) -> CheckpointMetadata:
@@ -272,20 +315,23 @@ class Coordinator:
                               f"{theirs}, this driver has {self.query.epoch}); stop this query, only one "
                               "driver may run per checkpoint root")
 
-    def _subsume(self) -> None:
+    def _subsume(self) -> list[str]:
         while len(self.completed) > self.retained:
             self._drop_checkpoint(self.completed.pop(0).checkpoint_id)
-        self.registry.unregister_unused(self.completed[0].checkpoint_id)
+        return self.registry.unregister_unused(self.completed[0].checkpoint_id)
 
     def _drop_checkpoint(self, checkpoint_id: int) -> None:
         """Delete a subsumed checkpoint: its metadata first (from then on it is not complete, whatever happens
-        next), then its own directories (operator state, staged outputs). Shared files go by the registry."""
+        next), then its own directories. The state files it referenced go by the registry, before or after."""
         deleted = int(self.storage.delete(metadata_path(checkpoint_id)))
-        for directory in (checkpoint_dir(checkpoint_id), staged_dir(checkpoint_id)):
-            deleted += len(self.storage.list_files(directory))
-            self.storage.delete_dir(directory)
+        deleted += int(self.storage.delete(delivered_path(checkpoint_id)))
         with self._count_lock:
             self.files_deleted += deleted
+        self._discards.append(self._discarder.submit(self._delete_dirs, checkpoint_id))
+
+    def _delete_dirs(self, checkpoint_id: int) -> None:
+        for directory in (checkpoint_dir(checkpoint_id), staged_dir(checkpoint_id)):
+            self.storage.delete_dir(directory)
 
     # -- sink delivery --------------------------------------------------------------------------------
     def undelivered(self) -> list[CheckpointMetadata]:
@@ -314,28 +360,22 @@ class Coordinator:
         self._pending = None
         if self.storage.exists(metadata_path(checkpoint_id)):
             return  # the metadata write went through (e.g. it timed out after the PUT): keep every file
-        for ack in pending.acks.values():
-            self._discard_unreferenced(ack.new_files)
+        self._sweep(list(pending.reported))
 
-    def _discard_unreferenced(self, paths: list[str]) -> None:
-        """Delete files of a rejected or aborted attempt, except any that an accepted ack or a retained
-        checkpoint references (a re-sent ack carries the same files as the accepted one)."""
-        keep = {f for m in self.completed for f in m.files()}
-        if self._pending is not None:
-            keep |= {f for a in self._pending.acks.values() for f in a.new_files}
-        for rel in paths:
-            if rel not in keep:
-                self._discard(rel)
+    def _sweep(self, paths: list[str]) -> None:
+        """Delete those of ``paths`` that nothing references and no worker appends to."""
+        deleted = self.registry.sweep(paths)
+        self._remove_dead_dirs([posixpath.dirname(p) for p in deleted], self.registry.directories())
 
     def _discard(self, rel: str) -> None:
-        """Delete a file no retained checkpoint needs, in the background: deleting big files must not hold
-        up the checkpoint that subsumed them (a crash before it happens leaves an orphan for cleanup)."""
+        """Delete a physical file no retained checkpoint needs, in the background: deleting big files must not
+        hold up the checkpoint that subsumed them (a crash before it happens leaves an orphan for cleanup)."""
+        with self._count_lock:
+            self.files_deleted += 1
         self._discards.append(self._discarder.submit(self._delete, rel))
 
     def _delete(self, rel: str) -> None:
-        if self.storage.delete(rel):
-            with self._count_lock:
-                self.files_deleted += 1
+        self.storage.delete(rel)
 
     def drain(self) -> None:
         """Wait until every discarded file is deleted."""

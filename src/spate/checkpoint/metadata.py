@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spate.errors import CorruptFileError
+from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle
 from spate.snapshot.outputs import OutputsHandle
 
-METADATA_FORMAT_VERSION = 1
+METADATA_FORMAT_VERSION = 2  # 2: handles may be segments of merged files (``file_offset``, ``file_size``)
 QUERY_FILE = "_query"
 METADATA_FILE = "_metadata"
 DELIVERED_FILE = "_delivered"
@@ -74,28 +75,28 @@ class CheckpointMetadata:
     is_savepoint: bool = False
     format_version: int = METADATA_FORMAT_VERSION
 
-    def files(self) -> dict[str, int]:
-        """Every file this checkpoint references, with its size."""
-        out: dict[str, int] = {}
+    def segments(self) -> list[FileRef]:
+        """Every logical file this checkpoint references (once each)."""
+        refs: dict[tuple[str, int], FileRef] = {}
         for st in self.subtasks:
-            for h in st.keyed:
-                out[h.path] = h.size
-            for c in st.changelog:  # size: the end of the last frame any handle uses
-                out[c.path] = max(out.get(c.path, 0), max(o + n for o, n in c.offsets.values()))
-            if st.operator:
-                out[st.operator.path] = st.operator.size
-            if st.outputs:
-                out[st.outputs.path] = st.outputs.size
-        return out
+            for h in (*st.keyed, *st.changelog, *(x for x in (st.operator, st.outputs) if x is not None)):
+                ref = h.segment
+                known = refs.get(ref.key)
+                if known is None or known.length < ref.length:
+                    refs[ref.key] = ref
+        return list(refs.values())
 
-    def shared_files(self) -> list[str]:
-        """Files that may be referenced by several checkpoints (keyed snapshots and change files)."""
-        return sorted({h.path for st in self.subtasks for h in st.keyed}
-                      | {c.path for st in self.subtasks for c in st.changelog})
+    def files(self) -> dict[str, int]:
+        """Every physical file this checkpoint references, with the end of the last byte it uses."""
+        out: dict[str, int] = {}
+        for ref in self.segments():
+            out[ref.path] = max(out.get(ref.path, 0), ref.end)
+        return out
 
     @property
     def state_bytes(self) -> int:
-        return sum(self.files().values())
+        """Bytes of every logical file referenced."""
+        return sum(ref.length for ref in self.segments())
 
     def to_dict(self) -> dict[str, Any]:
         return {"format_version": self.format_version, "checkpoint_id": self.checkpoint_id,

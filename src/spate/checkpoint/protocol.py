@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from spate.filemerging.segments import FileRef
 from spate.keygroups import key_group_range
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
 from spate.snapshot.outputs import OutputsHandle
@@ -20,6 +21,8 @@ class SubtaskPlan:
 
     ``base_checkpoint_id`` is the checkpoint its state must reflect before processing: local state tagged
     with it is reused; otherwise the subtask restores ``keyed`` and ``operator`` from ``base_uri``.
+    With file merging, ``open_files`` are the physical files workers may keep appending to, and
+    ``non_reusable`` those whose live segments new checkpoints must re-write instead of referencing.
     """
 
     checkpoint_id: int
@@ -37,6 +40,8 @@ class SubtaskPlan:
     operator: list[OperatorStatePiece] = field(default_factory=list)
     processing_time_ms: int = 0
     watermark_ms: int | None = None
+    open_files: list[str] = field(default_factory=list)
+    non_reusable: list[str] = field(default_factory=list)
 
     @property
     def key_groups(self) -> range:
@@ -60,7 +65,8 @@ class SubtaskPlan:
 
 @dataclass
 class SubtaskAck:
-    """A subtask's part of checkpoint ``checkpoint_id``: its state handles and what it wrote."""
+    """A subtask's part of checkpoint ``checkpoint_id``: its state handles, and the physical files its worker
+    wrote (``files``: path → [size, still open]; ``worker``: the worker's id with file merging)."""
 
     checkpoint_id: int
     index: int
@@ -69,9 +75,17 @@ class SubtaskAck:
     changelog: list[ChangeSetHandle] = field(default_factory=list)
     operator: OperatorStateHandle | None = None
     outputs: OutputsHandle | None = None
-    new_files: list[str] = field(default_factory=list)
+    files: dict[str, list] = field(default_factory=dict)
     max_event_time_ms: int | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    worker: str | None = None
+
+    def segments(self) -> list[FileRef]:
+        """Every logical file this ack references."""
+        refs: list[FileRef] = [h.segment for h in self.keyed]
+        refs += [h.segment for h in self.changelog]
+        refs += [h.segment for h in (self.operator, self.outputs) if h is not None]
+        return refs
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

@@ -15,9 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spate.changelog.state import ChangelogConfig
+from spate.changelog.state import ChangelogConfig, drop_scheduler
 from spate.checkpoint.coordinator import DEFAULT_RETAINED, Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
+from spate.filemerging.config import FileMergingConfig, resolve_file_merging
+from spate.filemerging.manager import close_manager, manager_for
 from spate.keygroups import compile_key_hasher
 from spate.runtime.processor import Processor, Row
 from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, processor_factory
@@ -73,6 +75,9 @@ class LocalRunner:
         output_serializer: how staged outputs are stored ("msgpack" or, opted in, "pickle").
         changelog: log every state change (FLIP-158) so a checkpoint only uploads what changed since the
             last one; ``True`` for the defaults or a :class:`ChangelogConfig`. May change on any restart.
+        file_merging: write checkpoint files as segments of few physical files (FLIP-306): ``"within"`` (or
+            ``True``) merges the files of one checkpoint, ``"across"`` also later checkpoints', or a
+            :class:`FileMergingConfig`. May change on any restart.
         clock: processing time in ms (defaults to wall-clock time).
         fault_injector: test hook called at each protocol step (``"after_acks"``, ...); may raise.
     """
@@ -83,6 +88,7 @@ class LocalRunner:
                  event_time_column: str | None = None, watermark_delay_ms: int = 0,
                  retained: int = DEFAULT_RETAINED, restore_from: str | None = None, allow_pickle: bool = False,
                  compress: bool = False, changelog: bool | ChangelogConfig = False,
+                 file_merging: bool | str | FileMergingConfig = False,
                  sink: Sink | None = None, output_serializer: str = "msgpack",
                  clock: Callable[[], int] | None = None,
                  fault_injector: FaultInjector | None = None) -> None:
@@ -92,9 +98,11 @@ class LocalRunner:
         self._sink = sink
         self._clock = clock or (lambda: int(time.time() * 1000))
         self._fault = fault_injector or (lambda step, batch_id: None)
+        merging = resolve_file_merging(file_merging)
         self.coordinator = Coordinator(checkpoint_root, parallelism, max_parallelism=max_parallelism,
                                        retained=retained, restore_from=restore_from,
-                                       watermark_delay_ms=watermark_delay_ms if event_time_column else None)
+                                       watermark_delay_ms=watermark_delay_ms if event_time_column else None,
+                                       max_space_amplification=merging.max_space_amplification if merging else 0)
         self.coordinator.start()
         self._temp_local_dir = None
         if table == "lmdb" and local_dir is None:
@@ -102,7 +110,8 @@ class LocalRunner:
         self.config = SubtaskConfig(table=table, local_dir=local_dir, allow_pickle=allow_pickle, compress=compress,
                                     key_types=key_types, event_time_column=event_time_column,
                                     stage_outputs=sink is not None, output_serializer=output_serializer,
-                                    changelog=ChangelogConfig() if changelog is True else (changelog or None))
+                                    changelog=ChangelogConfig() if changelog is True else (changelog or None),
+                                    file_merging=merging)
         self.parallelism = parallelism
         self.subtasks = [Subtask(i, parallelism, self._factory, self.config) for i in range(parallelism)]
         self._remove_other_parallelism_local_state()
@@ -185,6 +194,8 @@ class LocalRunner:
         # are durable, and the commit
         checkpoint_ms = (time.perf_counter() - cp_started) * 1000 + waited_ms + sum(
             st.stats.get("snapshot_start_ms", 0.0) for st in meta.subtasks)
+        if self.config.file_merging is not None:
+            manager_for(coord.storage, self.config.file_merging).checkpoint_completed(batch_id)
         self._fault("after_complete", batch_id)
         if self._sink is not None:
             self._sink(outputs, batch_id)
@@ -203,6 +214,11 @@ class LocalRunner:
         to reuse; a temporary one is deleted."""
         for s in self.subtasks:
             s.close()
+        merging, changelog = self.config.file_merging, self.config.changelog
+        if merging is not None:
+            manager = close_manager(self.coordinator.storage.uri, merging)
+            if manager is not None and changelog is not None:
+                drop_scheduler(self.coordinator.storage, changelog.upload, manager.worker_id)
         self.coordinator.close()
         if self._temp_local_dir is not None:
             shutil.rmtree(self._temp_local_dir, ignore_errors=True)

@@ -9,6 +9,7 @@ by the FLIP-8 pieces the coordinator assigned).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import shutil
 import time
@@ -16,15 +17,20 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_keyed_state
-from spate.checkpoint.metadata import staged_dir
+from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_keyed_state, scheduler_for
+from spate.checkpoint.metadata import checkpoint_dir, staged_dir
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
-from spate.fs import random_name, storage_for
+from spate.filemerging.config import FileMergingConfig
+from spate.filemerging.manager import FileMergingManager, manager_for, subtask_dir
+from spate.filemerging.segments import FileRef, SegmentWriter, WholeFileWriter
+from spate.fs import storage_for
 from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
 from spate.serde import resolve_serializer
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import write_keyed_snapshot
 from spate.snapshot.operator import read_operator_piece, write_operator_snapshot
 from spate.snapshot.outputs import write_outputs
+from spate.snapshot.relocate import H, relocate
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_table import LmdbTable
@@ -51,6 +57,7 @@ class SubtaskConfig:
     stage_outputs: bool = False
     output_serializer: str = "msgpack"
     changelog: ChangelogConfig | None = None
+    file_merging: FileMergingConfig | None = None
 
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:
@@ -113,8 +120,16 @@ class Subtask:
             raise ValueError(f"plan for subtask {plan.index}/{plan.parallelism} given to subtask "
                              f"{self.index}/{self.parallelism}")
 
+    def _merging(self, plan: SubtaskPlan) -> FileMergingManager | None:
+        cfg = self.config.file_merging
+        return manager_for(storage_for(plan.checkpoint_uri), cfg) if cfg is not None else None
+
     def _prepare(self, plan: SubtaskPlan) -> None:
         base = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
+        manager = self._merging(plan)
+        if manager is not None:
+            same_root = plan.base_uri == plan.checkpoint_uri and not plan.base_is_savepoint
+            manager.begin(plan.checkpoint_id, plan.base_checkpoint_id if same_root else None, plan.open_files)
         if self.keyed is None and self.config.table == "lmdb":
             self._open_local_lmdb(plan)
         if self.keyed is None or self._tag != base or plan.base_is_savepoint:
@@ -122,6 +137,8 @@ class Subtask:
         elif self.clog is not None and plan.base_checkpoint_id is not None:
             self.clog.checkpoint_completed(plan.base_checkpoint_id)
         assert self.keyed is not None
+        if self.clog is not None:
+            self.clog.begin(plan.checkpoint_id)
         self._mark_dirty()
 
     def _open_local_lmdb(self, plan: SubtaskPlan) -> None:
@@ -166,10 +183,15 @@ class Subtask:
 
     def _with_changelog(self, plan: SubtaskPlan, table: StateTable) -> StateTable:
         """With the changelog on, wrap ``table`` so every change is also logged."""
-        if self.config.changelog is None:
+        cfg = self.config.changelog
+        if cfg is None:
             return table
-        self.clog = ChangelogKeyedState(table, storage_for(plan.checkpoint_uri), self.config.changelog,
-                                        self.index, self.parallelism)
+        storage, manager = storage_for(plan.checkpoint_uri), self._merging(plan)
+        scheduler = materialized = None
+        if manager is not None:
+            scheduler = scheduler_for(storage, cfg.upload, manager.worker_writer, manager.worker_id)
+            materialized = functools.partial(manager.shared_writer, self.index, self.parallelism)
+        self.clog = ChangelogKeyedState(table, storage, cfg, self.index, self.parallelism, scheduler, materialized)
         return self.clog.table
 
     def _restore(self, plan: SubtaskPlan) -> None:
@@ -252,41 +274,55 @@ class Subtask:
         keyed, operator = self.keyed, self.operator
         assert keyed is not None and operator is not None
         started = time.perf_counter()
-        storage = storage_for(plan.checkpoint_uri)
-        new_files: list[str] = []
+        manager = self._merging(plan)
+        keyed_out, op_out, staged_out = self._writers(plan, manager)
+        new_files: list[FileRef] = []
+        fix = self._relocator(plan, manager, keyed_out)
         # reuse only what the coordinator recorded for this subtask in the base checkpoint: an attempt whose
         # ack was rejected must not reuse its (deleted) files
         reuse = (self.clog is None and self._handles is not None and self._handles[0] == plan.base_checkpoint_id
-                 and self._handles[1] == plan.keyed
-                 and not keyed.dirty and not keyed.has_ttl_state())
+                 and self._handles[1] == plan.keyed and not keyed.dirty and not keyed.has_ttl_state()
+                 and (fix is None or not any(fix.needed(h) for h in plan.keyed)))
         clog_finish = None
         keyed_handles: list = []
         if self.clog is not None:
-            clog_finish = self.clog.start_snapshot(plan.checkpoint_id, keyed)
+            clog_finish = self.clog.start_snapshot(plan.checkpoint_id, keyed, fix)
         elif reuse:
             keyed_handles = self._handles[1]  # type: ignore[index]
         else:
-            path = f"shared/subtask-{self.index}-{self.parallelism}/{random_name('.kg')}"
-            handle = write_keyed_snapshot(keyed, storage, path, self.config.compress)
+            handle = write_keyed_snapshot(keyed, keyed_out, self.config.compress)
             keyed_handles = [handle] if handle else []
-            new_files += [h.path for h in keyed_handles]
-        op_handle = write_operator_snapshot(operator, storage,
-                                            f"chk-{plan.checkpoint_id}/op-{self.index}-{random_name('.op')}")
-        if op_handle:
-            new_files.append(op_handle.path)
+            new_files += [h.segment for h in keyed_handles]
+        op_handle = write_operator_snapshot(operator, op_out)
         staged = None
         if self.config.stage_outputs:
-            staged = write_outputs(out, storage, f"{staged_dir(plan.checkpoint_id)}/out-{self.index}-"
-                                   f"{random_name('.out')}", resolve_serializer(self.config.output_serializer))
-            if staged:
-                new_files.append(staged.path)
+            staged = write_outputs(out, staged_out, resolve_serializer(self.config.output_serializer))
+        new_files += [h.segment for h in (op_handle, staged) if h is not None]
         start_ms = (time.perf_counter() - started) * 1000
         return lambda: self._acknowledge(plan, rows, start_ms, keyed_handles, clog_finish, op_handle, staged,
                                          new_files, reuse)
 
+    def _writers(self, plan: SubtaskPlan, manager: FileMergingManager | None) -> tuple[SegmentWriter, ...]:
+        """Writers of (keyed snapshots, operator state, staged outputs): segments of merged files, or whole
+        files in the subtask's directory, the checkpoint's directory and the staged-outputs directory."""
+        cp = plan.checkpoint_id
+        if manager is not None:
+            private = manager.worker_writer(cp)
+            return manager.shared_writer(self.index, self.parallelism, cp), private, private
+        storage = storage_for(plan.checkpoint_uri)
+        return (WholeFileWriter(storage, subtask_dir(self.index, self.parallelism), ".kg"),
+                WholeFileWriter(storage, checkpoint_dir(cp), ".op"), WholeFileWriter(storage, staged_dir(cp), ".out"))
+
+    def _relocator(self, plan: SubtaskPlan, manager: FileMergingManager | None,
+                   out: SegmentWriter) -> Relocator | None:
+        if manager is None:
+            return None
+        return Relocator(storage_for(plan.checkpoint_uri), out, plan.non_reusable,
+                         subtask_dir(self.index, self.parallelism))
+
     def _acknowledge(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]], start_ms: float,
                      keyed_handles: list, clog_finish: Callable[[], tuple[list, list, dict]] | None,
-                     op_handle: Any, staged: Any, new_files: list[str], reuse: bool) -> SubtaskAck:
+                     op_handle: Any, staged: Any, new_files: list[FileRef], reuse: bool) -> SubtaskAck:
         """Once everything is durable: tag the live state with the checkpoint and build the ack."""
         keyed = self.keyed
         assert keyed is not None
@@ -295,6 +331,13 @@ class Subtask:
         clog_stats: dict = {}
         if clog_finish is not None:
             keyed_handles, changelog, clog_stats = clog_finish()
+        manager = self._merging(plan)
+        if manager is not None:
+            refs = [h.segment for h in (*keyed_handles, *changelog, *(x for x in (op_handle, staged) if x))]
+            manager.sync(refs)
+            files = manager.report(plan.checkpoint_id)
+        else:
+            files = {ref.path: [ref.length, False] for ref in new_files}
         keyed.table.put_meta(_TAG, str(plan.checkpoint_id).encode())
         keyed.table.commit()
         keyed.dirty = False
@@ -315,7 +358,7 @@ class Subtask:
             stats["materialization_started"] = True
         self.restored_from = None
         return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, changelog, op_handle, staged,
-                          new_files, self._max_event_time(rows), stats)
+                          files, self._max_event_time(rows), stats, manager.worker_id if manager else None)
 
     def _max_event_time(self, rows: Sequence[tuple[int, Any, Row]]) -> int | None:
         col = self.config.event_time_column
@@ -338,6 +381,23 @@ class Subtask:
                 self.keyed.table.close()
         self.keyed = self.operator = self.processor = self.ctx = None
         self._tag, self._handles = None, None
+
+
+class Relocator:
+    """With file merging: gives a handle's re-written copy if new checkpoints must not reference where it is
+    (a file wasting too much space, or another subtask's directory after a rescale: each subtask owns what it
+    needs), else the handle itself."""
+
+    def __init__(self, storage: Any, out: SegmentWriter, non_reusable: list[str], own_dir: str) -> None:
+        self.storage, self.out = storage, out
+        self.bad, self.mine = frozenset(non_reusable), own_dir + "/"
+
+    def needed(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
+        foreign = h.path.startswith("shared/subtask-") and not h.path.startswith(self.mine)
+        return foreign or h.path in self.bad
+
+    def __call__(self, h: H) -> H:
+        return relocate(self.storage, h, self.out) if self.needed(h) else h
 
 
 def _group_by_key(rows: Sequence[tuple[int, Any, Row]]) -> dict[tuple[int, Any], list[Row]]:

@@ -1,6 +1,8 @@
 """State handles: what a checkpoint records about the files holding a subtask's state.
 
-Paths are relative to the checkpoint root (or savepoint directory) the metadata lives in.
+Paths are relative to the checkpoint root (or savepoint directory) the metadata lives in. A handle's file is
+a logical file: ``file_offset`` is where it starts in the physical file ``path`` (0 without file merging), and
+every other offset in the handle is relative to that start.
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from typing import Any
+
+from spate.filemerging.segments import FileRef
 
 
 class _KeyGroupIndexed:
@@ -48,6 +52,16 @@ class KeyGroupsHandle(_KeyGroupIndexed):
     offsets: dict[int, tuple[int, int]]
     size: int
     states: tuple[dict[str, Any], ...] = ()
+    file_offset: int = 0
+
+    @property
+    def segment(self) -> FileRef:
+        return FileRef(self.path, self.file_offset, self.size)
+
+    def relocated(self, ref: FileRef, rebase: int) -> KeyGroupsHandle:
+        """This handle's key groups copied to ``ref``, where they start ``rebase`` bytes earlier."""
+        return KeyGroupsHandle(ref.path, self.start, self.end, rebased(self.offsets, rebase), ref.length, self.states,
+                               ref.offset)
 
     def intersect(self, key_groups: range) -> KeyGroupsHandle | None:
         """The part of this handle inside ``key_groups`` (None if it holds no data there)."""
@@ -57,18 +71,27 @@ class KeyGroupsHandle(_KeyGroupIndexed):
             return None
         if start == self.start and end == self.end:
             return self
-        return KeyGroupsHandle(self.path, start, end, offsets, self.size, self.states)
+        return KeyGroupsHandle(self.path, start, end, offsets, self.size, self.states, self.file_offset)
 
     def _encode(self) -> dict[str, Any]:
         return {"type": "key_groups", "path": self.path, "start": self.start, "end": self.end,
                 "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "size": self.size,
-                "states": list(self.states)}
+                "states": list(self.states), **_at(self.file_offset)}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> KeyGroupsHandle:
         return KeyGroupsHandle(data["path"], data["start"], data["end"],
                                {kg: (o, n) for kg, o, n in data["offsets"]}, data["size"],
-                               tuple(data.get("states", ())))
+                               tuple(data.get("states", ())), data.get("file_offset", 0))
+
+
+def _at(file_offset: int) -> dict[str, int]:
+    """The ``file_offset`` field, written only for segments of merged files."""
+    return {"file_offset": file_offset} if file_offset else {}
+
+
+def rebased(offsets: dict[int, tuple[int, int]], by: int) -> dict[int, tuple[int, int]]:
+    return {kg: (o - by, n) for kg, (o, n) in offsets.items()}
 
 
 def offsets_within(offsets: dict[int, tuple[int, int]], start: int, end: int) -> dict[int, tuple[int, int]]:
@@ -90,6 +113,16 @@ class ChangeSetHandle(_KeyGroupIndexed):
     sqn: int
     offsets: dict[int, tuple[int, int]]
     states: tuple[dict[str, Any], ...] = ()
+    file_offset: int = 0
+    file_size: int = 0  # of the whole change file (one upload, shared by the logs in it); 0 = not recorded
+
+    @property
+    def segment(self) -> FileRef:
+        return FileRef(self.path, self.file_offset, self.file_size or max(o + n for o, n in self.offsets.values()))
+
+    def relocated(self, ref: FileRef, rebase: int) -> ChangeSetHandle:
+        return ChangeSetHandle(ref.path, self.log_id, self.sqn, rebased(self.offsets, rebase), self.states,
+                               ref.offset, ref.length)
 
     def intersect(self, key_groups: range) -> ChangeSetHandle | None:
         offsets = offsets_within(self.offsets, key_groups.start, key_groups.stop - 1)
@@ -97,19 +130,22 @@ class ChangeSetHandle(_KeyGroupIndexed):
             return None
         if len(offsets) == len(self.offsets):
             return self
-        return ChangeSetHandle(self.path, self.log_id, self.sqn, offsets, self.states)
+        return ChangeSetHandle(self.path, self.log_id, self.sqn, offsets, self.states, self.file_offset,
+                               self.file_size)
 
     def with_states(self, states: tuple[dict[str, Any], ...]) -> ChangeSetHandle:
-        return ChangeSetHandle(self.path, self.log_id, self.sqn, self.offsets, states)
+        return ChangeSetHandle(self.path, self.log_id, self.sqn, self.offsets, states, self.file_offset,
+                               self.file_size)
 
     def _encode(self) -> dict[str, Any]:
         return {"path": self.path, "log": self.log_id, "sqn": self.sqn,
-                "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "states": list(self.states)}
+                "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "states": list(self.states),
+                **_at(self.file_offset), **({"file_size": self.file_size} if self.file_size else {})}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> ChangeSetHandle:
         return ChangeSetHandle(data["path"], data["log"], data["sqn"], {kg: (o, n) for kg, o, n in data["offsets"]},
-                               tuple(data.get("states", ())))
+                               tuple(data.get("states", ())), data.get("file_offset", 0), data.get("file_size", 0))
 
 
 @dataclass(frozen=True)
@@ -130,27 +166,34 @@ class OperatorStateHandle:
     path: str
     size: int
     states: dict[str, OperatorStateEntry] = field(default_factory=dict)
+    file_offset: int = 0
+
+    @property
+    def segment(self) -> FileRef:
+        return FileRef(self.path, self.file_offset, self.size)
 
     def piece(self, name: str) -> OperatorStatePiece:
         """All elements of state ``name`` in this file."""
         e = self.states[name]
-        return OperatorStatePiece(self.path, name, e.mode, e.serializer, e.offset, e.length, 0, e.count)
+        return OperatorStatePiece(self.path, name, e.mode, e.serializer, self.file_offset + e.offset, e.length, 0,
+                                  e.count)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "operator", "path": self.path, "size": self.size,
                 "states": {n: [e.mode, e.serializer, e.offset, e.length, e.count]
-                           for n, e in sorted(self.states.items())}}
+                           for n, e in sorted(self.states.items())}, **_at(self.file_offset)}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> OperatorStateHandle:
         return OperatorStateHandle(data["path"], data["size"],
-                                   {n: OperatorStateEntry(*v) for n, v in data["states"].items()})
+                                   {n: OperatorStateEntry(*v) for n, v in data["states"].items()},
+                                   data.get("file_offset", 0))
 
 
 @dataclass(frozen=True)
 class OperatorStatePiece:
     """Elements ``start``..``stop`` (exclusive) of one state in one operator-state file: the unit the
-    coordinator hands to a subtask on restore."""
+    coordinator hands to a subtask on restore. ``offset`` is in the physical file."""
 
     path: str
     name: str

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import msgpack
 
 from spate.errors import CorruptFileError
+from spate.filemerging.segments import SegmentWriter
 from spate.fs import CheckpointStorage, FrameKind, frame, read_span_frames
 from spate.snapshot.handles import KeyGroupsHandle
 from spate.state.descriptors import MAP
@@ -18,17 +19,17 @@ from spate.state.table import StateTable, TableView
 from spate.state.timers import RESERVED_SIDS
 
 
-def write_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage, path: str,
+def write_keyed_snapshot(backend: KeyedStateBackend, out: SegmentWriter,
                          compress: bool = False) -> KeyGroupsHandle | None:
-    """Write every live entry of ``backend`` to ``path``; None if there is no keyed state at all.
+    """Write every live entry of ``backend`` as one logical file; None if there is no keyed state at all.
 
     What has expired (TTL) is left out of the snapshot and then removed from the live table too."""
     table = backend.table
     table.commit()
     expired: list[tuple[int, bytes, bytes | None]] = []
     with gc_paused(), table.consistent_view() as view:
-        handle = write_key_groups(view, backend.key_groups, backend.state_metas, expiry_filters(backend), storage,
-                                  path, compress, expired)
+        handle = write_key_groups(view, backend.key_groups, backend.state_metas, expiry_filters(backend), out,
+                                  compress, expired)
     _purge(table, expired)
     return handle
 
@@ -39,7 +40,7 @@ def expiry_filters(backend: KeyedStateBackend) -> dict[bytes, Callable[[bytes], 
 
 
 def write_key_groups(view: TableView, key_groups: range, metas: list[StateMeta],
-                     filters: dict[bytes, Callable[[bytes], bytes | None]], storage: CheckpointStorage, path: str,
+                     filters: dict[bytes, Callable[[bytes], bytes | None]], out: SegmentWriter,
                      compress: bool = False, expired: list[tuple[int, bytes, bytes | None]] | None = None,
                      ) -> KeyGroupsHandle | None:
     """Write the key groups of ``view`` as a keyed snapshot file (works from any thread for a view that is
@@ -59,9 +60,9 @@ def write_key_groups(view: TableView, key_groups: range, metas: list[StateMeta],
             pos += len(fr)
     if not frames:
         return None
-    storage.write(path, b"".join(frames))
-    return KeyGroupsHandle(path, key_groups.start, key_groups.stop - 1, offsets, pos,
-                           tuple(m.to_dict() for m in metas))
+    ref = out.write(b"".join(frames))
+    return KeyGroupsHandle(ref.path, key_groups.start, key_groups.stop - 1, offsets, pos,
+                           tuple(m.to_dict() for m in metas), ref.offset)
 
 
 def _drop_expired(kg: int, flat: list[bytes], filters: dict[bytes, Callable[[bytes], bytes | None]],
@@ -113,7 +114,8 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle,
     verifying each frame's checksum. One ranged read fetches the handle's span of the file."""
     if not handle.offsets:
         return
-    where, frames = read_span_frames(storage, handle.path, handle.offsets, FrameKind.KEY_GROUP, context)
+    where, frames = read_span_frames(storage, handle.path, handle.offsets, FrameKind.KEY_GROUP, context,
+                                     handle.file_offset)
     for fr in frames:
         kg, flat = msgpack.unpackb(fr.payload, raw=False)
         if handle.offsets.get(kg, (None,))[0] != fr.offset:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import msgpack
 
 from spate.errors import CorruptFileError
+from spate.filemerging.segments import SegmentWriter
 from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
 from spate.snapshot.handles import OperatorStateEntry, OperatorStateHandle, OperatorStatePiece
 from spate.state.operator import OperatorStateBackend
 
 
-def write_operator_snapshot(backend: OperatorStateBackend, storage: CheckpointStorage,
-                            path: str) -> OperatorStateHandle | None:
-    """Write every operator state of ``backend`` to ``path``; None if it has none."""
+def write_operator_snapshot(backend: OperatorStateBackend, out: SegmentWriter) -> OperatorStateHandle | None:
+    """Write every operator state of ``backend`` as one logical file; None if it has none."""
     frames, entries, pos = [], {}, 0
     for name, mode, serializer, encoded in backend.snapshot_states():
         fr = frame(FrameKind.OPERATOR_STATE, msgpack.packb([name, mode, serializer, encoded], use_bin_type=True))
@@ -22,8 +22,8 @@ def write_operator_snapshot(backend: OperatorStateBackend, storage: CheckpointSt
         pos += len(fr)
     if not frames:
         return None
-    storage.write(path, b"".join(frames))
-    return OperatorStateHandle(path, pos, entries)
+    ref = out.write(b"".join(frames))
+    return OperatorStateHandle(ref.path, pos, entries, ref.offset)
 
 
 def read_operator_piece(storage: CheckpointStorage, piece: OperatorStatePiece, context: str = "") -> list[bytes]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from spate.filemerging.segments import FileRef, SegmentWriter
 from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
 from spate.serde import Serializer, encode, serializer_by_name
 
@@ -18,27 +19,33 @@ class OutputsHandle:
     size: int
     count: int
     serializer: str
+    file_offset: int = 0
+
+    @property
+    def segment(self) -> FileRef:
+        return FileRef(self.path, self.file_offset, self.size)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "count": self.count, "serializer": self.serializer}
+        d = {"path": self.path, "size": self.size, "count": self.count, "serializer": self.serializer}
+        return {**d, "file_offset": self.file_offset} if self.file_offset else d
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> OutputsHandle:
         return OutputsHandle(**data)
 
 
-def write_outputs(rows: list[Any], storage: CheckpointStorage, path: str,
-                  serializer: Serializer) -> OutputsHandle | None:
-    """Stage ``rows`` at ``path``; None when there are no rows."""
+def write_outputs(rows: list[Any], out: SegmentWriter, serializer: Serializer) -> OutputsHandle | None:
+    """Stage ``rows`` as one logical file; None when there are no rows."""
     if not rows:
         return None
-    data = frame(FrameKind.STAGED_OUTPUTS, encode(serializer, rows, f"output rows staged at {path}"))
-    storage.write(path, data)
-    return OutputsHandle(path, len(data), len(rows), serializer.name)
+    data = frame(FrameKind.STAGED_OUTPUTS, encode(serializer, rows, "output rows to stage"))
+    ref = out.write(data)
+    return OutputsHandle(ref.path, len(data), len(rows), serializer.name, ref.offset)
 
 
 def read_outputs(storage: CheckpointStorage, handle: OutputsHandle, allow_pickle: bool = False) -> list[Any]:
     """The staged rows of ``handle``, verified."""
-    data = storage.read(handle.path, "staged outputs")
-    payload = read_single_frame(data, storage.path(handle.path), FrameKind.STAGED_OUTPUTS)
+    data = storage.read_range(handle.path, handle.file_offset, handle.size, "staged outputs")
+    payload = read_single_frame(data, f"{storage.path(handle.path)} at offset {handle.file_offset}",
+                                FrameKind.STAGED_OUTPUTS)
     return serializer_by_name(handle.serializer, allow_pickle, f"staged outputs {handle.path}").loads(payload)

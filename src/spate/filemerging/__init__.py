@@ -1,0 +1,1 @@
+"""FLIP-306 file merging: logical checkpoint files are segments of few, pooled physical files."""

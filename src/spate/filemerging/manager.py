@@ -1,0 +1,300 @@
+"""The worker side of file merging: physical files, their pools, and what a worker tells the coordinator.
+
+One :class:`FileMergingManager` per worker process and checkpoint root. Shared state (keyed snapshots,
+materializations) is merged per subtask under ``shared/subtask-<i>-<P>/``; private state (operator state,
+staged outputs) and change files per worker under ``taskowned/<worker-id>/``. Physical files get random
+names and are created exclusively, so nothing is ever overwritten.
+
+The coordinator decides when a physical file can go (no live segment references it and no worker may append
+to it); workers report every file they hold open or closed since the last completed checkpoint, and append
+only to files the coordinator still grants them in the plan (a worker that missed checkpoints, or whose file
+became non-reusable, closes it). Notifications are watermarks: a plan says which checkpoint completed last,
+and everything up to it is settled, however many plans a worker missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import threading
+from collections.abc import Collection, Iterable
+from typing import Any, BinaryIO
+
+from spate.errors import CheckpointError
+from spate.filemerging.config import FileMergingConfig
+from spate.filemerging.segments import FileRef
+from spate.fs import CheckpointStorage, random_name
+
+SUFFIX = ".seg"
+
+
+def subtask_dir(index: int, parallelism: int) -> str:
+    """Directory of subtask ``index`` of ``parallelism``'s shared state."""
+    return f"shared/subtask-{index}-{parallelism}"
+
+
+def worker_dir(worker_id: str) -> str:
+    """Directory of a worker process's private state and change files."""
+    return f"taskowned/{worker_id}"
+
+
+class PhysicalFile:
+    """A physical file open for appending. Local files are written unbuffered, so every segment is readable
+    (and survives a crash of this process) as soon as ``append`` returns; object-store files become readable
+    when closed."""
+
+    def __init__(self, storage: CheckpointStorage, path: str, checkpoint_id: int) -> None:
+        self.path = path
+        self.created_in = checkpoint_id
+        self.size = 0
+        self.closed = False
+        self.revoked = False  # the coordinator no longer grants it: appends must stop
+        self.lock = threading.Lock()
+        full = storage.path(path)
+        self._out: BinaryIO | Any
+        if storage.is_local:
+            os.makedirs(posixpath.dirname(full), exist_ok=True)
+            self._out = open(full, "xb", buffering=0)  # noqa: SIM115 - lives as long as the pool keeps it
+        else:
+            self._out = storage.fs.open_output_stream(full)
+        self.local = storage.is_local
+
+    def append(self, data: bytes) -> int:
+        """Write ``data`` at the end; returns its offset (caller holds the file from its pool)."""
+        if self.closed:
+            raise CheckpointError(f"physical file {self.path} is closed")
+        offset = self.size
+        view = memoryview(data)
+        while view:
+            n = self._out.write(view)
+            view = view[n if n is not None else len(view):]
+        self.size += len(data)
+        return offset
+
+    def close(self) -> None:
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self._out.close()
+
+
+class FilePool:
+    """Physical files of one directory (and, merging within checkpoints, of one checkpoint) taking segments.
+
+    Non-blocking: a writer takes a free file or creates one; blocking: at most one file, writers wait for it.
+    A file returns to the pool only while below the maximum size."""
+
+    def __init__(self, manager: FileMergingManager, directory: str, checkpoint_id: int) -> None:
+        self.manager, self.directory, self.checkpoint_id = manager, directory, checkpoint_id
+        self._free: list[PhysicalFile] = []
+        self._busy: set[PhysicalFile] = set()
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def take(self, checkpoint_id: int) -> PhysicalFile:
+        blocking = self.manager.config.blocking_pool
+        with self._cond:
+            while True:
+                if self.closed:
+                    raise CheckpointError(f"file pool of {self.directory} is closed")
+                self._free = [f for f in self._free if not f.closed]
+                if self._free:
+                    f = self._free.pop()
+                    break
+                if not blocking or not self._busy:
+                    f = self.manager.new_file(self.directory, checkpoint_id)
+                    break
+                self._cond.wait()
+            self._busy.add(f)
+            return f
+
+    def give_back(self, f: PhysicalFile) -> None:
+        with self._cond:
+            self._busy.discard(f)
+            keep = not (self.closed or f.revoked or f.closed or f.size >= self.manager.config.max_file_size)
+            if keep:
+                self._free.append(f)
+            self._cond.notify_all()
+        if not keep:
+            f.close()
+
+    def files(self) -> list[PhysicalFile]:
+        with self._cond:
+            return [*self._free, *self._busy]
+
+    def revoke(self, f: PhysicalFile) -> None:
+        """Stop using ``f``: closed now if free, when given back if busy."""
+        with self._cond:
+            f.revoked = True
+            busy = f in self._busy
+            if not busy and f in self._free:
+                self._free.remove(f)
+        if not busy:
+            f.close()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            free, self._free = self._free, []
+            self._cond.notify_all()
+        for f in free:
+            f.close()
+
+
+class PooledWriter:
+    """Writes logical files as segments of the physical files of one pool."""
+
+    def __init__(self, pool: FilePool, checkpoint_id: int) -> None:
+        self.pool, self.checkpoint_id = pool, checkpoint_id
+
+    def write(self, data: bytes) -> FileRef:
+        f = self.pool.take(self.checkpoint_id)
+        try:
+            with f.lock:
+                offset = f.append(data)
+        finally:
+            self.pool.give_back(f)
+        return FileRef(f.path, offset, len(data))
+
+    def discard(self, ref: FileRef) -> None:
+        """Nothing to do: the bytes stay as waste until the coordinator deletes the whole file."""
+
+
+class FileMergingManager:
+    """Pools, physical files and directory ownership of one worker process for one checkpoint root."""
+
+    def __init__(self, storage: CheckpointStorage, config: FileMergingConfig, worker_id: str | None = None) -> None:
+        self.storage, self.config = storage, config
+        self.worker_id = worker_id or random_name()[:16]
+        self.worker_dir = worker_dir(self.worker_id)
+        self._pools: dict[tuple[str, int], FilePool] = {}
+        self._files: dict[str, PhysicalFile] = {}  # open, or closed but not yet reported in a completed checkpoint
+        self._reported: dict[str, int] = {}  # closed file -> latest checkpoint whose ack reported it
+        self._created: list[str] = []
+        self._first_checkpoint: int | None = None
+        self.coordinator_owns = False  # a checkpoint completed after this manager started writing
+        self._lock = threading.Lock()
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def shared_writer(self, index: int, parallelism: int, checkpoint_id: int) -> PooledWriter:
+        """Writer for subtask ``index``'s shared state (keyed snapshots) in checkpoint ``checkpoint_id``."""
+        return PooledWriter(self._pool(subtask_dir(index, parallelism), checkpoint_id), checkpoint_id)
+
+    def worker_writer(self, checkpoint_id: int) -> PooledWriter:
+        """Writer for this worker's private state and change files in checkpoint ``checkpoint_id``."""
+        return PooledWriter(self._pool(self.worker_dir, checkpoint_id), checkpoint_id)
+
+    def _pool(self, directory: str, checkpoint_id: int) -> FilePool:
+        key = (directory, -1 if self.config.across else checkpoint_id)
+        with self._lock:
+            if self._first_checkpoint is None:
+                self._first_checkpoint = checkpoint_id
+            pool = self._pools.get(key)
+            if pool is None or pool.closed:
+                pool = self._pools[key] = FilePool(self, directory, checkpoint_id)
+            return pool
+
+    def new_file(self, directory: str, checkpoint_id: int) -> PhysicalFile:
+        f = PhysicalFile(self.storage, f"{directory}/{random_name(SUFFIX)}", checkpoint_id)
+        with self._lock:
+            self._files[f.path] = f
+            self._created.append(f.path)
+        return f
+
+    # -- the checkpoint protocol ------------------------------------------------------------------------
+    def begin(self, checkpoint_id: int, completed: int | None, granted: Collection[str] | None = None) -> None:
+        """A plan for ``checkpoint_id`` arrived, based on the latest completed checkpoint ``completed``.
+
+        Within-checkpoint pools of earlier checkpoints close (they completed or were aborted). Files created
+        before ``checkpoint_id`` that the coordinator no longer grants (``granted``: None = all) are closed."""
+        if completed is not None:
+            self.checkpoint_completed(completed)
+        with self._lock:
+            pools = list(self._pools.items())
+        for (_directory, cp), pool in pools:
+            if cp != -1 and cp < checkpoint_id:
+                pool.close()
+                with self._lock:
+                    self._pools.pop((_directory, cp), None)
+            elif granted is not None:
+                for f in pool.files():
+                    if f.created_in < checkpoint_id and f.path not in granted:
+                        pool.revoke(f)
+
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: from now on the coordinator owns this worker's files; closed
+        files already reported in an ack of it (or earlier) need no more reports."""
+        with self._lock:
+            if self._first_checkpoint is not None and checkpoint_id >= self._first_checkpoint:
+                self.coordinator_owns = True
+            for path, cp in list(self._reported.items()):
+                if cp <= checkpoint_id:
+                    del self._reported[path]
+                    self._files.pop(path, None)
+
+    def sync(self, refs: Iterable[FileRef]) -> None:
+        """Make the physical files holding ``refs`` durable and readable before the ack: local files are
+        already (unbuffered writes); object-store files are closed. A ref in a revoked file fails the
+        checkpoint rather than handing the coordinator a file it may delete."""
+        for path in {r.path for r in refs}:
+            f = self._files.get(path)
+            if f is None:
+                continue
+            if f.revoked:
+                raise CheckpointError(f"segment in {f.path}, which the coordinator stopped granting to this worker; "
+                                      "the checkpoint is retried")
+            if not f.local:
+                f.revoked = True  # readable only once closed: it takes no more segments
+                f.close()
+
+    def report(self, checkpoint_id: int) -> dict[str, list]:
+        """Every physical file this worker holds open, or closed since the last completed checkpoint:
+        path → [size, open]. Carried in each ack of ``checkpoint_id``."""
+        with self._lock:
+            files = list(self._files.values())
+            out = {}
+            for f in files:
+                out[f.path] = [f.size, not f.closed]
+                if f.closed:
+                    self._reported[f.path] = checkpoint_id
+        return out
+
+    def close(self) -> None:
+        """Close every file. If no checkpoint completed since this manager started writing, nothing it wrote
+        can be referenced: delete its files and its directory. Otherwise the coordinator owns them."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
+        for f in list(self._files.values()):
+            f.close()
+        if not self.coordinator_owns:
+            for path in self._created:
+                self.storage.delete(path)
+            with contextlib.suppress(OSError):
+                self.storage.delete_dir(self.worker_dir)
+        self._created = []
+
+
+_managers: dict[tuple[str, FileMergingConfig], FileMergingManager] = {}
+_managers_lock = threading.Lock()
+
+
+def manager_for(storage: CheckpointStorage, config: FileMergingConfig) -> FileMergingManager:
+    """This process's manager for a checkpoint root (its subtasks share the worker directory and pools)."""
+    with _managers_lock:
+        key = (storage.uri, config)
+        manager = _managers.get(key)
+        if manager is None:
+            manager = _managers[key] = FileMergingManager(storage, config)
+        return manager
+
+
+def close_manager(uri: str, config: FileMergingConfig) -> FileMergingManager | None:
+    """Close this process's manager for ``uri`` (a later one gets a new worker directory)."""
+    with _managers_lock:
+        manager = _managers.pop((uri, config), None)
+    if manager is not None:
+        manager.close()
+    return manager
