@@ -17,7 +17,9 @@ from model_job import OPS, Model, ModelJob
 from spate import LocalRunner, keyed_state_entries, load_checkpoint, operator_state_elements
 from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import UploadConfig
-from spate.checkpoint.inspect import keyed_state_names
+from spate.checkpoint.coordinator import list_complete_checkpoints
+from spate.checkpoint.inspect import keyed_state_names, verify_checkpoint
+from spate.filemerging.config import FileMergingConfig
 from spate.fs import CheckpointStorage
 
 KEYS = [0, 1, -7, 2**40, "a", "ü", "日本語", "", (1, "x"), (2, "y"), b"\x00k"]
@@ -30,10 +32,13 @@ class Crash(Exception):
 
 row = st.tuples(st.sampled_from(KEYS), st.sampled_from(OPS), st.integers(-50, 50))
 batches_st = st.lists(st.lists(row, max_size=12), min_size=1, max_size=7)
+MERGING_MODES = ["off", "within", "across"]
 segment = st.tuples(st.integers(1, 16), st.sampled_from(["heap", "lmdb"]), st.integers(0, 7),
-                    st.sampled_from(CRASH_STEPS), st.booleans())
+                    st.sampled_from(CRASH_STEPS), st.booleans(), st.sampled_from(MERGING_MODES))
 # materialize every ~2 batches (1000 ms apart), staggered: restarts land in the middle of materializations
 CHANGELOG = ChangelogConfig(materialization_interval_ms=1500, upload=UploadConfig(persist_delay_s=0.0))
+# small physical files, so files fill up, roll over and get wasteful enough for space control to act
+MERGING: dict[str, Any] = {"off": False, **{m: FileMergingConfig(m, max_file_size=6000) for m in ("within", "across")}}
 
 
 def _rows(raw: list[list[tuple]]) -> list[list[dict]]:
@@ -65,17 +70,19 @@ def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: t
     def sink(rows: list[dict], batch_id: int) -> None:
         deliveries.setdefault(batch_id, []).append(_norm(rows))
 
-    def runner(parallelism: int, table: str, crash: tuple[str, int] | None, changelog: bool) -> LocalRunner:
+    def runner(parallelism: int, table: str, crash: tuple[str, int] | None, changelog: bool,
+               merging: str) -> LocalRunner:
         def fault(step: str, batch_id: int) -> None:
             if crash and (step, batch_id) == crash:
                 raise Crash(step)
 
         return LocalRunner(ModelJob, key="k", checkpoint_root=root, parallelism=parallelism, max_parallelism=128,
                            table=table, local_dir=local_dir, sink=sink, clock=lambda: clock[0],
-                           fault_injector=fault, changelog=CHANGELOG if changelog else False)
+                           fault_injector=fault, changelog=CHANGELOG if changelog else False,
+                           file_merging=MERGING[merging])
 
-    for parallelism, table, stop, crash_step, changelog in segments:
-        r = runner(parallelism, table, None, changelog)
+    for parallelism, table, stop, crash_step, changelog, merging in segments:
+        r = runner(parallelism, table, None, changelog, merging)
         start = r.next_batch_id
         stop = min(stop, len(batches))
         for n in range(start, stop):
@@ -94,7 +101,7 @@ def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: t
                 raise AssertionError("fault injector did not fire")
         r.close()
 
-    r = runner(final[0], final[1], None, final[2])
+    r = runner(final[0], final[1], None, final[2], final[3])
     for n in range(r.next_batch_id, len(batches)):
         clock[0] = now_of(n)
         r.run_batch(n, batches[n])
@@ -109,6 +116,8 @@ def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: t
             assert delivered == expected, f"batch {n}: outputs differ from the model"
 
     storage = CheckpointStorage(root)
+    for n in list_complete_checkpoints(storage):  # every retained checkpoint is whole, not only the latest
+        assert verify_checkpoint(storage, load_checkpoint(storage, n)) == [], f"checkpoint {n} is damaged"
     meta = load_checkpoint(storage)
     assert meta.checkpoint_id == len(batches) - 1
     now = now_of(meta.checkpoint_id)
@@ -138,7 +147,7 @@ def _raise(step: str, batch_id: int, crash_step: str, crash_batch: int) -> None:
 
 @settings(max_examples=int(os.environ.get("SPATE_MODEL_EXAMPLES", "40")))
 @given(batches_st, st.lists(segment, max_size=3),
-       st.tuples(st.integers(1, 16), st.sampled_from(["heap", "lmdb"]), st.booleans()))
+       st.tuples(st.integers(1, 16), st.sampled_from(["heap", "lmdb"]), st.booleans(), st.sampled_from(MERGING_MODES)))
 def test_state_matches_model_across_crashes_and_rescales(raw_batches, segments, final):
     run_scenario(raw_batches, segments, final)
 
@@ -148,12 +157,21 @@ def test_model_scenario_rescale_up_and_down_with_crash():
     raw = [[(k, op, x) for k in ("a", 1, (2, "y")) for op, x in (("vput", b), ("ladd", b), ("mput", b),
                                                                   ("radd", b), ("aadd", b), ("timer", b))]
            for b in range(6)]
-    run_scenario(raw, [(2, "lmdb", 2, None, False), (16, "heap", 3, "after_acks", True),
-                       (3, "lmdb", 5, "after_complete", True)], (1, "heap", False))
+    run_scenario(raw, [(2, "lmdb", 2, None, False, "off"), (16, "heap", 3, "after_acks", True, "within"),
+                       (3, "lmdb", 5, "after_complete", True, "across")], (1, "heap", False, "off"))
 
 
 def test_model_scenario_changelog_throughout():
     raw = [[(k, op, x) for k in ("a", 1, (2, "y"), "ü") for op, x in (("vput", b), ("ladd", b), ("mput", b),
                                                                        ("mdel", b + 1), ("tput", b), ("timer", b))]
            for b in range(8)]
-    run_scenario(raw, [(2, "heap", 3, None, True), (3, "lmdb", 5, "after_subtask_0", True)], (4, "heap", True))
+    run_scenario(raw, [(2, "heap", 3, None, True, "off"), (3, "lmdb", 5, "after_subtask_0", True, "off")],
+                 (4, "heap", True, "off"))
+
+
+def test_model_scenario_file_merging_across_with_rescales():
+    """Changelog and merging across checkpoints throughout, with crashes and rescales 2 → 5 → 1 → 3."""
+    raw = [[(k, op, x) for k in ("a", 1, (2, "y"), "ü", b"\x00k") for op, x in (
+        ("vput", b), ("ladd", b), ("mput", b), ("mdel", b + 1), ("tput", b), ("timer", b))] for b in range(12)]
+    run_scenario(raw, [(2, "heap", 4, None, True, "across"), (5, "lmdb", 7, "after_subtask_0", True, "across"),
+                       (1, "heap", 9, "after_complete", False, "within")], (3, "lmdb", True, "across"))

@@ -11,10 +11,12 @@ import functools
 import os
 import posixpath
 import struct
+import threading
 import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow.fs as pafs
 import zstandard
@@ -159,6 +161,7 @@ class CheckpointStorage:
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(uri)
         self.root = self.root.rstrip("/") or "/"
         self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.counts = FileCounts()
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.uri!r})"
@@ -171,15 +174,23 @@ class CheckpointStorage:
         sub = CheckpointStorage.__new__(CheckpointStorage)
         sub.uri = join_uri(self.uri, rel)
         sub.fs, sub.root, sub.is_local = self.fs, self.path(rel), self.is_local
+        sub.counts = FileCounts()
         return sub
 
     def write(self, rel: str, data: bytes) -> None:
         """Write a new file (callers use random names; no atomicity needed)."""
-        full = self.path(rel)
-        if self.is_local:  # object stores have no directories; creating markers costs requests
-            self.fs.create_dir(posixpath.dirname(full), recursive=True)
-        with self.fs.open_output_stream(full) as out:
+        with self.open_new(rel) as out:
             out.write(data)
+
+    def open_new(self, rel: str) -> Any:
+        """A stream writing the new file ``rel``: local files are created exclusively (never overwriting) and
+        written unbuffered, so what was written is readable at once; object-store files when closed."""
+        full = self.path(rel)
+        self.counts.add(rel, created=1)
+        if self.is_local:  # object stores have no directories; creating markers costs requests
+            os.makedirs(posixpath.dirname(full), exist_ok=True)
+            return open(full, "xb", buffering=0)  # noqa: SIM115 - the caller closes it
+        return self.fs.open_output_stream(full)
 
     def create_exclusive(self, rel: str, data: bytes) -> None:
         """Atomically create ``rel`` with ``data``; raise ``FileExistsError`` if it exists.
@@ -243,11 +254,14 @@ class CheckpointStorage:
         """Delete a file; return False if it did not exist."""
         try:
             self.fs.delete_file(self.path(rel))
-            return True
         except FileNotFoundError:
             return False
+        self.counts.add(rel, deleted=1)
+        return True
 
     def delete_dir(self, rel: str) -> None:
+        for path, _size in self.list_files(rel):
+            self.counts.add(path, deleted=1)
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_dir(self.path(rel))
 
@@ -263,6 +277,22 @@ class CheckpointStorage:
         base = self.path(rel) if rel else self.root
         infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+
+class FileCounts:
+    """Data files (not ``_``-prefixed markers such as ``_metadata``) created and deleted through a storage."""
+
+    def __init__(self) -> None:
+        self.created = 0
+        self.deleted = 0
+        self._lock = threading.Lock()
+
+    def add(self, rel: str, created: int = 0, deleted: int = 0) -> None:
+        if posixpath.basename(rel).startswith("_"):
+            return
+        with self._lock:
+            self.created += created
+            self.deleted += deleted
 
 
 @functools.lru_cache(maxsize=32)

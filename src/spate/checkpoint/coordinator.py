@@ -196,8 +196,9 @@ class Coordinator:
             return
         live = self._live_dirs()
         for d in dict.fromkeys(candidates):
-            if d not in live and d not in in_use and not any(u.startswith(d + "/") for u in in_use):
-                self.storage.delete_dir(d)
+            managed = d.startswith(("shared/", "taskowned/"))
+            if managed and d not in live and d not in in_use and not any(u.startswith(d + "/") for u in in_use):
+                self._discards.append(self._discarder.submit(self.storage.delete_dir, d))
 
     # -- one checkpoint -------------------------------------------------------------------------------
     @property

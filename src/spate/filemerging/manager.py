@@ -2,8 +2,10 @@
 
 One :class:`FileMergingManager` per worker process and checkpoint root. Shared state (keyed snapshots,
 materializations) is merged per subtask under ``shared/subtask-<i>-<P>/``; private state (operator state,
-staged outputs) and change files per worker under ``taskowned/<worker-id>/``. Physical files get random
-names and are created exclusively, so nothing is ever overwritten.
+staged outputs) and change files per worker under ``taskowned/<worker-id>/``, in separate physical files:
+private state dies with its checkpoint's retention, change sets only after the next materialization, and
+mixing lifetimes in one file would leave it half dead for long. Physical files get random names and are
+created exclusively, so nothing is ever overwritten.
 
 The coordinator decides when a physical file can go (no live segment references it and no worker may append
 to it); workers report every file they hold open or closed since the last completed checkpoint, and append
@@ -15,11 +17,8 @@ and everything up to it is settled, however many plans a worker missed.
 from __future__ import annotations
 
 import contextlib
-import os
-import posixpath
 import threading
 from collections.abc import Collection, Iterable
-from typing import Any, BinaryIO
 
 from spate.errors import CheckpointError
 from spate.filemerging.config import FileMergingConfig
@@ -51,13 +50,7 @@ class PhysicalFile:
         self.closed = False
         self.revoked = False  # the coordinator no longer grants it: appends must stop
         self.lock = threading.Lock()
-        full = storage.path(path)
-        self._out: BinaryIO | Any
-        if storage.is_local:
-            os.makedirs(posixpath.dirname(full), exist_ok=True)
-            self._out = open(full, "xb", buffering=0)  # noqa: SIM115 - lives as long as the pool keeps it
-        else:
-            self._out = storage.fs.open_output_stream(full)
+        self._out = storage.open_new(path)
         self.local = storage.is_local
 
     def append(self, data: bytes) -> int:
@@ -168,7 +161,7 @@ class FileMergingManager:
         self.storage, self.config = storage, config
         self.worker_id = worker_id or random_name()[:16]
         self.worker_dir = worker_dir(self.worker_id)
-        self._pools: dict[tuple[str, int], FilePool] = {}
+        self._pools: dict[tuple[str, str, int], FilePool] = {}
         self._files: dict[str, PhysicalFile] = {}  # open, or closed but not yet reported in a completed checkpoint
         self._reported: dict[str, int] = {}  # closed file -> latest checkpoint whose ack reported it
         self._created: list[str] = []
@@ -181,12 +174,16 @@ class FileMergingManager:
         """Writer for subtask ``index``'s shared state (keyed snapshots) in checkpoint ``checkpoint_id``."""
         return PooledWriter(self._pool(subtask_dir(index, parallelism), checkpoint_id), checkpoint_id)
 
-    def worker_writer(self, checkpoint_id: int) -> PooledWriter:
-        """Writer for this worker's private state and change files in checkpoint ``checkpoint_id``."""
-        return PooledWriter(self._pool(self.worker_dir, checkpoint_id), checkpoint_id)
+    def private_writer(self, checkpoint_id: int) -> PooledWriter:
+        """Writer for this worker's private state (operator state, staged outputs) in ``checkpoint_id``."""
+        return PooledWriter(self._pool(self.worker_dir, checkpoint_id, "private"), checkpoint_id)
 
-    def _pool(self, directory: str, checkpoint_id: int) -> FilePool:
-        key = (directory, -1 if self.config.across else checkpoint_id)
+    def changelog_writer(self, checkpoint_id: int) -> PooledWriter:
+        """Writer for this worker's change files in checkpoint ``checkpoint_id``."""
+        return PooledWriter(self._pool(self.worker_dir, checkpoint_id, "changelog"), checkpoint_id)
+
+    def _pool(self, directory: str, checkpoint_id: int, kind: str = "shared") -> FilePool:
+        key = (directory, kind, -1 if self.config.across else checkpoint_id)
         with self._lock:
             if self._first_checkpoint is None:
                 self._first_checkpoint = checkpoint_id
@@ -212,11 +209,11 @@ class FileMergingManager:
             self.checkpoint_completed(completed)
         with self._lock:
             pools = list(self._pools.items())
-        for (_directory, cp), pool in pools:
-            if cp != -1 and cp < checkpoint_id:
+        for key, pool in pools:
+            if key[2] != -1 and key[2] < checkpoint_id:
                 pool.close()
                 with self._lock:
-                    self._pools.pop((_directory, cp), None)
+                    self._pools.pop(key, None)
             elif granted is not None:
                 for f in pool.files():
                     if f.created_in < checkpoint_id and f.path not in granted:

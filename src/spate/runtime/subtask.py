@@ -189,7 +189,7 @@ class Subtask:
         storage, manager = storage_for(plan.checkpoint_uri), self._merging(plan)
         scheduler = materialized = None
         if manager is not None:
-            scheduler = scheduler_for(storage, cfg.upload, manager.worker_writer, manager.worker_id)
+            scheduler = scheduler_for(storage, cfg.upload, manager.changelog_writer, manager.worker_id)
             materialized = functools.partial(manager.shared_writer, self.index, self.parallelism)
         self.clog = ChangelogKeyedState(table, storage, cfg, self.index, self.parallelism, scheduler, materialized)
         return self.clog.table
@@ -307,7 +307,7 @@ class Subtask:
         files in the subtask's directory, the checkpoint's directory and the staged-outputs directory."""
         cp = plan.checkpoint_id
         if manager is not None:
-            private = manager.worker_writer(cp)
+            private = manager.private_writer(cp)
             return manager.shared_writer(self.index, self.parallelism, cp), private, private
         storage = storage_for(plan.checkpoint_uri)
         return (WholeFileWriter(storage, subtask_dir(self.index, self.parallelism), ".kg"),
