@@ -150,6 +150,9 @@ class ChangelogKeyedState:
         if fix is not None:
             self.materialized = [fix(h) for h in self.materialized]
             self.restored_changelog = [fix(h) for h in self.restored_changelog]
+            if self._unreferenced_materialization is not None and not any(
+                    h.segment == self._unreferenced_materialization[0] for h in self.materialized):
+                self._drop_unreferenced_materialization()  # re-written before any checkpoint referenced it
         materialized, restored = list(self.materialized), list(self.restored_changelog)
         self._unreferenced_materialization = None  # this checkpoint references it: the coordinator owns it
 

@@ -167,17 +167,18 @@ class ChangelogWriter:
 
     def replace_uploaded(self, handles: list[ChangeSetHandle]) -> list[ChangeSetHandle]:
         """Use ``handles`` (re-written copies) instead of the uploaded change sets of the same sequence numbers
-        from now on; the originals stay as long as a completed checkpoint references them."""
-        stop = []
+        from now on; this log releases the originals (they stay as long as a completed checkpoint references
+        them)."""
+        release = []
         with self._lock:
             for h in handles:
                 old = self._uploaded.get(h.sqn)
                 if old is not None and old is not h:
                     if h.sqn not in self._confirmed:
-                        stop.append(old.segment)
+                        release.append(old.segment)
                     self._uploaded[h.sqn] = h
-        for ref in stop:
-            self.scheduler.registry.stop_tracking(ref)
+        for ref in release:
+            self.scheduler.registry.release(ref)
         return handles
 
     def truncate(self, to_sqn: int) -> None:

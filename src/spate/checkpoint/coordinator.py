@@ -54,7 +54,7 @@ class _Pending:
     parallelism: int
     processing_time_ms: int
     acks: dict[int, SubtaskAck]
-    reported: set[str]  # physical files any ack of this checkpoint (accepted or not) reported
+    unused: set[str]  # physical files an ack of this checkpoint (accepted or not) reported no longer in use
 
 
 def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
@@ -177,7 +177,7 @@ class Coordinator:
                 self.storage.delete_dir(f"staged/{name}")
         in_use = {posixpath.dirname(rel) for rel, _ in kept}
         self._remove_dead_dirs([f"{top}/{name}" for top in ("shared", "taskowned")
-                                for name in self.storage.list_dirs(top)], in_use)
+                                for name in self.storage.list_dirs(top)], in_use, background=False)
         if removed:
             log.info("removed %d orphan files under %s", len(removed), self.storage.uri)
         self.files_deleted += len(removed)
@@ -189,7 +189,7 @@ class Coordinator:
         live = {subtask_dir(i, self.parallelism) for i in range(self.parallelism)} | {"shared/changelog"}
         return live | {worker_dir(w) for w in self.live_workers}
 
-    def _remove_dead_dirs(self, candidates: list[str], in_use: set[str]) -> None:
+    def _remove_dead_dirs(self, candidates: list[str], in_use: set[str], background: bool = True) -> None:
         """Delete directories no worker writes to any more and holding no file in use (an earlier
         parallelism's subtask directories, finished workers' directories). Object stores have no directories."""
         if not self.storage.is_local:
@@ -198,7 +198,10 @@ class Coordinator:
         for d in dict.fromkeys(candidates):
             managed = d.startswith(("shared/", "taskowned/"))
             if managed and d not in live and d not in in_use and not any(u.startswith(d + "/") for u in in_use):
-                self._discards.append(self._discarder.submit(self.storage.delete_dir, d))
+                if background:  # after the file deletions queued before
+                    self._discards.append(self._discarder.submit(self.storage.delete_dir, d))
+                else:
+                    self.storage.delete_dir(d)
 
     # -- one checkpoint -------------------------------------------------------------------------------
     @property
@@ -252,16 +255,17 @@ class Coordinator:
         valid = (pending is not None and ack.checkpoint_id == pending.checkpoint_id
                  and self.query is not None and ack.epoch == self.query.epoch
                  and 0 <= ack.index < pending.parallelism and ack.index not in pending.acks)
-        for path, (size, _open) in ack.files.items():
+        for path, (size, _in_use) in ack.files.items():
             self.registry.track(path, size)
+        unused = [path for path, (_size, in_use) in ack.files.items() if not in_use]
         if not valid:
             if pending is not None:
-                pending.reported.update(ack.files)
+                pending.unused.update(unused)
             else:
-                self._sweep(list(ack.files))
+                self._sweep(unused)
             return False
         pending.acks[ack.index] = ack  # type: ignore[union-attr]
-        pending.reported.update(ack.files)  # type: ignore[union-attr]
+        pending.unused.update(unused)  # type: ignore[union-attr]
         return True
 
     def complete(self, checkpoint_id: int) -> CheckpointMetadata:
@@ -285,9 +289,9 @@ class Coordinator:
         self._register(meta)
         acks = pending.acks.values()
         self.live_workers = {a.worker for a in acks if a.worker}
-        deleted = self.registry.set_open({p for a in acks for p, (_size, is_open) in a.files.items() if is_open})
+        deleted = self.registry.set_open({p for a in acks for p, (_size, in_use) in a.files.items() if in_use})
         deleted += self._subsume()
-        deleted += self.registry.sweep(pending.reported)
+        deleted += self.registry.sweep(pending.unused)
         self.registry.control_space()
         self._remove_dead_dirs([posixpath.dirname(p) for p in deleted], self.registry.directories())
         return meta
@@ -361,7 +365,7 @@ class Coordinator:
         self._pending = None
         if self.storage.exists(metadata_path(checkpoint_id)):
             return  # the metadata write went through (e.g. it timed out after the PUT): keep every file
-        self._sweep(list(pending.reported))
+        self._sweep(list(pending.unused))
 
     def _sweep(self, paths: list[str]) -> None:
         """Delete those of ``paths`` that nothing references and no worker appends to."""

@@ -7,11 +7,13 @@ private state dies with its checkpoint's retention, change sets only after the n
 mixing lifetimes in one file would leave it half dead for long. Physical files get random names and are
 created exclusively, so nothing is ever overwritten.
 
-The coordinator decides when a physical file can go (no live segment references it and no worker may append
-to it); workers report every file they hold open or closed since the last completed checkpoint, and append
-only to files the coordinator still grants them in the plan (a worker that missed checkpoints, or whose file
-became non-reusable, closes it). Notifications are watermarks: a plan says which checkpoint completed last,
-and everything up to it is settled, however many plans a worker missed.
+The coordinator decides when a physical file can go: no live segment references it and it is not in use.
+A worker reports each file as in use while it is open for appends or holds a segment not yet settled: written
+but neither discarded by its owner nor referenced by a completed checkpoint (a materialization for a later
+checkpoint, change sets an aborted checkpoint included and the retry will include again). Workers append only
+to files the coordinator still grants them in the plan (a worker that missed checkpoints, or whose file became
+non-reusable, closes it). Notifications are watermarks: a plan says which checkpoint completed last, and
+everything up to it is settled, however many plans a worker missed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class PhysicalFile:
         self.lock = threading.Lock()
         self._out = storage.open_new(path)
         self.local = storage.is_local
+        self.held: dict[int, int | None] = {}  # offset of an unsettled segment -> latest checkpoint including it
+
+    @property
+    def in_use(self) -> bool:
+        return not self.closed or bool(self.held)
 
     def append(self, data: bytes) -> int:
         """Write ``data`` at the end; returns its offset (caller holds the file from its pool)."""
@@ -146,12 +153,14 @@ class PooledWriter:
         try:
             with f.lock:
                 offset = f.append(data)
+                f.held[offset] = None
         finally:
             self.pool.give_back(f)
         return FileRef(f.path, offset, len(data))
 
     def discard(self, ref: FileRef) -> None:
-        """Nothing to do: the bytes stay as waste until the coordinator deletes the whole file."""
+        """No checkpoint will reference ``ref``: its bytes are waste until the coordinator deletes the file."""
+        self.pool.manager.settle([ref])
 
 
 class FileMergingManager:
@@ -225,35 +234,48 @@ class FileMergingManager:
         with self._lock:
             if self._first_checkpoint is not None and checkpoint_id >= self._first_checkpoint:
                 self.coordinator_owns = True
+            for f in self._files.values():  # included in a checkpoint up to this one: completed or aborted
+                for offset in [o for o, cp in f.held.items() if cp is not None and cp <= checkpoint_id]:
+                    del f.held[offset]
             for path, cp in list(self._reported.items()):
-                if cp <= checkpoint_id:
+                if cp <= checkpoint_id and not self._files[path].in_use:
                     del self._reported[path]
-                    self._files.pop(path, None)
+                    del self._files[path]
 
-    def sync(self, refs: Iterable[FileRef]) -> None:
-        """Make the physical files holding ``refs`` durable and readable before the ack: local files are
-        already (unbuffered writes); object-store files are closed. A ref in a revoked file fails the
-        checkpoint rather than handing the coordinator a file it may delete."""
-        for path in {r.path for r in refs}:
+    def sync(self, refs: Iterable[FileRef], checkpoint_id: int) -> None:
+        """The ack of ``checkpoint_id`` references ``refs``: make their physical files durable and readable
+        (local files already are: unbuffered writes; object-store files are closed) and note the inclusion."""
+        by_path: dict[str, list[FileRef]] = {}
+        for r in refs:
+            by_path.setdefault(r.path, []).append(r)
+        for path, mine in by_path.items():
             f = self._files.get(path)
             if f is None:
-                continue
-            if f.revoked:
-                raise CheckpointError(f"segment in {f.path}, which the coordinator stopped granting to this worker; "
-                                      "the checkpoint is retried")
+                continue  # not written by this worker, or settled long ago
+            with self._lock:
+                for r in mine:
+                    if r.offset in f.held:
+                        f.held[r.offset] = checkpoint_id
             if not f.local:
                 f.revoked = True  # readable only once closed: it takes no more segments
                 f.close()
 
-    def report(self, checkpoint_id: int) -> dict[str, list]:
-        """Every physical file this worker holds open, or closed since the last completed checkpoint:
-        path → [size, open]. Carried in each ack of ``checkpoint_id``."""
+    def settle(self, refs: Iterable[FileRef]) -> None:
+        """Their owner gave ``refs`` up: they no longer keep their files in use."""
         with self._lock:
-            files = list(self._files.values())
+            for r in refs:
+                f = self._files.get(r.path)
+                if f is not None:
+                    f.held.pop(r.offset, None)
+
+    def report(self, checkpoint_id: int) -> dict[str, list]:
+        """Every physical file this worker has in use, or stopped using since the last completed checkpoint:
+        path → [size, in use]. Carried in each ack of ``checkpoint_id``."""
+        with self._lock:
             out = {}
-            for f in files:
-                out[f.path] = [f.size, not f.closed]
-                if f.closed:
+            for f in self._files.values():
+                out[f.path] = [f.size, f.in_use]
+                if not f.in_use:
                     self._reported[f.path] = checkpoint_id
         return out
 

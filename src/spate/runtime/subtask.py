@@ -318,7 +318,7 @@ class Subtask:
         if manager is None:
             return None
         return Relocator(storage_for(plan.checkpoint_uri), out, plan.non_reusable,
-                         subtask_dir(self.index, self.parallelism))
+                         (subtask_dir(self.index, self.parallelism), manager.worker_dir))
 
     def _acknowledge(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]], start_ms: float,
                      keyed_handles: list, clog_finish: Callable[[], tuple[list, list, dict]] | None,
@@ -334,7 +334,7 @@ class Subtask:
         manager = self._merging(plan)
         if manager is not None:
             refs = [h.segment for h in (*keyed_handles, *changelog, *(x for x in (op_handle, staged) if x))]
-            manager.sync(refs)
+            manager.sync(refs, plan.checkpoint_id)
             files = manager.report(plan.checkpoint_id)
         else:
             files = {ref.path: [ref.length, False] for ref in new_files}
@@ -385,16 +385,16 @@ class Subtask:
 
 class Relocator:
     """With file merging: gives a handle's re-written copy if new checkpoints must not reference where it is
-    (a file wasting too much space, or another subtask's directory after a rescale: each subtask owns what it
-    needs), else the handle itself."""
+    (a file wasting too much space, or a directory this subtask and worker do not own: state restored after a
+    rescale or a restart; each subtask owns what it needs), else the handle itself."""
 
-    def __init__(self, storage: Any, out: SegmentWriter, non_reusable: list[str], own_dir: str) -> None:
+    def __init__(self, storage: Any, out: SegmentWriter, non_reusable: list[str], own_dirs: tuple[str, ...]) -> None:
         self.storage, self.out = storage, out
-        self.bad, self.mine = frozenset(non_reusable), own_dir + "/"
+        self.bad, self.mine = frozenset(non_reusable), tuple(d + "/" for d in own_dirs)
 
     def needed(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
-        foreign = h.path.startswith("shared/subtask-") and not h.path.startswith(self.mine)
-        return foreign or h.path in self.bad
+        managed = h.path.startswith(("shared/subtask-", "taskowned/"))
+        return (managed and not h.path.startswith(self.mine)) or h.path in self.bad
 
     def __call__(self, h: H) -> H:
         return relocate(self.storage, h, self.out) if self.needed(h) else h
