@@ -340,3 +340,30 @@ def test_merged_and_unmerged_checkpoints_restore_each_other(tmp_path):
                          changelog=until > 6) as r:
             r.run(src, until=until)
     assert counts(root) == expected_counts(src)
+
+
+def test_cli_shows_and_verifies_segments(tmp_path, capsys):
+    from spate.cli import main
+
+    root = str(tmp_path)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, file_merging="across", changelog=True,
+                     sink=lambda rows, b: None) as r:
+        r.run(batches(5))
+    assert main(["checkpoints", "verify", root]) == 0
+    assert main(["checkpoints", "show", root]) == 0
+    out = capsys.readouterr().out
+    assert "physical files" in out and ".seg@" in out
+    meta = load_checkpoint(CheckpointStorage(root))
+    ref = max((c.segment for st in meta.subtasks for c in st.changelog), key=lambda x: x.offset)
+    full = CheckpointStorage(root).path(ref.path)
+    with open(full, "r+b") as f:  # flip one byte inside the last change-file segment
+        f.seek(ref.offset + ref.length - 1)
+        last = f.read(1)
+        f.seek(ref.offset + ref.length - 1)
+        f.write(bytes([last[0] ^ 0xFF]))
+    assert main(["checkpoints", "verify", root]) == 1
+    out = capsys.readouterr().out
+    assert "checksum mismatch" in out and f"segment at {ref.offset}" in out
+    os.truncate(full, ref.offset + 3)
+    assert main(["checkpoints", "verify", root]) == 1
+    assert "truncated" in capsys.readouterr().out

@@ -19,6 +19,7 @@ from spate.checkpoint.inspect import (
     load_checkpoint,
     operator_state_elements,
     operator_state_names,
+    physical_files,
     verify_checkpoint,
 )
 from spate.errors import SpateError
@@ -45,8 +46,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         _print_json({"root": args.root, "checkpoints": rows})
         return 0
     table = [{"checkpoint": r["checkpoint_id"], "parallelism": r["parallelism"], "max_par": r["max_parallelism"],
-              "files": r["files"], "size": human_bytes(r["state_bytes"]), "watermark": r["watermark_ms"]}
-             for r in rows]
+              "files": r["files"], "segments": r["segments"], "size": human_bytes(r["state_bytes"]),
+              "watermark": r["watermark_ms"]} for r in rows]
     print(format_table(table, title=f"complete checkpoints under {args.root}"))
     return 0
 
@@ -54,35 +55,45 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     storage = CheckpointStorage(args.root)
     meta = load_checkpoint(storage, args.checkpoint)
+    files = physical_files(storage, meta)
     if args.json:
-        _print_json({"summary": checkpoint_summary(meta), "metadata": meta.to_dict()})
+        _print_json({"summary": checkpoint_summary(meta), "files": files, "metadata": meta.to_dict()})
         return 0
     s = checkpoint_summary(meta)
     print(f"checkpoint {meta.checkpoint_id} of query {meta.query_id} (epoch {meta.epoch})")
-    print(f"  parallelism {meta.parallelism}, max parallelism {meta.max_parallelism}, {s['files']} files, "
-          f"{human_bytes(s['state_bytes'])}, watermark {meta.watermark_ms}")
+    print(f"  parallelism {meta.parallelism}, max parallelism {meta.max_parallelism}, {s['segments']} segments in "
+          f"{s['files']} files, {human_bytes(s['state_bytes'])}, watermark {meta.watermark_ms}")
     print(f"  keyed states: {keyed_state_names(meta) or '-'}")
     print(f"  operator states: {operator_state_names(meta) or '-'}\n")
     rows = []
     for i, st in enumerate(meta.subtasks):
         for h in st.keyed:
             rows.append({"subtask": i, "kind": "keyed", "key_groups": f"{h.start}-{h.end}",
-                         "groups_with_data": len(h.offsets), "bytes": h.state_bytes, "file": h.path})
+                         "groups_with_data": len(h.offsets), "bytes": h.state_bytes, "segment": _at(h)})
         for c in st.changelog:
             rows.append({"subtask": i, "kind": f"changelog sqn {c.sqn}", "key_groups": f"{min(c.offsets)}-"
                          f"{max(c.offsets)}", "groups_with_data": len(c.offsets), "bytes": c.state_bytes,
-                         "file": c.path})
-        if st.operator:
-            rows.append({"subtask": i, "kind": "operator", "key_groups": "-",
-                         "groups_with_data": None, "bytes": st.operator.size,
-                         "file": st.operator.path})
-    print(format_table(rows, title="state handles"))
+                         "segment": _at(c)})
+        for kind, other in (("operator", st.operator), ("staged outputs", st.outputs)):
+            if other is not None:
+                rows.append({"subtask": i, "kind": kind, "key_groups": "-", "groups_with_data": None,
+                             "bytes": other.size, "segment": _at(other)})
+    print(format_table(rows, title="state handles (segment: file@offset)"))
+    print()
+    print(format_table([{**f, "segment_bytes": human_bytes(f["segment_bytes"]),
+                         "file_bytes": "missing" if f["file_bytes"] is None else human_bytes(f["file_bytes"])}
+                        for f in files], title="physical files"))
     names = list(dict.fromkeys(k for st in meta.subtasks for k in st.stats))
     stats = [{"statistic": n, **{f"subtask {i}": st.stats.get(n) for i, st in enumerate(meta.subtasks)}}
              for n in names]
     print()
     print(format_table(stats, title="subtask statistics"))
     return 0
+
+
+def _at(handle: Any) -> str:
+    ref = handle.segment
+    return f"{ref.path}@{ref.offset}" if ref.offset else ref.path
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -92,18 +103,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
         try:
             meta = load_checkpoint(storage, n)
             problems = verify_checkpoint(storage, meta)
-            files = len(meta.files())
+            files, segments = len(meta.files()), len(meta.segments())
         except SpateError as e:
-            problems, files = [str(e)], 0
-        results.append({"checkpoint": n, "files": files, "ok": not problems, "problems": problems})
+            problems, files, segments = [str(e)], 0, 0
+        results.append({"checkpoint": n, "files": files, "segments": segments, "ok": not problems,
+                        "problems": problems})
     ok = bool(results) and all(r["ok"] for r in results)
     if args.json:
         _print_json({"root": args.root, "ok": ok, "checkpoints": results})
     else:
         if not results:
             print(f"no complete checkpoint under {args.root}")
-        print(format_table([{"checkpoint": r["checkpoint"], "files": r["files"], "status": "ok" if r["ok"] else
-                             f"{len(r['problems'])} problem(s)"} for r in results], title="verification"))
+        print(format_table([{"checkpoint": r["checkpoint"], "files": r["files"], "segments": r["segments"],
+                             "status": "ok" if r["ok"] else f"{len(r['problems'])} problem(s)"} for r in results],
+                           title="verification (every segment's checksums)"))
         for r in results:
             for p in r["problems"]:
                 print(f"checkpoint {r['checkpoint']}: {p}")

@@ -18,6 +18,7 @@ from spate.keygroups import key_group_range
 from spate.serde import decode_key, serializer_by_name
 from spate.snapshot.keyed import read_key_groups
 from spate.snapshot.operator import read_operator_piece
+from spate.snapshot.outputs import read_outputs
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend, decode_stored
 from spate.state.layout import U16, split_primary
@@ -41,9 +42,19 @@ def load_checkpoint(storage: CheckpointStorage, checkpoint_id: int | None = None
 
 
 def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> list[str]:
-    """Read every byte ``meta`` references and check every checksum; returns the problems found."""
+    """Read every segment ``meta`` references and check every checksum (each frame of each segment), and that
+    every physical file holds all its segments; returns the problems found."""
     problems = []
     context = f"checkpoint {meta.checkpoint_id}"
+    for path, end in meta.files().items():
+        try:
+            size = storage.size(path)
+        except SpateError as e:
+            problems.append(str(e))
+            continue
+        if size < end:
+            problems.append(f"{storage.path(path)}: {size} bytes, but {context} has segments up to byte {end}; "
+                            "the file is truncated")
     for i, st in enumerate(meta.subtasks):
         readers = [(read_key_groups, h) for h in st.keyed] + [(read_change_set, c) for c in st.changelog]
         for read, handle in readers:
@@ -58,7 +69,27 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
                     read_operator_piece(storage, st.operator.piece(name), context)
                 except SpateError as err:
                     problems.append(f"subtask {i}: {err}")
+        if st.outputs:
+            try:
+                read_outputs(storage, st.outputs, allow_pickle=False, decode=False)
+            except SpateError as err:
+                problems.append(f"subtask {i}: {err}")
     return problems
+
+
+def physical_files(storage: CheckpointStorage, meta: CheckpointMetadata) -> list[dict[str, Any]]:
+    """Per physical file ``meta`` references: its segments, the bytes they hold and the file's size."""
+    by_path: dict[str, list[int]] = {}
+    for ref in meta.segments():
+        by_path.setdefault(ref.path, []).append(ref.length)
+    rows = []
+    for path, lengths in sorted(by_path.items()):
+        try:
+            size: int | None = storage.size(path)
+        except SpateError:
+            size = None
+        rows.append({"file": path, "segments": len(lengths), "segment_bytes": sum(lengths), "file_bytes": size})
+    return rows
 
 
 def keyed_state_names(meta: CheckpointMetadata) -> dict[str, str]:
@@ -150,12 +181,14 @@ def operator_state_elements(storage: CheckpointStorage, meta: CheckpointMetadata
 
 
 def checkpoint_summary(meta: CheckpointMetadata) -> dict[str, Any]:
-    """Figures of one checkpoint for tables and JSON."""
+    """Figures of one checkpoint for tables and JSON (``files``: physical files; ``segments``: the logical
+    files in them)."""
     return {"checkpoint_id": meta.checkpoint_id, "timestamp_ms": meta.timestamp_ms,
             "parallelism": meta.parallelism, "max_parallelism": meta.max_parallelism,
-            "files": len(meta.files()), "state_bytes": meta.state_bytes, "watermark_ms": meta.watermark_ms,
+            "files": len(meta.files()), "segments": len(meta.segments()), "state_bytes": meta.state_bytes,
+            "watermark_ms": meta.watermark_ms,
             "keyed_states": sorted(keyed_state_names(meta)), "operator_states": sorted(operator_state_names(meta))}
 
 
-__all__ = ["load_checkpoint", "verify_checkpoint", "keyed_state_entries", "operator_state_elements",
+__all__ = ["load_checkpoint", "verify_checkpoint", "physical_files", "keyed_state_entries", "operator_state_elements",
            "checkpoint_summary", "keyed_state_names", "operator_state_names", "StateEntry"]

@@ -43,9 +43,12 @@ def write_outputs(rows: list[Any], out: SegmentWriter, serializer: Serializer) -
     return OutputsHandle(ref.path, len(data), len(rows), serializer.name, ref.offset)
 
 
-def read_outputs(storage: CheckpointStorage, handle: OutputsHandle, allow_pickle: bool = False) -> list[Any]:
-    """The staged rows of ``handle``, verified."""
+def read_outputs(storage: CheckpointStorage, handle: OutputsHandle, allow_pickle: bool = False,
+                 decode: bool = True) -> list[Any]:
+    """The staged rows of ``handle``, verified (``decode=False``: only verified, nothing returned)."""
     data = storage.read_range(handle.path, handle.file_offset, handle.size, "staged outputs")
     payload = read_single_frame(data, f"{storage.path(handle.path)} at offset {handle.file_offset}",
                                 FrameKind.STAGED_OUTPUTS)
+    if not decode:
+        return []
     return serializer_by_name(handle.serializer, allow_pickle, f"staged outputs {handle.path}").loads(payload)
