@@ -2,7 +2,9 @@
 
 Keyed state in key groups (rescalable to any parallelism up to the max parallelism), operator state that
 is split, unioned or broadcast on rescale (FLIP-8), checkpoints coordinated by a driver-side
-:class:`Coordinator`, and a :class:`LocalRunner` that drives the same driver/task protocol in-process.
+:class:`Coordinator` (incremental with the changelog, FLIP-158; written as segments of few physical files
+with file merging, FLIP-306), and a :class:`LocalRunner` that drives the same driver/task protocol
+in-process.
 
 Typical use::
 
@@ -22,6 +24,7 @@ Typical use::
 
 from __future__ import annotations
 
+from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.inspect import keyed_state_entries, load_checkpoint, operator_state_elements, verify_checkpoint
 from spate.checkpoint.metadata import CheckpointMetadata
@@ -34,6 +37,7 @@ from spate.errors import (
     SerializationError,
     SpateError,
 )
+from spate.filemerging.config import FileMergingConfig
 from spate.fs import CheckpointStorage
 from spate.keygroups import default_max_parallelism, key_group, key_group_range, subtask_for_key_group
 from spate.runtime.local import BatchResult, LocalRunner
@@ -51,8 +55,9 @@ from spate.state.descriptors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AggregateFunction", "AggregatingStateDescriptor", "BatchResult", "CheckpointError", "CheckpointMetadata",
-    "CheckpointStorage", "Context", "Coordinator", "CorruptFileError", "FencedError", "IncompatibleStateError",
+    "AggregateFunction", "AggregatingStateDescriptor", "BatchResult", "ChangelogConfig", "CheckpointError",
+    "CheckpointMetadata", "CheckpointStorage", "Context", "Coordinator", "CorruptFileError", "FencedError",
+    "FileMergingConfig", "IncompatibleStateError",
     "ListStateDescriptor", "LocalRunner", "MapStateDescriptor", "MissingFileError", "Processor",
     "ReducingStateDescriptor", "SerializationError", "SpateError", "StateDescriptor", "ValueStateDescriptor",
     "default_max_parallelism", "key_group", "key_group_range", "keyed_state_entries", "load_checkpoint",

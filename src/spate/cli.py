@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=cmd_dump)
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write PNG plots, --json)")
-    bench.add_argument("name", choices=["state", "changelog"], help="which benchmark")
+    bench.add_argument("name", choices=["state", "changelog", "filemerging"], help="which benchmark")
     bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
     bench.add_argument("--json", action="store_true", help='print {"bench": NAME, "results": [...]}')
     bench.add_argument("--out", default="bench-out", help="directory for PNG plots (default bench-out)")

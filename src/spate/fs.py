@@ -181,6 +181,7 @@ class CheckpointStorage:
         """Write a new file (callers use random names; no atomicity needed)."""
         with self.open_new(rel) as out:
             out.write(data)
+        self.counts.add(rel, written=len(data))
 
     def open_new(self, rel: str) -> Any:
         """A stream writing the new file ``rel``: local files are created exclusively (never overwriting) and
@@ -280,19 +281,22 @@ class CheckpointStorage:
 
 
 class FileCounts:
-    """Data files (not ``_``-prefixed markers such as ``_metadata``) created and deleted through a storage."""
+    """Data files (not ``_``-prefixed markers such as ``_metadata``) created and deleted through a storage,
+    and the bytes written to them."""
 
     def __init__(self) -> None:
         self.created = 0
         self.deleted = 0
+        self.bytes_written = 0
         self._lock = threading.Lock()
 
-    def add(self, rel: str, created: int = 0, deleted: int = 0) -> None:
+    def add(self, rel: str, created: int = 0, deleted: int = 0, written: int = 0) -> None:
         if posixpath.basename(rel).startswith("_"):
             return
         with self._lock:
             self.created += created
             self.deleted += deleted
+            self.bytes_written += written
 
 
 @functools.lru_cache(maxsize=32)

@@ -14,9 +14,10 @@ BenchFn = Callable[[bool], tuple[list[dict[str, Any]], str]]
 
 def _benches() -> dict[str, BenchFn]:
     from spate.bench.changelog import bench_changelog
+    from spate.bench.filemerging import bench_filemerging
     from spate.bench.state import bench_state
 
-    return {"state": bench_state, "changelog": bench_changelog}
+    return {"state": bench_state, "changelog": bench_changelog, "filemerging": bench_filemerging}
 
 
 def run_bench(name: str, quick: bool = False, as_json: bool = False, out_dir: str = "bench-out") -> int:

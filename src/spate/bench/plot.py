@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 METRICS = ("ops_per_s", "mb_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50",
-           "full_checkpoint_bytes", "recovery_s")
+           "full_checkpoint_bytes", "recovery_s", "files_created", "files_alive", "space_amplification")
 LOG_SCALE = {"ops_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50", "full_checkpoint_bytes"}
 
 
@@ -21,7 +21,7 @@ def plot_results(name: str, results: list[dict[str, Any]], path: str) -> str | N
     metrics = [m for m in METRICS if any(m in r for r in results)]
     if not metrics:
         return None
-    group = "op" if any("op" in r for r in results) else "state_mb"
+    group = next((g for g in ("op", "state_mb", "checkpoints") if any(g in r for r in results)), "variant")
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         rows = [r for r in results if metric in r]

@@ -53,6 +53,7 @@ class PhysicalFile:
         self.revoked = False  # the coordinator no longer grants it: appends must stop
         self.lock = threading.Lock()
         self._out = storage.open_new(path)
+        self._counts = storage.counts
         self.local = storage.is_local
         self.held: dict[int, int | None] = {}  # offset of an unsettled segment -> latest checkpoint including it
 
@@ -70,6 +71,7 @@ class PhysicalFile:
             n = self._out.write(view)
             view = view[n if n is not None else len(view):]
         self.size += len(data)
+        self._counts.add(self.path, written=len(data))
         return offset
 
     def close(self) -> None:
