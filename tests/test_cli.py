@@ -108,3 +108,16 @@ def test_bench_state_quick_json_shape(tmp_path, capsys):
             ("heap", "restore")} <= variants
     assert all(r.get("ops_per_s", 0) > 0 or r.get("mb_per_s", 0) > 0 for r in data["results"])
     assert os.path.exists(tmp_path / "state.png")
+
+
+def test_bench_filemerging_quick_json_shape(tmp_path, capsys):
+    code, out = run(capsys, "bench", "filemerging", "--quick", "--json", "--out", str(tmp_path))
+    data = json.loads(out)
+    by = {r["variant"]: r for r in data["results"]}
+    assert code == 0 and data["bench"] == "filemerging" and set(by) == {"off", "within", "across"}
+    for r in by.values():
+        assert {"files_created", "files_deleted", "files_alive", "space_amplification", "checkpoint_ms_p50",
+                "checkpoint_ms_p99"} <= set(r)
+        assert r["files_created"] - r["files_deleted"] == r["files_alive"], "every created file is accounted for"
+    assert by["across"]["files_created"] < by["within"]["files_created"] < by["off"]["files_created"]
+    assert os.path.exists(tmp_path / "filemerging.png")

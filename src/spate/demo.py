@@ -76,7 +76,7 @@ def run_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool = Fal
                      sink=sink) as runner:
         results += runner.run(source, until=stop_at)
     with LocalRunner(ClickCounter, key="user", checkpoint_root=root, parallelism=3, table="heap",
-                     changelog=True, sink=sink) as runner:
+                     changelog=True, file_merging="across", sink=sink) as runner:
         results += runner.run(source)
     elapsed = time.perf_counter() - started
 
@@ -119,7 +119,7 @@ def _summarize(source: list[list[dict]], results: list[BatchResult], root: str, 
         "latest_checkpoint": meta.checkpoint_id, "state_bytes": meta.state_bytes,
         "files_alive": len(storage.list_files()),
         "rescale": {"stopped_after_batch": stop_at - 1, "from_parallelism": 2, "to_parallelism": 3,
-                    "from_table": "lmdb", "to_table": "heap + changelog", "restore_ms": restore_ms,
+                    "from_table": "lmdb", "to_table": "heap + changelog + file merging", "restore_ms": restore_ms,
                     "subtasks_restored": results[stop_at].restored_subtasks if len(results) > stop_at else []},
         "checks": checks, "verified": all(checks.values()), "problems": problems,
     }
