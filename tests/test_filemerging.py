@@ -215,6 +215,7 @@ def test_blocking_and_non_blocking_pools(tmp_path, blocking):
     out = manager.private_writer(1)
     pool = out.pool
     first = pool.take(1)  # a writer holds the file
+    assert first is not None
     got: list = []
     t = threading.Thread(target=lambda: got.append(out.write(b"data")))
     t.start()
@@ -367,3 +368,37 @@ def test_cli_shows_and_verifies_segments(tmp_path, capsys):
     os.truncate(full, ref.offset + 3)
     assert main(["checkpoints", "verify", root]) == 1
     assert "truncated" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["within", "across"])
+def test_a_materialization_spanning_several_checkpoints_is_kept(tmp_path, monkeypatch, mode):
+    """A slow background materialization writes after the pool of the checkpoint it started in closed, and
+    is referenced only by a later checkpoint: its segment is held until then, never deleted."""
+    import spate.changelog.state as clog_state
+
+    gate, real = threading.Event(), clog_state.write_key_groups
+
+    def slow(*args, **kwargs):
+        gate.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(clog_state, "write_key_groups", slow)
+    root, src, clock = str(tmp_path), batches(14), [0]
+    cfg = ChangelogConfig(materialization_interval_ms=1000, upload=UploadConfig(persist_delay_s=0.0))
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=1, retained=1, changelog=cfg,
+                     file_merging=mode, clock=lambda: clock[0]) as r:
+        started_at = None
+        for n, rows in enumerate(src):
+            clock[0] = 1000 * n
+            result = r.run_batch(n, rows)
+            if started_at is None and result.checkpoint.subtasks[0].stats.get("materialization_started"):
+                started_at = n
+            if started_at is not None and n == started_at + 4:
+                gate.set()  # finishes after four more checkpoints completed
+                r.subtasks[0].clog.wait_for_materialization()
+        assert started_at is not None
+        r.coordinator.drain()
+        meta = load_checkpoint(r.coordinator.storage)
+        assert meta.subtasks[0].keyed, "a checkpoint references the materialized snapshot"
+        assert verify_checkpoint(r.coordinator.storage, meta) == []
+    assert counts(root) == expected_counts(src)

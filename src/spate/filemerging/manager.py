@@ -22,7 +22,6 @@ import contextlib
 import threading
 from collections.abc import Collection, Iterable
 
-from spate.errors import CheckpointError
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, random_name
@@ -63,8 +62,6 @@ class PhysicalFile:
 
     def append(self, data: bytes) -> int:
         """Write ``data`` at the end; returns its offset (caller holds the file from its pool)."""
-        if self.closed:
-            raise CheckpointError(f"physical file {self.path} is closed")
         offset = self.size
         view = memoryview(data)
         while view:
@@ -94,12 +91,13 @@ class FilePool:
         self._cond = threading.Condition()
         self.closed = False
 
-    def take(self, checkpoint_id: int) -> PhysicalFile:
+    def take(self, checkpoint_id: int) -> PhysicalFile | None:
+        """A file to append to, or None if the pool closed (the caller asks the manager for the current one)."""
         blocking = self.manager.config.blocking_pool
         with self._cond:
             while True:
                 if self.closed:
-                    raise CheckpointError(f"file pool of {self.directory} is closed")
+                    return None
                 self._free = [f for f in self._free if not f.closed]
                 if self._free:
                     f = self._free.pop()
@@ -145,24 +143,38 @@ class FilePool:
 
 
 class PooledWriter:
-    """Writes logical files as segments of the physical files of one pool."""
+    """Writes logical files as segments of the physical files of one directory's pool (of checkpoint
+    ``checkpoint_id`` when merging within checkpoints: a write that comes after that checkpoint's pool closed,
+    such as a long materialization, goes to the current checkpoint's pool)."""
 
-    def __init__(self, pool: FilePool, checkpoint_id: int) -> None:
-        self.pool, self.checkpoint_id = pool, checkpoint_id
+    def __init__(self, manager: FileMergingManager, directory: str, kind: str, checkpoint_id: int) -> None:
+        self.manager, self.directory, self.kind, self.checkpoint_id = manager, directory, kind, checkpoint_id
+
+    @property
+    def pool(self) -> FilePool:
+        cp = max(self.checkpoint_id, self.manager.current_checkpoint)
+        return self.manager.pool(self.directory, cp, self.kind)
 
     def write(self, data: bytes) -> FileRef:
-        f = self.pool.take(self.checkpoint_id)
-        try:
-            with f.lock:
-                offset = f.append(data)
-                f.held[offset] = None
-        finally:
-            self.pool.give_back(f)
-        return FileRef(f.path, offset, len(data))
+        while True:
+            pool = self.pool
+            f = pool.take(self.checkpoint_id)
+            if f is None:
+                continue
+            try:
+                with f.lock:  # the hold is taken before anyone can close the file and report it unused
+                    if f.closed:
+                        continue  # closed meanwhile (object stores close files at acknowledgement)
+                    offset = f.append(data)
+                    with self.manager.lock:
+                        f.held[offset] = None
+                    return FileRef(f.path, offset, len(data))
+            finally:
+                pool.give_back(f)
 
     def discard(self, ref: FileRef) -> None:
         """No checkpoint will reference ``ref``: its bytes are waste until the coordinator deletes the file."""
-        self.pool.manager.settle([ref])
+        self.manager.settle([ref])
 
 
 class FileMergingManager:
@@ -178,24 +190,25 @@ class FileMergingManager:
         self._created: list[str] = []
         self._first_checkpoint: int | None = None
         self.coordinator_owns = False  # a checkpoint completed after this manager started writing
-        self._lock = threading.Lock()
+        self.current_checkpoint = -1  # the newest checkpoint a plan arrived for
+        self.lock = threading.Lock()
 
     # -- writing ---------------------------------------------------------------------------------------
     def shared_writer(self, index: int, parallelism: int, checkpoint_id: int) -> PooledWriter:
         """Writer for subtask ``index``'s shared state (keyed snapshots) in checkpoint ``checkpoint_id``."""
-        return PooledWriter(self._pool(subtask_dir(index, parallelism), checkpoint_id), checkpoint_id)
+        return PooledWriter(self, subtask_dir(index, parallelism), "shared", checkpoint_id)
 
     def private_writer(self, checkpoint_id: int) -> PooledWriter:
         """Writer for this worker's private state (operator state, staged outputs) in ``checkpoint_id``."""
-        return PooledWriter(self._pool(self.worker_dir, checkpoint_id, "private"), checkpoint_id)
+        return PooledWriter(self, self.worker_dir, "private", checkpoint_id)
 
     def changelog_writer(self, checkpoint_id: int) -> PooledWriter:
         """Writer for this worker's change files in checkpoint ``checkpoint_id``."""
-        return PooledWriter(self._pool(self.worker_dir, checkpoint_id, "changelog"), checkpoint_id)
+        return PooledWriter(self, self.worker_dir, "changelog", checkpoint_id)
 
-    def _pool(self, directory: str, checkpoint_id: int, kind: str = "shared") -> FilePool:
+    def pool(self, directory: str, checkpoint_id: int, kind: str) -> FilePool:
         key = (directory, kind, -1 if self.config.across else checkpoint_id)
-        with self._lock:
+        with self.lock:
             if self._first_checkpoint is None:
                 self._first_checkpoint = checkpoint_id
             pool = self._pools.get(key)
@@ -205,7 +218,7 @@ class FileMergingManager:
 
     def new_file(self, directory: str, checkpoint_id: int) -> PhysicalFile:
         f = PhysicalFile(self.storage, f"{directory}/{random_name(SUFFIX)}", checkpoint_id)
-        with self._lock:
+        with self.lock:
             self._files[f.path] = f
             self._created.append(f.path)
         return f
@@ -218,12 +231,13 @@ class FileMergingManager:
         before ``checkpoint_id`` that the coordinator no longer grants (``granted``: None = all) are closed."""
         if completed is not None:
             self.checkpoint_completed(completed)
-        with self._lock:
+        with self.lock:
+            self.current_checkpoint = max(self.current_checkpoint, checkpoint_id)
             pools = list(self._pools.items())
         for key, pool in pools:
             if key[2] != -1 and key[2] < checkpoint_id:
                 pool.close()
-                with self._lock:
+                with self.lock:
                     self._pools.pop(key, None)
             elif granted is not None:
                 for f in pool.files():
@@ -233,7 +247,7 @@ class FileMergingManager:
     def checkpoint_completed(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` completed: from now on the coordinator owns this worker's files; closed
         files already reported in an ack of it (or earlier) need no more reports."""
-        with self._lock:
+        with self.lock:
             if self._first_checkpoint is not None and checkpoint_id >= self._first_checkpoint:
                 self.coordinator_owns = True
             for f in self._files.values():  # included in a checkpoint up to this one: completed or aborted
@@ -254,7 +268,7 @@ class FileMergingManager:
             f = self._files.get(path)
             if f is None:
                 continue  # not written by this worker, or settled long ago
-            with self._lock:
+            with self.lock:
                 for r in mine:
                     if r.offset in f.held:
                         f.held[r.offset] = checkpoint_id
@@ -264,7 +278,7 @@ class FileMergingManager:
 
     def settle(self, refs: Iterable[FileRef]) -> None:
         """Their owner gave ``refs`` up: they no longer keep their files in use."""
-        with self._lock:
+        with self.lock:
             for r in refs:
                 f = self._files.get(r.path)
                 if f is not None:
@@ -273,7 +287,7 @@ class FileMergingManager:
     def report(self, checkpoint_id: int) -> dict[str, list]:
         """Every physical file this worker has in use, or stopped using since the last completed checkpoint:
         path → [size, in use]. Carried in each ack of ``checkpoint_id``."""
-        with self._lock:
+        with self.lock:
             out = {}
             for f in self._files.values():
                 out[f.path] = [f.size, f.in_use]
@@ -284,7 +298,7 @@ class FileMergingManager:
     def close(self) -> None:
         """Close every file. If no checkpoint completed since this manager started writing, nothing it wrote
         can be referenced: delete its files and its directory. Otherwise the coordinator owns them."""
-        with self._lock:
+        with self.lock:
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.close()
