@@ -402,3 +402,115 @@ def test_a_materialization_spanning_several_checkpoints_is_kept(tmp_path, monkey
         assert meta.subtasks[0].keyed, "a checkpoint references the materialized snapshot"
         assert verify_checkpoint(r.coordinator.storage, meta) == []
     assert counts(root) == expected_counts(src)
+
+
+# -- regressions found in review --------------------------------------------------------------------------
+def test_a_checkpoint_whose_commit_reported_an_error_keeps_its_files(tmp_path):
+    """The metadata PUT went through but raised (a timeout): the checkpoint is complete, and closing the worker
+    must not delete the files it references."""
+    root, src = str(tmp_path), batches(4)
+    r = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, file_merging="across")
+    storage, real = r.coordinator.storage, r.coordinator.storage.create_exclusive
+
+    def went_through_then_timed_out(rel, data):
+        real(rel, data)
+        raise TimeoutError("PUT timed out")
+
+    storage.create_exclusive = went_through_then_timed_out
+    with pytest.raises(TimeoutError):
+        r.run_batch(0, src[0])
+    storage.create_exclusive = real
+    r.close()
+    assert verify_checkpoint(CheckpointStorage(root), load_checkpoint(CheckpointStorage(root))) == []
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, file_merging="across") as r2:
+        r2.run(src)
+    assert counts(root) == expected_counts(src)
+
+
+class _HalfWriteThenFail:
+    """Fault injection: the third write stores half its bytes, then fails (a full disk)."""
+
+    def __init__(self, out):
+        self.out, self.calls = out, 0
+
+    def write(self, view):
+        self.calls += 1
+        if self.calls == 3:
+            self.out.write(view[: len(view) // 2])
+            raise OSError(28, "No space left on device")
+        return self.out.write(view)
+
+    def close(self):
+        self.out.close()
+
+
+def test_a_partly_failed_append_retires_the_file(tmp_path, monkeypatch):
+    from spate.filemerging import manager as fm_manager
+
+    real_init = fm_manager.PhysicalFile.__init__
+
+    def init(self, storage, path, checkpoint_id):
+        real_init(self, storage, path, checkpoint_id)
+        if path.startswith("taskowned/"):
+            self._out = _HalfWriteThenFail(self._out)
+
+    monkeypatch.setattr(fm_manager.PhysicalFile, "__init__", init)
+    root, src = str(tmp_path), batches(6)
+    clog = ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0, next_attempt_delay_s=0.01))
+    failures = 0
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=1, changelog=clog,
+                     file_merging="across") as r:
+        for n, rows in enumerate(src):
+            try:
+                r.run_batch(n, rows)
+            except OSError:
+                failures += 1
+                r.run_batch(n, rows)
+    storage = CheckpointStorage(root)
+    assert failures and verify_checkpoint(storage, load_checkpoint(storage)) == []
+    assert counts(root) == expected_counts(src)
+
+
+def test_segments_of_a_failed_attempt_stop_holding_their_file(tmp_path):
+    """Subtask 1 wrote its snapshot, then the checkpoint failed before it acknowledged: its segment is given up
+    at the next attempt, so the file goes instead of staying in use for the life of the process."""
+    root, src = str(tmp_path), batches(12)
+    fail = {"on": False}
+
+    def fault(step, batch_id):
+        if fail["on"] and step == "after_subtask_0":
+            fail["on"] = False
+            raise RuntimeError("boom")
+
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, retained=1, file_merging="within",
+                     fault_injector=fault) as r:
+        r.run(src, until=3)
+        before = _files(root, subtask_dir(1, 2))
+        fail["on"] = True
+        with pytest.raises(RuntimeError):
+            r.run_batch(3, src[3])
+        written = _files(root, subtask_dir(1, 2)) - before
+        r.run(src)
+        r.coordinator.drain()
+        assert written and not (written & _files(root, subtask_dir(1, 2))), "the failed attempt's file is gone"
+    assert counts(root) == expected_counts(src)
+
+
+def test_a_late_report_of_a_deleted_file_does_not_delete_it_again():
+    reg, discarded = _registry()
+    reg.track("taskowned/w/f.seg", 10)
+    reg.sweep(["taskowned/w/f.seg"])
+    reg.track("taskowned/w/f.seg", 10)  # a worker that has not heard of the completion reports it again
+    reg.sweep(["taskowned/w/f.seg"])
+    assert discarded == ["taskowned/w/f.seg"] and reg.stats().physical_files == 0
+
+
+def test_nothing_is_written_after_the_manager_closed(tmp_path):
+    from spate.errors import CheckpointError
+
+    manager = FileMergingManager(CheckpointStorage(str(tmp_path)), FileMergingConfig("across"))
+    out = manager.private_writer(1)
+    out.write(b"before")
+    manager.close()
+    with pytest.raises(CheckpointError, match="closed"):
+        out.write(b"after")

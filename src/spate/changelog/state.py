@@ -154,7 +154,6 @@ class ChangelogKeyedState:
                     h.segment == self._unreferenced_materialization[0] for h in self.materialized):
                 self._drop_unreferenced_materialization()  # re-written before any checkpoint referenced it
         materialized, restored = list(self.materialized), list(self.restored_changelog)
-        self._unreferenced_materialization = None  # this checkpoint references it: the coordinator owns it
 
         def finish() -> tuple[list[KeyGroupsHandle], list[ChangeSetHandle], dict]:
             try:
@@ -164,6 +163,8 @@ class ChangelogKeyedState:
                                       f"{self.config.persist_timeout_s} s") from e
             if fix is not None:
                 handles = self.writer.replace_uploaded([fix(h) for h in handles])
+            if self.materialized == materialized:
+                self._unreferenced_materialization = None  # the ack references it: the coordinator owns it
             self._included[checkpoint_id] = span
             stats = self._stats((time.perf_counter() - started) * 1000, handles)
             return materialized, restored + [h.with_states(states) for h in handles], stats

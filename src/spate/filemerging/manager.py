@@ -22,6 +22,7 @@ import contextlib
 import threading
 from collections.abc import Collection, Iterable
 
+from spate.errors import CheckpointError
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, random_name
@@ -165,7 +166,11 @@ class PooledWriter:
                 with f.lock:  # the hold is taken before anyone can close the file and report it unused
                     if f.closed:
                         continue  # closed meanwhile (object stores close files at acknowledgement)
-                    offset = f.append(data)
+                    try:
+                        offset = f.append(data)
+                    except BaseException:
+                        f.revoked = True  # part of the data may be in the file: never append after it
+                        raise
                     with self.manager.lock:
                         f.held[offset] = None
                     return FileRef(f.path, offset, len(data))
@@ -191,6 +196,8 @@ class FileMergingManager:
         self._first_checkpoint: int | None = None
         self.coordinator_owns = False  # a checkpoint completed after this manager started writing
         self.current_checkpoint = -1  # the newest checkpoint a plan arrived for
+        self.closed = False
+        self._named: set[str] = set()  # files an ack named: a checkpoint that completed may reference them
         self.lock = threading.Lock()
 
     # -- writing ---------------------------------------------------------------------------------------
@@ -209,6 +216,8 @@ class FileMergingManager:
     def pool(self, directory: str, checkpoint_id: int, kind: str) -> FilePool:
         key = (directory, kind, -1 if self.config.across else checkpoint_id)
         with self.lock:
+            if self.closed:
+                raise CheckpointError(f"the file-merging manager of worker {self.worker_id} is closed")
             if self._first_checkpoint is None:
                 self._first_checkpoint = checkpoint_id
             pool = self._pools.get(key)
@@ -272,6 +281,7 @@ class FileMergingManager:
                 for r in mine:
                     if r.offset in f.held:
                         f.held[r.offset] = checkpoint_id
+                self._named.add(path)
             if not f.local:
                 f.revoked = True  # readable only once closed: it takes no more segments
                 f.close()
@@ -291,14 +301,18 @@ class FileMergingManager:
             out = {}
             for f in self._files.values():
                 out[f.path] = [f.size, f.in_use]
+                self._named.add(f.path)
                 if not f.in_use:
                     self._reported[f.path] = checkpoint_id
         return out
 
     def close(self) -> None:
-        """Close every file. If no checkpoint completed since this manager started writing, nothing it wrote
-        can be referenced: delete its files and its directory. Otherwise the coordinator owns them."""
+        """Close every file. If no checkpoint completed since this manager started writing, the files no ack
+        ever named cannot be referenced: delete them, and the worker directory if nothing else is in it.
+        Otherwise (or for named files: a checkpoint may have completed without this worker hearing of it)
+        the coordinator owns them; what no checkpoint references goes by its orphan cleanup."""
         with self.lock:
+            self.closed = True
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.close()
@@ -306,9 +320,11 @@ class FileMergingManager:
             f.close()
         if not self.coordinator_owns:
             for path in self._created:
-                self.storage.delete(path)
-            with contextlib.suppress(OSError):
-                self.storage.delete_dir(self.worker_dir)
+                if path not in self._named:
+                    self.storage.delete(path)
+            if not self._named & set(self._created):
+                with contextlib.suppress(OSError):
+                    self.storage.delete_dir(self.worker_dir)
         self._created = []
 
 

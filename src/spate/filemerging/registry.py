@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from spate.filemerging.segments import FileRef
 
+FORGET_DELETED_AFTER = 64
+
 
 @dataclass
 class _Logical:
@@ -56,10 +58,16 @@ class FileRegistry:
         self._physical: dict[str, _Physical] = {}
         self._discard = discard
         self.max_space_amplification = max_space_amplification
+        # recently deleted files, so a late report of one (a worker that has not heard of the completion yet)
+        # does not bring it back and delete it twice; forgotten after FORGET_DELETED_AFTER sweeps
+        self._deleted: dict[str, int] = {}
+        self._sweeps = 0
 
     # -- what exists --------------------------------------------------------------------------------
     def track(self, path: str, size: int) -> None:
         """A physical file of ``size`` bytes exists (reported by a worker or found on restore)."""
+        if path in self._deleted:
+            return
         p = self._physical.setdefault(path, _Physical())
         p.size = max(p.size, size)
 
@@ -80,7 +88,8 @@ class FileRegistry:
         because they just closed with nothing live in them."""
         closing = [path for path, p in self._physical.items() if p.open and path not in paths]
         for path in paths:
-            self._physical.setdefault(path, _Physical()).open = True
+            if path not in self._deleted:
+                self._physical.setdefault(path, _Physical()).open = True
         for path in closing:
             self._physical[path].open = False
         return self.sweep(closing)
@@ -112,12 +121,16 @@ class FileRegistry:
     def sweep(self, paths: Iterable[str]) -> list[str]:
         """Delete those of ``paths`` that are closed and hold no live logical file."""
         deleted = []
+        self._sweeps += 1
         for path in dict.fromkeys(paths):
             p = self._physical.get(path)
             if p is not None and p.refs <= 0 and not p.open:
                 del self._physical[path]
+                self._deleted[path] = self._sweeps
                 self._discard(path)
                 deleted.append(path)
+        if self._sweeps % FORGET_DELETED_AFTER == 0:
+            self._deleted = {p: n for p, n in self._deleted.items() if n > self._sweeps - FORGET_DELETED_AFTER}
         return deleted
 
     # -- space ---------------------------------------------------------------------------------------

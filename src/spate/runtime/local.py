@@ -216,9 +216,13 @@ class LocalRunner:
             s.close()
         merging, changelog = self.config.file_merging, self.config.changelog
         if merging is not None:
-            manager = close_manager(self.coordinator.storage.uri, merging)
-            if manager is not None and changelog is not None:
-                drop_scheduler(self.coordinator.storage, changelog.upload, manager.worker_id)
+            storage = self.coordinator.storage
+            manager = manager_for(storage, merging)
+            if changelog is not None:  # pending uploads first: they write through the manager
+                drop_scheduler(storage, changelog.upload, manager.worker_id)
+            if self.coordinator.latest is not None:
+                manager.checkpoint_completed(self.coordinator.latest.checkpoint_id)
+            close_manager(storage.uri, merging)
         self.coordinator.close()
         if self._temp_local_dir is not None:
             shutil.rmtree(self._temp_local_dir, ignore_errors=True)

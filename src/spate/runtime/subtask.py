@@ -100,6 +100,8 @@ class Subtask:
         self.restored_from: int | None = None
         self.restore_ms = 0.0
         self.clog: ChangelogKeyedState | None = None
+        self._unsynced: list[FileRef] = []  # segments this attempt wrote that no ack named yet (file merging)
+        self._checkpoint_uri: str | None = None
 
     # -- the batch ------------------------------------------------------------------------------------
     def run(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> BatchOutput:
@@ -126,8 +128,10 @@ class Subtask:
 
     def _prepare(self, plan: SubtaskPlan) -> None:
         base = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
+        self._checkpoint_uri = plan.checkpoint_uri
         manager = self._merging(plan)
         if manager is not None:
+            self._give_up_unsynced(manager)
             same_root = plan.base_uri == plan.checkpoint_uri and not plan.base_is_savepoint
             manager.begin(plan.checkpoint_id, plan.base_checkpoint_id if same_root else None, plan.open_files)
         if self.keyed is None and self.config.table == "lmdb":
@@ -307,8 +311,8 @@ class Subtask:
         files in the subtask's directory, the checkpoint's directory and the staged-outputs directory."""
         cp = plan.checkpoint_id
         if manager is not None:
-            private = manager.private_writer(cp)
-            return manager.shared_writer(self.index, self.parallelism, cp), private, private
+            private = _Recording(manager.private_writer(cp), self._unsynced)
+            return _Recording(manager.shared_writer(self.index, self.parallelism, cp), self._unsynced), private, private
         storage = storage_for(plan.checkpoint_uri)
         return (WholeFileWriter(storage, subtask_dir(self.index, self.parallelism), ".kg"),
                 WholeFileWriter(storage, checkpoint_dir(cp), ".op"), WholeFileWriter(storage, staged_dir(cp), ".out"))
@@ -335,6 +339,7 @@ class Subtask:
         if manager is not None:
             refs = [h.segment for h in (*keyed_handles, *changelog, *(x for x in (op_handle, staged) if x))]
             manager.sync(refs, plan.checkpoint_id)
+            self._give_up_unsynced(manager, keep=refs)
             files = manager.report(plan.checkpoint_id)
         else:
             files = {ref.path: [ref.length, False] for ref in new_files}
@@ -367,8 +372,17 @@ class Subtask:
         times = [to_epoch_ms(r[col]) for _, _, r in rows if r.get(col) is not None]
         return max(times) if times else None
 
+    def _give_up_unsynced(self, manager: FileMergingManager, keep: list[FileRef] | None = None) -> None:
+        """Segments an attempt wrote but no ack named (the attempt failed, or a copy was not needed): they no
+        longer keep their files in use."""
+        named = set(keep or ())
+        manager.settle([ref for ref in self._unsynced if ref not in named])
+        self._unsynced.clear()
+
     def close(self, destroy: bool = False) -> None:
         """Close the processor and the table (``destroy`` also deletes local state)."""
+        if self._unsynced and self.config.file_merging is not None and self._checkpoint_uri is not None:
+            self._give_up_unsynced(manager_for(storage_for(self._checkpoint_uri), self.config.file_merging))
         if self.processor is not None:
             self.processor.close()
         if self.clog is not None:
@@ -381,6 +395,21 @@ class Subtask:
                 self.keyed.table.close()
         self.keyed = self.operator = self.processor = self.ctx = None
         self._tag, self._handles = None, None
+
+
+class _Recording:
+    """A segment writer that notes what it wrote in ``written``."""
+
+    def __init__(self, out: SegmentWriter, written: list[FileRef]) -> None:
+        self.out, self.written = out, written
+
+    def write(self, data: bytes) -> FileRef:
+        ref = self.out.write(data)
+        self.written.append(ref)
+        return ref
+
+    def discard(self, ref: FileRef) -> None:
+        self.out.discard(ref)
 
 
 class Relocator:
