@@ -83,6 +83,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(format_table([{**f, "segment_bytes": human_bytes(f["segment_bytes"]),
                          "file_bytes": "missing" if f["file_bytes"] is None else human_bytes(f["file_bytes"])}
                         for f in files], title="physical files"))
+    logical, physical = sum(f["segment_bytes"] for f in files), sum(f["file_bytes"] or 0 for f in files)
+    print(f"  this checkpoint's segments: {human_bytes(logical)} in {human_bytes(physical)} of files "
+          f"(space amplification {physical / logical if logical else 1:.2f}; files may also hold live segments "
+          "of other retained checkpoints)")
     names = list(dict.fromkeys(k for st in meta.subtasks for k in st.stats))
     stats = [{"statistic": n, **{f"subtask {i}": st.stats.get(n) for i, st in enumerate(meta.subtasks)}}
              for n in names]

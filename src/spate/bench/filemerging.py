@@ -61,8 +61,8 @@ def _runner(variant: str, root: str, clock: list[int]) -> LocalRunner:
 
 
 def _run(batches: list[list[dict]], workdir: str) -> list[dict[str, Any]]:
-    """Every variant takes batch n in turn before any takes batch n+1, so drifts of the machine's speed hit
-    them alike."""
+    """Every variant takes batch n in turn (in a rotating order) before any takes batch n+1, so drifts of the
+    machine's speed hit them alike."""
     clock = [0]
     roots = {v: f"{workdir}/{v}" for v in VARIANTS}
     cp_ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -71,7 +71,9 @@ def _run(batches: list[list[dict]], workdir: str) -> list[dict[str, Any]]:
         runners = {v: stack.enter_context(_runner(v, roots[v], clock)) for v in VARIANTS}
         for n, rows in progress(list(enumerate(batches)), len(batches), "bench filemerging"):
             clock[0] = n * BATCH_INTERVAL_MS
-            for v, runner in runners.items():
+            order = VARIANTS[n % len(VARIANTS):] + VARIANTS[:n % len(VARIANTS)]
+            for v in order:  # rotated: background work of the variant before (materializations) hits all alike
+                runner = runners[v]
                 cp_ms[v].append(runner.run_batch(n, rows).checkpoint_ms)
                 amps[v].append(runner.coordinator.registry.stats().amplification)
         for runner in runners.values():
