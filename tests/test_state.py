@@ -328,3 +328,37 @@ def test_snapshot_removes_expired_state_from_the_live_table(make_backend, tmp_pa
     assert v.value() is None and lst.get() == ["new"] and mp.items() == [("y", 2)]
     if b.table.kind == "heap":
         assert b.table.approx_bytes() < before
+
+
+def test_lmdb_state_handed_between_processes(tmp_path):
+    """Spark's Python workers are not sticky: one process unlocks a subtask's lmdb state between batches (its
+    environment stays open), another opens it, writes enough to grow the map and closes; the first locks it
+    again and sees every write."""
+    path = str(tmp_path / "t")
+    a = LmdbTable(path)
+    a.put(1, b"\x00\x00first", b"1")
+    a.unlock()
+    assert "in use by another process" in _open_elsewhere_while_locked(path, a)
+    code = ("import sys; sys.path.insert(0, 'src'); from spate.state.lmdb_table import LmdbTable\n"
+            f"t = LmdbTable({path!r})\n"
+            "for i in range(30000): t.put(i % 128, b'\\x00\\x00k%d' % i, b'v' * 400)\n"
+            "t.put(1, b'\\x00\\x00second', b'2'); t.close()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    a.lock()
+    assert a.get(1, b"\x00\x00second") == b"2" and a.get(1, b"\x00\x00first") == b"1"
+    a.put(2, b"\x00\x00third", b"3")
+    a.commit()
+    assert len(a.key_group_flat(5)) > 0
+    a.close()
+
+
+def _open_elsewhere_while_locked(path, holder) -> str:
+    """What another process gets when it opens the table while ``holder`` has the lock (its stderr)."""
+    holder.lock()
+    try:
+        code = ("import sys; sys.path.insert(0, 'src'); from spate.state.lmdb_table import LmdbTable\n"
+                f"LmdbTable({path!r})")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.dirname(__file__))).stderr
+    finally:
+        holder.unlock()

@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 
 import lmdb
@@ -36,12 +37,11 @@ class LmdbTable(StateTable):
         self.path = path
         os.makedirs(path, exist_ok=True)
         self._lock_fd = os.open(os.path.join(path, "spate.lock"), os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
+        self.locked = self._try_lock()
+        if not self.locked:
             os.close(self._lock_fd)
             raise SpateError(f"lmdb state directory {path} is in use by another process; each subtask's "
-                             "local state may be open in one process at a time") from e
+                             "local state may be open in one process at a time")
         data_file = os.path.join(path, "data.mdb")
         existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
         self.env = lmdb.open(path, map_size=max(map_size, existing * 2, _MIN_MAP_SIZE), subdir=True,
@@ -55,8 +55,44 @@ class LmdbTable(StateTable):
     # -- transaction handling -------------------------------------------------------------------------
     def _begin(self) -> lmdb.Transaction:
         if self._txn is None:
-            self._txn = self.env.begin(write=True)
+            self._txn = self._env_begin(write=True)
         return self._txn
+
+    def _env_begin(self, write: bool = False) -> lmdb.Transaction:
+        """A transaction; if another process grew the map meanwhile (local state handed between Spark's Python
+        workers), adopt the new size first."""
+        try:
+            return self.env.begin(write=write)
+        except lmdb.MapResizedError:
+            self._resize(0)
+            return self.env.begin(write=write)
+
+    # -- the lock: one process writes a subtask's local state at a time ------------------------------------
+    def _try_lock(self) -> bool:
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def unlock(self) -> None:
+        """Let another process open and write this state (between two batches); :meth:`lock` before the next
+        write. Everything is committed first."""
+        self.commit()
+        if self.locked:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            self.locked = False
+
+    def lock(self, timeout_s: float = 60.0) -> None:
+        """Take the lock back, waiting up to ``timeout_s`` for another process to release it."""
+        deadline = time.monotonic() + timeout_s
+        while not self.locked:
+            self.locked = self._try_lock()
+            if not self.locked:
+                if time.monotonic() > deadline:
+                    raise SpateError(f"lmdb state directory {self.path} stayed locked by another process for "
+                                     f"{timeout_s} s; is a second attempt of the same subtask still running?")
+                time.sleep(0.01)
 
     def _w(self) -> lmdb.Transaction:
         return self._txn or self._begin()
@@ -160,7 +196,7 @@ class LmdbTable(StateTable):
 
     def key_group_flat(self, kg: int) -> list[bytes]:
         self.commit()
-        with self.env.begin() as txn:
+        with self._env_begin() as txn:
             return _flat(txn, kg)
 
     def _resize(self, map_size: int) -> None:
@@ -179,10 +215,11 @@ class LmdbTable(StateTable):
         used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
         if used * 2 > info["map_size"]:
             self._resize(max(info["map_size"] * 2, used * 4))
-        with self._views_closed:
+        with self._views_closed:  # no resize can start between the begin and the count
+            txn = self._env_begin()
             self._open_views += 1
         try:
-            with self.env.begin() as txn:
+            with txn:
                 yield _ReadView(txn)
         finally:
             with self._views_closed:
@@ -195,7 +232,7 @@ class LmdbTable(StateTable):
         self.commit()
         while True:
             try:
-                with self.env.begin(write=True) as txn:
+                with self._env_begin(write=True) as txn:
                     txn.cursor().putmulti(items)
                 return
             except lmdb.MapFullError:
