@@ -134,6 +134,11 @@ class Subtask:
             self._give_up_unsynced(manager)
             same_root = plan.base_uri == plan.checkpoint_uri and not plan.base_is_savepoint
             manager.begin(plan.checkpoint_id, plan.base_checkpoint_id if same_root else None, plan.open_files)
+        lmdb = self._lmdb()
+        if lmdb is not None:
+            lmdb.lock()
+            if self._tag != base:  # another process moved this subtask's local state on: reopen it from disk
+                self._drop_live_state(plan, destroy=False)
         if self.keyed is None and self.config.table == "lmdb":
             self._open_local_lmdb(plan)
         if self.keyed is None or self._tag != base or plan.base_is_savepoint:
@@ -158,6 +163,18 @@ class Subtask:
         if self.clog is not None:
             self.clog.restored(plan.keyed, plan.changelog)  # local state equals them: nothing to replay
         self._tag, self._handles = base, None
+
+    def _lmdb(self) -> LmdbTable | None:
+        table = self.keyed.table if self.keyed is not None else None
+        table = getattr(table, "inner", table)
+        return table if isinstance(table, LmdbTable) else None
+
+    def release_local_state(self) -> None:
+        """Between batches: let another process (another Spark Python worker) take this subtask's lmdb state;
+        the next batch here takes it back, or reopens it if someone else moved it on."""
+        lmdb = self._lmdb()
+        if lmdb is not None:
+            lmdb.unlock()
 
     def _read_operator_state(self, plan: SubtaskPlan) -> dict[str, RestoredOperatorState]:
         restored: dict[str, RestoredOperatorState] = {}
@@ -198,12 +215,15 @@ class Subtask:
         self.clog = ChangelogKeyedState(table, storage, cfg, self.index, self.parallelism, scheduler, materialized)
         return self.clog.table
 
-    def _restore(self, plan: SubtaskPlan) -> None:
+    def _drop_live_state(self, plan: SubtaskPlan, destroy: bool) -> None:
         if self.clog is not None and plan.base_checkpoint_id is not None:
             # checkpoints this subtask took after the base were aborted: let close() delete their changes
             self.clog.abandon_after(plan.base_checkpoint_id)
         if self.keyed is not None:
-            self.close(destroy=True)
+            self.close(destroy=destroy)
+
+    def _restore(self, plan: SubtaskPlan) -> None:
+        self._drop_live_state(plan, destroy=True)
         table = self._new_table(plan)
         started = time.perf_counter()
         restored_ops = self._read_operator_state(plan)
