@@ -42,7 +42,11 @@ def spark() -> Iterator[Any]:
     """A small local[2] SparkSession (UTC session time zone), stopped at the end of the test session."""
     if ensure_java_home() is None:
         pytest.fail("no Java runtime found: run `make test` (it installs Java when missing) or set JAVA_HOME")
+    import sys
+
     from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import spate from this environment
 
     session = (
         SparkSession.builder.master("local[2]")

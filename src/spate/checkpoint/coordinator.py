@@ -57,6 +57,12 @@ class _Pending:
     unused: set[str]  # physical files an ack of this checkpoint (accepted or not) reported no longer in use
 
 
+def _engine_owned(rel: str) -> bool:
+    """Top-level directories whose names start with ``_`` belong to the engine (Spark's own checkpoint)."""
+    top, sep, _rest = rel.partition("/")
+    return bool(sep) and top.startswith("_")
+
+
 def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
     """Ids of every ``chk-<n>`` directory holding a metadata file, ascending (not yet verified)."""
     ids = [int(m.group(1)) for name in storage.list_dirs() if (m := _CHK.match(name))]
@@ -160,7 +166,7 @@ class Coordinator:
         referenced = {path for meta in self.completed for path in meta.files()}
         removed, kept = [], []
         for rel, size in self.storage.list_files():
-            if rel in markers or rel.startswith("savepoints/"):
+            if rel in markers or rel.startswith("savepoints/") or _engine_owned(rel):
                 continue
             if rel in referenced:
                 kept.append((rel, size))

@@ -1,0 +1,206 @@
+"""``StatefulStream``: a spate processor over a streaming DataFrame, started as a real ``StreamingQuery``.
+
+Per micro-batch (``foreachBatch(df, n)`` on the driver): the coordinator plans checkpoint n; the JVM computes
+every row's key group with Spark's ``hash()`` and its subtask; one heartbeat row per subtask is added so every
+subtask runs; ``groupBy(subtask).applyInArrow`` runs each subtask once (``spate.spark.task``); the small acks
+come back to the driver, the coordinator completes checkpoint n, and only then does the sink get the batch's
+outputs (already staged in the checkpoint: a crash before the sink finished re-delivers them with the same
+batch id). A batch Spark replays after checkpoint n completed is not processed again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spate.checkpoint.coordinator import Coordinator
+from spate.checkpoint.protocol import SubtaskAck
+from spate.fs import join_uri
+from spate.report import percentile
+from spate.runtime.processor import Processor
+from spate.runtime.subtask import ProcessorFactory, SubtaskConfig, processor_factory
+from spate.snapshot.outputs import read_outputs
+from spate.spark.settings import SpateSettings
+from spate.spark.task import ACK_COLUMN, HEARTBEAT_COLUMN, KG_COLUMN, SUBTASK_COLUMN, TaskSpec, run_group
+
+log = logging.getLogger(__name__)
+SPARK_CHECKPOINT_DIR = "_spark"  # Spark's own checkpoint (offsets, commits) under spate's root
+Sink = Callable[[Any, int], None]
+
+
+@dataclass
+class BatchMetrics:
+    """What one micro-batch cost on the driver."""
+
+    batch_id: int
+    rows: int
+    batch_ms: float
+    checkpoint_ms: float  # from the acks being collected to the metadata written
+    restored_subtasks: list[int] = field(default_factory=list)
+    replayed: bool = False  # a batch Spark ran again after spate's checkpoint completed: only re-delivered
+
+
+class StatefulStream:
+    """Run ``processor`` keyed by ``key`` over the streaming DataFrame ``df``.
+
+    Args:
+        df: a streaming DataFrame.
+        key: the key column(s).
+        processor: a spate :class:`Processor` (instance, class or factory), shipped to executors.
+        output_schema: schema of the rows the processor yields (``StructType`` or DDL string).
+        settings: a :class:`SpateSettings`; defaults come from the Spark conf (``spark.spate.*``) and keyword
+            arguments override both (``checkpoint_root=...``, ``parallelism=...``, ...).
+    """
+
+    def __init__(self, df: Any, key: str | Sequence[str], processor: Processor | type[Processor] | ProcessorFactory,
+                 output_schema: Any, settings: SpateSettings | None = None, **overrides: Any) -> None:
+        from pyspark.sql.types import StructType, _parse_datatype_string
+
+        if not df.isStreaming:
+            raise ValueError("StatefulStream needs a streaming DataFrame (spark.readStream...); for a batch "
+                             "DataFrame use LocalRunner")
+        self.df = df
+        self.spark = df.sparkSession
+        self.key_columns = (key,) if isinstance(key, str) else tuple(key)
+        missing = [c for c in self.key_columns if c not in df.columns]
+        if not self.key_columns or missing:
+            raise ValueError(f"key columns {missing or '(none)'} are not columns of the stream {df.columns}")
+        self.factory = processor_factory(processor)
+        schema = _parse_datatype_string(output_schema) if isinstance(output_schema, str) else output_schema
+        if not isinstance(schema, StructType):
+            raise TypeError(f"output_schema must be a StructType or a DDL string, got {output_schema!r}")
+        self.output_schema = schema
+        if settings is None:
+            conf = dict(self.spark.sparkContext.getConf().getAll()) | {
+                k: v for k, v in self.spark.conf.getAll.items() if k.startswith("spark.spate.")}
+            settings = SpateSettings.from_conf(conf, **overrides)
+        elif overrides:
+            settings = settings.replace(**overrides)
+        self.settings = settings
+        self.coordinator: Coordinator | None = None
+        self.sink: Sink | None = None
+        self.metrics: list[BatchMetrics] = []
+        self.redelivered: list[int] = []
+
+    # -- starting --------------------------------------------------------------------------------------
+    def start(self, sink: Sink | None = None, *, trigger: dict[str, Any] | None = None,
+              spark_checkpoint: str | None = None, query_name: str | None = None) -> Any:
+        """Start the query. ``sink(outputs_df, batch_id)`` runs after each batch's checkpoint completed (at
+        least once per batch id, so an idempotent sink gets exactly once). ``trigger`` is passed to
+        ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``). Returns the ``StreamingQuery``."""
+        s = self.settings
+        self.sink = sink
+        self.coordinator = Coordinator(s.checkpoint_root, s.parallelism, max_parallelism=s.max_parallelism,
+                                       retained=s.retained,
+                                       watermark_delay_ms=s.watermark_delay_ms if s.event_time_column else None,
+                                       max_space_amplification=(s.file_merging_config.max_space_amplification
+                                                                if s.file_merging_config else 0))
+        self.coordinator.start()
+        self._deliver_staged()
+        writer = self.df.writeStream.foreachBatch(self._process_batch).option(
+            "checkpointLocation", spark_checkpoint or join_uri(s.checkpoint_root, SPARK_CHECKPOINT_DIR))
+        if trigger:
+            writer = writer.trigger(**trigger)
+        if query_name:
+            writer = writer.queryName(query_name)
+        return writer.start()
+
+    def close(self) -> None:
+        """Let background deletions finish (call after the query stopped)."""
+        if self.coordinator is not None:
+            self.coordinator.close()
+
+    # -- one micro-batch (driver) -----------------------------------------------------------------------
+    def _process_batch(self, batch_df: Any, batch_id: int) -> None:
+        coord = self.coordinator
+        assert coord is not None
+        started = time.perf_counter()
+        self._deliver_staged()
+        latest = coord.latest
+        if latest is not None and batch_id <= latest.checkpoint_id:
+            log.info("batch %d is covered by complete checkpoint %d: not processed again", batch_id,
+                     latest.checkpoint_id)
+            self.metrics.append(BatchMetrics(batch_id, 0, (time.perf_counter() - started) * 1000, 0.0,
+                                             replayed=True))
+            return
+        plans = coord.begin(batch_id)
+        try:
+            result = self._run_subtasks(batch_df, plans).localCheckpoint(eager=True)
+            acks = [SubtaskAck.from_dict(json.loads(r[0])) for r in
+                    result.where(result[ACK_COLUMN].isNotNull()).select(ACK_COLUMN).collect()]
+            cp_started = time.perf_counter()
+            for ack in acks:
+                coord.acknowledge(ack)
+            meta = coord.complete(batch_id)
+        except BaseException:
+            coord.abort(batch_id, "batch failed")
+            raise
+        checkpoint_ms = (time.perf_counter() - cp_started) * 1000
+        rows = sum(st.stats.get("rows", 0) for st in meta.subtasks)
+        if self.sink is not None:
+            self.sink(result.where(result[ACK_COLUMN].isNull()).drop(ACK_COLUMN), batch_id)
+            coord.mark_delivered(batch_id)
+        result.unpersist()
+        restored = [i for i, st in enumerate(meta.subtasks) if st.stats.get("restored_from") is not None]
+        self.metrics.append(BatchMetrics(batch_id, rows, (time.perf_counter() - started) * 1000, checkpoint_ms,
+                                         restored))
+
+    def _run_subtasks(self, batch_df: Any, plans: list[Any]) -> Any:
+        from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType
+
+        s, coord = self.settings, self.coordinator
+        assert coord is not None
+        max_p, p = coord.max_parallelism, s.parallelism
+        kg = F.pmod(F.hash(*[F.col(c) for c in self.key_columns]), F.lit(max_p))
+        rows = batch_df.select(*[F.col(c) for c in batch_df.columns], kg.cast("int").alias(KG_COLUMN),
+                               F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
+                               F.lit(False).alias(HEARTBEAT_COLUMN))
+        heartbeat = self.spark.range(p).select(
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in batch_df.schema.fields],
+            F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col("id").cast("int").alias(SUBTASK_COLUMN),
+            F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN))
+        spec = TaskSpec({plan.index: plan.to_dict() for plan in plans}, self.factory, self._subtask_config(),
+                        self.key_columns, to_arrow_schema(self.output_schema, timezone="UTC"))
+
+        def task(key: Any, table: Any) -> Any:
+            return run_group(spec, key, table)
+
+        result_schema = StructType([*self.output_schema.fields, StructField(ACK_COLUMN, StringType())])
+        return rows.unionByName(heartbeat).groupBy(SUBTASK_COLUMN).applyInArrow(task, result_schema)
+
+    def _subtask_config(self) -> SubtaskConfig:
+        s = self.settings
+        return SubtaskConfig(table=s.table, local_dir=s.local_dir, allow_pickle=s.allow_pickle,
+                             event_time_column=s.event_time_column, stage_outputs=self.sink is not None,
+                             changelog=s.changelog_config, file_merging=s.file_merging_config)
+
+    def _deliver_staged(self) -> None:
+        """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and
+        sink): give them to the sink again, with their batch ids."""
+        coord = self.coordinator
+        if self.sink is None or coord is None:
+            return
+        for meta in coord.undelivered():
+            rows = [r for st in meta.subtasks if st.outputs
+                    for r in read_outputs(coord.storage, st.outputs, self.settings.allow_pickle)]
+            self.sink(self.spark.createDataFrame(rows, self.output_schema), meta.checkpoint_id)
+            coord.mark_delivered(meta.checkpoint_id)
+            self.redelivered.append(meta.checkpoint_id)
+
+    # -- figures ----------------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Rows/s and batch/checkpoint durations over the processed batches."""
+        done = [m for m in self.metrics if not m.replayed]
+        total_ms = sum(m.batch_ms for m in done)
+        return {"batches": len(done), "rows": sum(m.rows for m in done),
+                "rows_per_s": round(sum(m.rows for m in done) / (total_ms / 1000)) if total_ms else 0,
+                "batch_ms_p50": percentile([m.batch_ms for m in done], 50),
+                "batch_ms_p99": percentile([m.batch_ms for m in done], 99),
+                "checkpoint_ms_p50": percentile([m.checkpoint_ms for m in done], 50),
+                "checkpoint_ms_p99": percentile([m.checkpoint_ms for m in done], 99)}
