@@ -38,8 +38,10 @@ class CountClicks(Processor):
 def write_files(directory, batches, start=0):
     os.makedirs(directory, exist_ok=True)
     for i, rows in enumerate(batches, start):
-        with open(os.path.join(directory, f"part-{i:05d}.json"), "w") as f:
+        path = os.path.join(directory, f"part-{i:05d}.json")
+        with open(path, "w") as f:
             f.write("\n".join(json.dumps(r) for r in rows))
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source reads oldest first
 
 
 def clicks(n_batches, users=40, per_batch=60, seed=0):
