@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections import Counter
 
@@ -94,3 +95,66 @@ def test_counts_checkpoints_sink_and_rescale(spark, tmp_path, table, merging):
     assert meta.parallelism == 3 and verify_checkpoint(storage, meta) == []
     assert stream2.metrics[0].restored_subtasks == [0, 1, 2], "a new parallelism restores every subtask"
     assert stream.summary()["rows"] == 180 and stream2.summary()["batches"] == 3
+
+
+# -- faults and rescales, each Spark driver in its own process -------------------------------------------------
+JOB = os.path.join(os.path.dirname(__file__), "spark_job.py")
+
+
+def run_job(source, root, out, parallelism, fault="", expect=0):
+    proc = subprocess.run([sys.executable, JOB, source, root, out, str(parallelism), fault], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == expect, proc.stderr[-3000:]
+    return proc
+
+
+def reference_outputs(batches):
+    """Each batch's outputs from a single-process run of the same processor (LocalRunner, no Spark)."""
+    import tempfile
+
+    import spark_job
+
+    from spate import LocalRunner
+
+    out: dict[int, list] = {}
+    with LocalRunner(spark_job.CountClicks, key="user", checkpoint_root=tempfile.mkdtemp(), parallelism=1) as r:
+        for result in r.run(batches):
+            out[result.batch_id] = sorted([o["user"], o["clicks"], o["batch"]] for o in result.outputs)
+    return out
+
+
+def job_outputs(out, n):
+    got = {}
+    for b in range(n):
+        with open(os.path.join(out, f"batch-{b}.json")) as f:
+            got[b] = json.load(f)
+    return got
+
+
+@pytest.mark.parametrize("fault", ["task-fails-once:2", "driver-dies-mid-batch:2", "driver-dies-after-checkpoint:2"])
+def test_exactly_once_state_through_faults(tmp_path, fault):
+    source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    batches = clicks(5, seed=3)
+    write_files(source, batches)
+    dies = fault.startswith("driver-dies")
+    run_job(source, root, out, 2, fault, expect=17 if dies else 0)
+    if dies:
+        run_job(source, root, out, 2)  # the query restarts
+    assert job_outputs(out, 5) == reference_outputs(batches), "every batch's outputs equal a fault-free run"
+    assert state(root) == dict(Counter(r["user"] for rows in batches for r in rows)), "state counted once"
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    if fault.startswith("driver-dies-after-checkpoint"):
+        assert summary["redelivered"] == [2] or summary["replayed"] == [2], summary
+    if fault.startswith("task-fails-once"):
+        assert os.path.exists(os.path.join(out, "failed-once")), "the injected failure happened"
+
+
+def test_rescale_2_5_1_equals_a_single_process_run(tmp_path):
+    source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    batches = clicks(9, users=300, per_batch=200, seed=5)
+    for parallelism, upto in ((2, 3), (5, 6), (1, 9)):
+        write_files(source, batches[upto - 3:upto], start=upto - 3)
+        run_job(source, root, out, parallelism)
+        assert load_checkpoint(CheckpointStorage(root)).parallelism == parallelism
+    assert job_outputs(out, 9) == reference_outputs(batches)
