@@ -24,6 +24,7 @@ from spate.report import percentile
 from spate.runtime.processor import Processor
 from spate.runtime.subtask import ProcessorFactory, SubtaskConfig, processor_factory
 from spate.snapshot.outputs import read_outputs
+from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.settings import SpateSettings
 from spate.spark.task import ACK_COLUMN, HEARTBEAT_COLUMN, KG_COLUMN, SUBTASK_COLUMN, TaskSpec, run_group
 
@@ -204,3 +205,20 @@ class StatefulStream:
                 "batch_ms_p99": percentile([m.batch_ms for m in done], 99),
                 "checkpoint_ms_p50": percentile([m.checkpoint_ms for m in done], 50),
                 "checkpoint_ms_p99": percentile([m.checkpoint_ms for m in done], 99)}
+
+
+def transform_with_state(df: Any, key: str | Sequence[str], processor: Any, output_schema: Any, *,
+                         time_mode: str = "None", flavour: str = "pandas", event_time_column: str | None = None,
+                         watermark_delay_ms: int = 0, settings: SpateSettings | None = None,
+                         **overrides: Any) -> StatefulStream:
+    """The spate equivalent of ``df.groupBy(key).transformWithStateInPandas(processor, output_schema, "Update",
+    time_mode)`` (``flavour="row"``: ``transformWithState``): the same, unchanged ``StatefulProcessor``, with
+    state, checkpoints and parallelism owned by spate. With ``time_mode="EventTime"`` give the event-time
+    column and the allowed delay (Spark's ``withWatermark``). Call ``.start(sink)`` on the result."""
+    if time_mode == "EventTime" and not event_time_column:
+        raise ValueError("timeMode 'EventTime' needs event_time_column (and watermark_delay_ms): the column the "
+                         "watermark follows, as Spark's withWatermark")
+    if event_time_column:
+        overrides = {**overrides, "event_time_column": event_time_column, "watermark_delay_ms": watermark_delay_ms}
+    return StatefulStream(df, key, StatefulProcessorAdapter(processor, flavour, time_mode), output_schema, settings,
+                          **overrides)
