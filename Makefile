@@ -23,8 +23,8 @@ java: $(JAVA_HOME_FILE)
 $(JAVA_HOME_FILE): $(STAMP) tools/ensure_java.sh
 	bash tools/ensure_java.sh $(VENV)
 
-demo: $(STAMP)
-	$(VENV)/bin/spate demo
+demo: $(STAMP) $(JAVA_HOME_FILE)
+	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/spate demo
 
 test: $(STAMP) $(JAVA_HOME_FILE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/ruff check src tests

@@ -4,37 +4,20 @@ Use it from ``conftest.py`` (or directly from a test module) with::
 
     from spark_fixture import spark  # noqa: F401
 
-Java is located via ``JAVA_HOME``; if that is unset and ``<repo>/.venv/java-home`` exists, its content is
-used as ``JAVA_HOME``; otherwise ``java`` must be on ``PATH``. Without Java the Spark tests fail
+Java is located by ``spate.spark.java.ensure_java_home`` (``JAVA_HOME``, else ``<venv>/java-home``, else
+``java`` on ``PATH``). Without Java the Spark tests fail
 (never skip): `make test` installs Java when the machine has none.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def ensure_java_home() -> str | None:
-    """Set ``JAVA_HOME`` from ``.venv/java-home`` if needed; return a usable java home / executable or None."""
-    java_home = os.environ.get("JAVA_HOME")
-    if not java_home:
-        hint = REPO_ROOT / ".venv" / "java-home"
-        if hint.is_file():
-            candidate = hint.read_text().strip()
-            if candidate and (Path(candidate) / "bin" / "java").exists():
-                os.environ["JAVA_HOME"] = candidate
-                java_home = candidate
-    if java_home and (Path(java_home) / "bin" / "java").exists():
-        return java_home
-    return shutil.which("java")
+from spate.spark.java import ensure_java_home
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from spark_fixture import ensure_java_home  # noqa: E402
-
 from spate import Processor, ValueStateDescriptor  # noqa: E402
+from spate.spark.java import ensure_java_home  # noqa: E402
 
 SCHEMA = "user string, page string, n long"
 OUTPUT_SCHEMA = "user string, clicks long, batch long"

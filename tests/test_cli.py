@@ -93,7 +93,7 @@ def test_verify_exit_codes(root, capsys):
 
 
 def test_demo_quick_verifies(tmp_path, capsys):
-    code, out = run(capsys, "demo", "--quick", "--json", "--dir", str(tmp_path / "demo"))
+    code, out = run(capsys, "demo", "--local", "--quick", "--json", "--dir", str(tmp_path / "demo"))
     summary = json.loads(out)
     assert code == 0 and summary["verified"] and all(summary["checks"].values())
     assert summary["rescale"]["to_parallelism"] == 3 and summary["rescale"]["subtasks_restored"] == [0, 1, 2]
@@ -121,3 +121,12 @@ def test_bench_filemerging_quick_json_shape(tmp_path, capsys):
         assert r["files_created"] - r["files_deleted"] == r["files_alive"], "every created file is accounted for"
     assert by["across"]["files_created"] < by["within"]["files_created"] < by["off"]["files_created"]
     assert os.path.exists(tmp_path / "filemerging.png")
+
+
+@pytest.mark.spark
+def test_spark_demo_quick_verifies(spark, tmp_path, capsys):
+    code, out = run(capsys, "demo", "--quick", "--json", "--dir", str(tmp_path / "demo"))
+    summary = json.loads(out)
+    assert code == 0 and summary["verified"] and all(summary["checks"].values())
+    assert summary["rescale"]["to_parallelism"] == 4 and summary["rescale"]["subtasks_restored"] == [0, 1, 2, 3]
+    assert summary["chart"] and os.path.exists(summary["chart"])

@@ -160,9 +160,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from spate.demo import run_demo
+    if args.local:
+        from spate.demo import run_demo
 
-    return run_demo(workdir=args.dir, quick=args.quick, as_json=args.json)
+        return run_demo(workdir=args.dir, quick=args.quick, as_json=args.json)
+    from spate.spark.demo import run_spark_demo
+
+    return run_spark_demo(workdir=args.dir, quick=args.quick, as_json=args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,9 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out", help="directory for PNG plots (default bench-out)")
     bench.set_defaults(func=cmd_bench)
 
-    demo = sub.add_parser("demo", help="run the demo job: checkpoints, a stop, a rescale, verification")
+    demo = sub.add_parser("demo", help="run the demo job on Spark: checkpoints, a stop, a rescale 2 → 4, "
+                                       "verification, a chart")
     demo.add_argument("--dir", default="demo-out", help="working directory (default demo-out)")
     demo.add_argument("--quick", action="store_true", help="smaller input")
+    demo.add_argument("--local", action="store_true", help="the in-process runner instead of Spark (no JVM)")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.set_defaults(func=cmd_demo)
     return p

@@ -88,8 +88,9 @@ def run_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool = Fal
     return 0 if summary["verified"] else 1
 
 
-def _summarize(source: list[list[dict]], results: list[BatchResult], root: str, last_output: dict[str, int],
-               elapsed: float, stop_at: int) -> dict[str, Any]:
+def verify_clicks(source: list[list[dict]], root: str, last_output: dict[str, int]) -> tuple[dict[str, bool],
+                                                                                           list[str]]:
+    """Check the latest checkpoint and the sink's last outputs against an independent computation."""
     storage = CheckpointStorage(root)
     meta = load_checkpoint(storage)
     want_clicks = Counter(r["user"] for rows in source for r in rows)
@@ -98,14 +99,22 @@ def _summarize(source: list[list[dict]], results: list[BatchResult], root: str, 
     pages = {(e.key, e.user_key): e.value for e in keyed_state_entries(storage, meta, "pages")}
     consumed = [x for per in operator_state_elements(storage, meta, "consumed") for x in per]
     problems = verify_checkpoint(storage, meta)
-    checks = {
+    return {
         "clicks per user": clicks == dict(want_clicks),
         "clicks per user and page": pages == dict(want_pages),
         "sink saw final counts": last_output == dict(want_clicks),
         "operator state: every batch's rows once": sum(x[2] for x in consumed) == sum(map(len, source))
         and len({(x[0], x[1]) for x in consumed}) == len(consumed),
         "checksums of every file": not problems,
-    }
+    }, problems
+
+
+def _summarize(source: list[list[dict]], results: list[BatchResult], root: str, last_output: dict[str, int],
+               elapsed: float, stop_at: int) -> dict[str, Any]:
+    storage = CheckpointStorage(root)
+    meta = load_checkpoint(storage)
+    want_clicks = Counter(r["user"] for rows in source for r in rows)
+    checks, problems = verify_clicks(source, root, last_output)
     rows = sum(map(len, source))
     first_after = results[stop_at].checkpoint.subtasks if len(results) > stop_at else []
     restore_ms = max((st.stats.get("restore_ms", 0.0) for st in first_after), default=0.0)
