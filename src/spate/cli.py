@@ -156,7 +156,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from spate.bench import run_bench
 
-    return run_bench(args.name, quick=args.quick, as_json=args.json, out_dir=args.out)
+    bench = None
+    if args.name == "spark":  # only the CLI reaches into spate.spark
+        from spate.spark.bench import bench_spark
+
+        bench = bench_spark
+    return run_bench(args.name, quick=args.quick, as_json=args.json, out_dir=args.out, bench=bench)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -199,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=cmd_dump)
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write PNG plots, --json)")
-    bench.add_argument("name", choices=["state", "changelog", "filemerging"], help="which benchmark")
+    bench.add_argument("name", choices=["state", "changelog", "filemerging", "spark"], help="which benchmark")
     bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
     bench.add_argument("--json", action="store_true", help='print {"bench": NAME, "results": [...]}')
     bench.add_argument("--out", default="bench-out", help="directory for PNG plots (default bench-out)")

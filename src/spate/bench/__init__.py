@@ -20,12 +20,14 @@ def _benches() -> dict[str, BenchFn]:
     return {"state": bench_state, "changelog": bench_changelog, "filemerging": bench_filemerging}
 
 
-def run_bench(name: str, quick: bool = False, as_json: bool = False, out_dir: str = "bench-out") -> int:
-    """Run benchmark ``name``; print its table (or JSON) and write its plot to ``out_dir``."""
+def run_bench(name: str, quick: bool = False, as_json: bool = False, out_dir: str = "bench-out",
+              bench: BenchFn | None = None) -> int:
+    """Run benchmark ``name`` (or the given ``bench`` under that name); print its table (or JSON) and write
+    its plot to ``out_dir``."""
     benches = _benches()
-    if name not in benches:
+    if bench is None and name not in benches:
         raise ValueError(f"unknown benchmark {name!r}; available: {sorted(benches)}")
-    results, table = benches[name](quick)
+    results, table = (bench or benches[name])(quick)
     os.makedirs(out_dir, exist_ok=True)
     from spate.bench.plot import plot_results
 

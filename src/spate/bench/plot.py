@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 METRICS = ("ops_per_s", "mb_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50",
-           "full_checkpoint_bytes", "recovery_s", "files_created", "files_alive", "space_amplification")
-LOG_SCALE = {"ops_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50", "full_checkpoint_bytes"}
+           "full_checkpoint_bytes", "recovery_s", "files_created", "files_alive", "space_amplification", "rows_per_s",
+           "files_per_batch")
+LOG_SCALE = {"ops_per_s", "rows_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50",
+             "full_checkpoint_bytes"}
 
 
 def plot_results(name: str, results: list[dict[str, Any]], path: str) -> str | None:
@@ -21,7 +23,8 @@ def plot_results(name: str, results: list[dict[str, Any]], path: str) -> str | N
     metrics = [m for m in METRICS if any(m in r for r in results)]
     if not metrics:
         return None
-    group = next((g for g in ("op", "state_mb", "checkpoints") if any(g in r for r in results)), "variant")
+    group = next((g for g in ("op", "state_mb", "cardinality", "checkpoints") if any(g in r for r in results)),
+                 "variant")
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         rows = [r for r in results if metric in r]
