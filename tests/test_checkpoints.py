@@ -69,8 +69,7 @@ def test_complete_iff_metadata_and_retention_deletes_unreferenced_files(tmp_path
     referenced = set()
     for n in (6, 7):
         referenced |= set(load_checkpoint(storage, n).files())
-    on_disk = {p for p, _ in storage.list_files()} - {"_query", "chk-6/_metadata", "chk-7/_metadata",
-                                                       "chk-6/_delivered", "chk-7/_delivered"}
+    on_disk = {p for p, _ in storage.list_files()} - {"_query", "chk-6/_metadata", "chk-7/_metadata", "_delivered"}
     assert on_disk == referenced, "only files of retained checkpoints remain"
     assert counts(root) == expected_counts(src)
 

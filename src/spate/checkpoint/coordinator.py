@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state
 from spate.checkpoint.metadata import (
+    DELIVERED_FILE,
     METADATA_FILE,
     QUERY_FILE,
     CheckpointMetadata,
@@ -40,7 +41,7 @@ from spate.checkpoint.savepoint import write_savepoint
 from spate.errors import CheckpointError, FencedError, IncompatibleStateError
 from spate.filemerging.manager import subtask_dir, worker_dir
 from spate.filemerging.registry import FileRegistry
-from spate.fs import CheckpointStorage, FrameKind, frame, join_uri
+from spate.fs import CheckpointStorage, FrameKind, frame, join_uri, read_single_frame
 from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class Coordinator:
         self._count_lock = threading.Lock()
         self._discarder = ThreadPoolExecutor(1, thread_name_prefix="spate-discard")
         self._discards: list[Future[None]] = []
-        self._delivered: set[int] = set()
+        self._delivered_upto: int | None = None  # the sink received every checkpoint up to this one
 
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> CheckpointMetadata | None:
@@ -162,7 +163,7 @@ class Coordinator:
         failed attempts and crashes, half-written physical files), and directories left empty. Savepoints and
         the query file are kept. Returns the referenced state files that remain, with their sizes."""
         markers = {QUERY_FILE} | {metadata_path(m.checkpoint_id) for m in self.completed}
-        markers |= {delivered_path(m.checkpoint_id) for m in self.completed}
+        markers |= {delivered_path(m.checkpoint_id) for m in self.completed} | {DELIVERED_FILE}
         referenced = {path for meta in self.completed for path in meta.files()}
         removed, kept = [], []
         for rel, size in self.storage.list_files():
@@ -335,7 +336,6 @@ class Coordinator:
         """Delete a subsumed checkpoint: its metadata first (from then on it is not complete, whatever happens
         next), then its own directories. The state files it referenced go by the registry, before or after."""
         deleted = int(self.storage.delete(metadata_path(checkpoint_id)))
-        deleted += int(self.storage.delete(delivered_path(checkpoint_id)))
         with self._count_lock:
             self.files_deleted += deleted
         self._discards.append(self._discarder.submit(self._delete_dirs, checkpoint_id))
@@ -346,21 +346,32 @@ class Coordinator:
 
     # -- sink delivery --------------------------------------------------------------------------------
     def undelivered(self) -> list[CheckpointMetadata]:
-        """Retained complete checkpoints with staged outputs the sink has not confirmed, oldest first."""
+        """Retained complete checkpoints with staged outputs the sink has not confirmed, oldest first. The sink
+        gets batches in order, so one watermark (``_delivered``: the newest delivered checkpoint) says it all."""
+        upto = self._read_delivered()
         out = []
         for m in self.completed:
-            if m.checkpoint_id in self._delivered or not any(st.stats.get("staged") for st in m.subtasks):
+            if m.checkpoint_id <= upto or not any(st.stats.get("staged") for st in m.subtasks):
                 continue
-            if self.storage.exists(delivered_path(m.checkpoint_id)):
-                self._delivered.add(m.checkpoint_id)
-            else:
-                out.append(m)
+            if self.storage.exists(delivered_path(m.checkpoint_id)):  # a marker of an older spate
+                continue
+            out.append(m)
         return out
 
+    def _read_delivered(self) -> int:
+        if self._delivered_upto is None:
+            self._delivered_upto = -1
+            if self.storage.exists(DELIVERED_FILE):
+                payload = read_single_frame(self.storage.read(DELIVERED_FILE), self.storage.path(DELIVERED_FILE),
+                                            FrameKind.DELIVERED)
+                self._delivered_upto = int(payload or b"-1")
+        return self._delivered_upto
+
     def mark_delivered(self, checkpoint_id: int) -> None:
-        """Record that the sink received checkpoint ``checkpoint_id``'s outputs."""
-        self.storage.replace(delivered_path(checkpoint_id), frame(FrameKind.DELIVERED, b""))
-        self._delivered.add(checkpoint_id)
+        """Record that the sink received checkpoint ``checkpoint_id``'s outputs (and every earlier one's)."""
+        upto = max(self._read_delivered(), checkpoint_id)
+        self.storage.replace(DELIVERED_FILE, frame(FrameKind.DELIVERED, str(upto).encode()))
+        self._delivered_upto = upto
 
     def abort(self, checkpoint_id: int, reason: str = "") -> None:
         """Give up checkpoint ``checkpoint_id``: delete the files its acks wrote."""

@@ -27,7 +27,7 @@ def metadata_path(checkpoint_id: int) -> str:
 
 
 def delivered_path(checkpoint_id: int) -> str:
-    """Marker written once the sink has received checkpoint ``checkpoint_id``'s staged outputs."""
+    """Per-checkpoint delivery marker of older spate versions (still honoured when reading)."""
     return f"{checkpoint_dir(checkpoint_id)}/{DELIVERED_FILE}"
 
 

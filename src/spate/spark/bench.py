@@ -96,7 +96,8 @@ class _FileCounter:
     """Distinct files ever seen under a checkpoint directory (listed after every batch)."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.seen = path, set()
+        self.path = path
+        self.seen: set[str] = set()
 
     def scan(self) -> None:
         for d, _dirs, files in os.walk(self.path):
