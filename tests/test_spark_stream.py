@@ -158,3 +158,31 @@ def test_rescale_2_5_1_equals_a_single_process_run(tmp_path):
         run_job(source, root, out, parallelism)
         assert load_checkpoint(CheckpointStorage(root)).parallelism == parallelism
     assert job_outputs(out, 9) == reference_outputs(batches)
+
+
+def test_settings_from_spark_conf():
+    from spate.spark.settings import SpateSettings
+
+    conf = {"spark.spate.checkpointRoot": "/data/spate", "spark.spate.parallelism": "5",
+            "spark.spate.changelog": "false", "spark.spate.fileMerging": "within", "spark.app.name": "x"}
+    s = SpateSettings.from_conf(conf, parallelism=None, table="heap")
+    assert (s.checkpoint_root, s.parallelism, s.changelog_config, s.file_merging_config.mode, s.table) == (
+        "/data/spate", 5, None, "within", "heap")
+    with pytest.raises(ValueError, match="unknown setting spark.spate.paralelism"):
+        SpateSettings.from_conf({"spark.spate.paralelism": "2", "spark.spate.checkpointRoot": "/x"})
+    with pytest.raises(ValueError, match="spark.spate.changelog='yes': expected true or false"):
+        SpateSettings.from_conf({"spark.spate.changelog": "yes", "spark.spate.checkpointRoot": "/x"})
+    with pytest.raises(ValueError, match="needs checkpoint_root"):
+        SpateSettings.from_conf({})
+
+
+def test_bench_spark_quick_json_shape(spark, tmp_path, capsys):
+    from spate.cli import main
+
+    assert main(["bench", "spark", "--quick", "--json", "--out", str(tmp_path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    by = {(r["variant"], r["cardinality"]) for r in data["results"]}
+    assert by == {(v, c) for v in ("spate", "transformWithState", "transformWithStateInPandas",
+                                   "applyInPandasWithState") for c in ("high", "low")}
+    for r in data["results"]:
+        assert r["rows_per_s"] > 0 and r["files_per_batch"] > 0 and r["recovery_s"] > 0
