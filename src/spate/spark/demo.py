@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from spate.checkpoint.inspect import load_checkpoint
-from spate.demo import ClickCounter, generate, verify_clicks
+from spate.demo import ClickCounter, generate, print_checks, verify_clicks
 from spate.fs import CheckpointStorage
 from spate.report import format_table, human_bytes, percentile
 from spate.spark.java import ensure_java_home
@@ -151,10 +151,4 @@ def _print(s: dict[str, Any]) -> None:
                                      f"{r['subtasks_restored']} restored"},
         {"what": "chart", "value": s["chart"] or "skipped (matplotlib is not installed)"},
     ], title="summary"))
-    print()
-    print(format_table([{"check": k, "result": "ok" if v else "FAILED"} for k, v in s["checks"].items()],
-                       title="verification against an independent computation"))
-    for p in s["problems"]:
-        print(f"  {p}")
-    print("\nverified: all state and outputs equal the expected result" if s["verified"] else
-          "\nVERIFICATION FAILED")
+    print_checks(s)
