@@ -19,8 +19,10 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state
 from spate.checkpoint.metadata import (
@@ -43,6 +45,7 @@ from spate.filemerging.manager import subtask_dir, worker_dir
 from spate.filemerging.registry import FileRegistry
 from spate.fs import CheckpointStorage, FrameKind, frame, join_uri, read_single_frame
 from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
+from spate.snapshot.outputs import read_outputs
 
 log = logging.getLogger(__name__)
 _CHK = re.compile(r"^chk-(\d+)$")
@@ -357,6 +360,19 @@ class Coordinator:
                 continue
             out.append(m)
         return out
+
+    def deliver_staged(self, deliver: Callable[[list[Any], int], None], allow_pickle: bool = False) -> list[int]:
+        """Give ``deliver(rows, batch_id)`` the staged outputs of every complete checkpoint the sink has not
+        confirmed (a crash came between checkpoint and sink), oldest first, marking each as delivered. Same
+        batch ids, so an idempotent sink sees them once. Returns the checkpoint ids delivered."""
+        done = []
+        for meta in self.undelivered():
+            rows = [r for st in meta.subtasks if st.outputs
+                    for r in read_outputs(self.storage, st.outputs, allow_pickle)]
+            deliver(rows, meta.checkpoint_id)
+            self.mark_delivered(meta.checkpoint_id)
+            done.append(meta.checkpoint_id)
+        return done
 
     def _read_delivered(self) -> int:
         if self._delivered_upto is None:

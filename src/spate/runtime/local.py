@@ -23,7 +23,6 @@ from spate.filemerging.manager import close_manager, manager_for
 from spate.keygroups import compile_key_hasher
 from spate.runtime.processor import Processor, Row
 from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, processor_factory
-from spate.snapshot.outputs import read_outputs
 from spate.state.lmdb_table import remove_if_unused
 
 KeySpec = str | Sequence[str] | Callable[[Row], Any]
@@ -132,14 +131,7 @@ class LocalRunner:
         between checkpoint completion and delivery). Same batch ids, so an idempotent sink sees them once."""
         if self._sink is None:
             return []
-        done = []
-        for meta in self.coordinator.undelivered():
-            rows = [r for st in meta.subtasks if st.outputs
-                    for r in read_outputs(self.coordinator.storage, st.outputs, self.config.allow_pickle)]
-            self._sink(rows, meta.checkpoint_id)
-            self.coordinator.mark_delivered(meta.checkpoint_id)
-            done.append(meta.checkpoint_id)
-        return done
+        return self.coordinator.deliver_staged(self._sink, self.config.allow_pickle)
 
     @property
     def max_parallelism(self) -> int:

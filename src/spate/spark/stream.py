@@ -23,7 +23,6 @@ from spate.fs import join_uri
 from spate.report import percentile
 from spate.runtime.processor import Processor
 from spate.runtime.subtask import ProcessorFactory, SubtaskConfig, processor_factory
-from spate.snapshot.outputs import read_outputs
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.settings import SpateSettings
 from spate.spark.task import ACK_COLUMN, HEARTBEAT_COLUMN, KG_COLUMN, SUBTASK_COLUMN, TaskSpec, run_group
@@ -187,12 +186,10 @@ class StatefulStream:
         coord = self.coordinator
         if self.sink is None or coord is None:
             return
-        for meta in coord.undelivered():
-            rows = [r for st in meta.subtasks if st.outputs
-                    for r in read_outputs(coord.storage, st.outputs, self.settings.allow_pickle)]
-            self.sink(self.spark.createDataFrame(rows, self.output_schema), meta.checkpoint_id)
-            coord.mark_delivered(meta.checkpoint_id)
-            self.redelivered.append(meta.checkpoint_id)
+        sink = self.sink
+        self.redelivered += coord.deliver_staged(
+            lambda rows, batch_id: sink(self.spark.createDataFrame(rows, self.output_schema), batch_id),
+            self.settings.allow_pickle)
 
     # -- figures ----------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
