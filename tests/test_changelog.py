@@ -631,3 +631,14 @@ def test_no_deadlock_under_back_pressure(tmp_path):
         w.persist(0).result(10)
 
     assert _finishes(changes, 10), "back-pressure wait and upload callbacks deadlocked"
+
+
+def test_a_timer_firing_after_the_scheduler_closed_gives_up_quietly():
+    """A hedge or retry timer that fires once the scheduler's threads are gone ends the attempt instead of
+    raising in a timer thread."""
+    pool = ThreadPoolExecutor(1)
+    ex = RetryingExecutor(pool, max_attempts=3, timeout_s=None, next_attempt_delay_s=0.0)
+    pool.shutdown()
+    execution = ex.execute(lambda n: n, lambda r: None)
+    with pytest.raises(CheckpointError, match="abandoned"):
+        execution.result.result(timeout=5)

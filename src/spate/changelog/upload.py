@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from spate.changelog.changeset import ChangeSet
 from spate.changelog.format import change_set_handles, encode_change_file
+from spate.errors import CheckpointError
 from spate.filemerging.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.fs import CheckpointStorage
 from spate.snapshot.handles import ChangeSetHandle
@@ -91,7 +92,19 @@ class Execution(Generic[T]):
             timer = threading.Timer(self.ex.timeout_s, self._attempt)  # hedge if this one is slow
             timer.daemon = True
             timer.start()
-        self.ex._pool.submit(self.action, n).add_done_callback(lambda f: self._finished(f, timer))
+        try:
+            future = self.ex._pool.submit(self.action, n)
+        except RuntimeError as e:  # the scheduler was closed (a hedge or retry timer fired afterwards)
+            if timer is not None:
+                timer.cancel()
+            with self.lock:
+                self.running -= 1
+                give_up = not self.decided and self.running == 0
+                self.decided = self.decided or give_up
+            if give_up:
+                self.result.set_exception(CheckpointError(f"changelog upload abandoned: {e}"))
+            return
+        future.add_done_callback(lambda f: self._finished(f, timer))
 
     def _finished(self, f: Future[T], timer: threading.Timer | None) -> None:
         if timer is not None:
