@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required (python3.11 or python3 on PATH)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[spark,dev,bench]"
+	$(PY) -m pip install -q -e ".[spark,dev,bench,s3]"
 	touch $(STAMP)
 
 java: $(JAVA_HOME_FILE)

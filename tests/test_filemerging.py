@@ -20,7 +20,8 @@ from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import FileMergingManager, subtask_dir
 from spate.filemerging.registry import FileRegistry
 from spate.filemerging.segments import FileRef
-from spate.fs import CheckpointStorage
+from spate.fs import CheckpointStorage, random_name
+from spate.layout import is_marker
 from spate.keygroups import compile_key_hasher
 
 MB = 1 << 20
@@ -302,13 +303,13 @@ def test_crash_with_open_physical_files(tmp_path, mode, step):
     for n in list_complete_checkpoints(storage):
         assert verify_checkpoint(storage, load_checkpoint(storage, n)) == [], "no referenced segment lost"
     (tmp_path / "c" / "taskowned" / "dead-worker").mkdir(parents=True)
-    (tmp_path / "c" / "taskowned" / "dead-worker" / "half.seg").write_bytes(b"half-written")
+    (tmp_path / "c" / "taskowned" / "dead-worker" / random_name(".seg")).write_bytes(b"half-written")
     before = {p for p, _ in storage.list_files()}
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, file_merging=mode, changelog=True) as r:
         referenced = {p for n in list_complete_checkpoints(storage) for p in load_checkpoint(storage, n).files()}
-        leftovers = {p for p in before if not os.path.basename(p).startswith("_")} - referenced
+        leftovers = {p for p in before if not is_marker(p)} - referenced
         assert leftovers, "the crash left unreferenced files behind"
-        assert not any(storage.exists(p) for p in leftovers), "cleanup removed them"
+        assert not [p for p in leftovers if storage.exists(p)], "cleanup removed them"
         assert not storage.exists("taskowned/dead-worker"), "and the dead worker's directory"
         r.run(src)
     assert counts(root) == expected_counts(src)

@@ -83,3 +83,28 @@ def test_file_merging_on_s3(s3_uri, mode):
     assert verify_checkpoint(storage, meta) == []
     assert {e.key: e.value for e in keyed_state_entries(storage, meta, "count")} == expected_counts(src)
     assert len(meta.files()) < len(meta.segments()), "segments share physical files"
+
+
+def test_take_over_and_metadata_are_conditional_writes_on_s3(s3_uri):
+    """Put-if-absent on S3 is a conditional PUT (If-None-Match), so two drivers that read the same epoch
+    cannot both claim it, and a checkpoint's metadata cannot be written twice."""
+    from test_checkpoints import Count, batches
+
+    from spate import Coordinator, FencedError
+    from spate.checkpoint.epochs import EpochLog
+    from spate.checkpoint.metadata import QueryInfo
+
+    root = s3_uri("race")
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2) as r:
+        r.run(batches(2))
+    storage = CheckpointStorage(root)
+    stale, stale_query = EpochLog(storage).read(), QueryInfo.read(storage)
+    first, second = Coordinator(root, 2), Coordinator(root, 2)
+    first.start()
+    second.epochs.read = lambda: stale
+    second._query_file = lambda savepoint: stale_query
+    with pytest.raises(FencedError, match="same time"):
+        second.start()
+    with pytest.raises(FileExistsError):
+        storage.create_exclusive("chk-1/_metadata", b"a second commit")
+    assert list_complete_checkpoints(storage) == [0, 1] and load_checkpoint(storage).checkpoint_id == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import posixpath
 import struct
@@ -22,10 +23,16 @@ import pyarrow.fs as pafs
 import zstandard
 
 from spate.errors import CorruptFileError, MissingFileError
+from spate.layout import is_marker, is_spate_dir, is_spate_file
+from spate.objectstore import put_if_absent
+
+log = logging.getLogger(__name__)
 
 FRAME_MAGIC = b"SPTF"
-FRAME_FORMAT_VERSION = 1
+FRAME_FORMAT_VERSION = 2  # 2: the crc32 covers the header fields too; 1 (still read): the payload only
 _HEADER = struct.Struct(">4sHBBQI")  # magic, format version, kind, flags, payload length, crc32
+_FIELDS = struct.Struct(">4sHBBQ")  # the header without its crc32: what a version-2 crc covers before the payload
+_CRC = struct.Struct(">I")
 FRAME_HEADER_SIZE = _HEADER.size
 _FLAG_ZSTD = 1
 
@@ -40,15 +47,18 @@ class FrameKind:
     STAGED_OUTPUTS = 5
     DELIVERED = 6
     CHANGE_SET = 7
+    EPOCH = 8
 
 
 def frame(kind: int, payload: bytes, compress: bool = False) -> bytes:
-    """Wrap ``payload`` in a frame: header (magic, version, kind, flags, length, crc32) + payload."""
+    """Wrap ``payload`` in a frame: header (magic, version, kind, flags, length, crc32) + payload; the crc32
+    covers the header fields before it and the payload."""
     flags = 0
     if compress:
         payload = zstandard.ZstdCompressor(level=1).compress(payload)
         flags |= _FLAG_ZSTD
-    return _HEADER.pack(FRAME_MAGIC, FRAME_FORMAT_VERSION, kind, flags, len(payload), zlib.crc32(payload)) + payload
+    fields = _FIELDS.pack(FRAME_MAGIC, FRAME_FORMAT_VERSION, kind, flags, len(payload))
+    return fields + _CRC.pack(zlib.crc32(payload, zlib.crc32(fields))) + payload
 
 
 @dataclass(frozen=True)
@@ -117,12 +127,21 @@ def _read_frame(view: memoryview, pos: int, where: str, base_offset: int) -> Fra
     if len(view) - start < length:
         raise CorruptFileError(f"{at}: truncated (frame says {length} bytes, {len(view) - start} present)")
     payload = bytes(view[start:start + length])
-    if zlib.crc32(payload) != crc:
+    covered = zlib.crc32(view[pos:pos + _FIELDS.size]) if version >= 2 else 0  # version 1: the payload only
+    if zlib.crc32(payload, covered) != crc:
         raise CorruptFileError(f"{at}: checksum mismatch; the file is corrupt, restore from an older "
                                "checkpoint or a savepoint")
     if flags & _FLAG_ZSTD:
-        payload = zstandard.ZstdDecompressor().decompress(payload)
+        payload = _decompress(payload, at)
     return Frame(kind, payload, base_offset + pos, FRAME_HEADER_SIZE + length)
+
+
+def _decompress(stored: bytes, at: str) -> bytes:
+    try:
+        return zstandard.ZstdDecompressor().decompress(stored)
+    except zstandard.ZstdError as e:
+        raise CorruptFileError(f"{at}: the zstd-compressed payload cannot be decompressed ({e}); the file is "
+                               "corrupt, restore from an older checkpoint or a savepoint") from e
 
 
 def validate_relative_path(rel: str) -> str:
@@ -161,6 +180,7 @@ class CheckpointStorage:
             self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(uri)
         self.root = self.root.rstrip("/") or "/"
         self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.real_root = os.path.realpath(self.root) if self.is_local else self.root
         self.counts = FileCounts()
 
     def __repr__(self) -> str:
@@ -174,6 +194,7 @@ class CheckpointStorage:
         sub = CheckpointStorage.__new__(CheckpointStorage)
         sub.uri = join_uri(self.uri, rel)
         sub.fs, sub.root, sub.is_local = self.fs, self.path(rel), self.is_local
+        sub.real_root = os.path.realpath(sub.root) if self.is_local else sub.root
         sub.counts = FileCounts()
         return sub
 
@@ -194,16 +215,19 @@ class CheckpointStorage:
         return self.fs.open_output_stream(full)
 
     def create_exclusive(self, rel: str, data: bytes) -> None:
-        """Atomically create ``rel`` with ``data``; raise ``FileExistsError`` if it exists.
+        """Atomically create ``rel`` with ``data``; raise ``FileExistsError`` if it exists (put-if-absent).
 
-        Local file systems: write a temporary file and hard-link it into place (atomic, no overwrite).
-        Object stores: a single PUT is atomic in visibility; the existence check before it is best effort.
+        Local file systems: write a temporary file and hard-link it into place (atomic, no overwrite). S3: a
+        conditional PUT (``If-None-Match: *``). Other object stores have no conditional write that
+        ``pyarrow.fs`` can send: a single PUT is atomic in visibility, the existence check before it is best
+        effort.
         """
         full = self.path(rel)
         if not self.is_local:
-            if self.exists(rel):
-                raise FileExistsError(full)
-            self.write(rel, data)
+            if not put_if_absent(self.uri, full, data):
+                if self.exists(rel):
+                    raise FileExistsError(full)
+                self.write(rel, data)
             return
         tmp = _write_synced_temp(full, data)
         try:
@@ -220,6 +244,7 @@ class CheckpointStorage:
         os.replace(_write_synced_temp(full, data), full)
 
     def read(self, rel: str, context: str = "") -> bytes:
+        self._refuse_links(rel, context)
         try:
             with self.fs.open_input_stream(self.path(rel)) as f:
                 return f.read()
@@ -227,6 +252,7 @@ class CheckpointStorage:
             raise self._missing(rel, context) from e
 
     def read_range(self, rel: str, offset: int, length: int, context: str = "") -> bytes:
+        self._refuse_links(rel, context)
         try:
             with self.fs.open_input_file(self.path(rel)) as f:
                 data = f.read_at(length, offset)
@@ -236,6 +262,20 @@ class CheckpointStorage:
             raise CorruptFileError(f"{self.path(rel)}{_ctx(context)}: truncated, wanted {length} bytes at "
                                    f"offset {offset}, got {len(data)}")
         return data
+
+    def through_link(self, rel: str) -> bool:
+        """Whether the local path ``rel`` passes through a symbolic link (a file or directory below the root
+        that is a link): spate never reads, writes or deletes through one."""
+        if not self.is_local:
+            return False
+        expected = f"{self.real_root.rstrip('/')}/{validate_relative_path(rel)}"
+        return os.path.realpath(self.path(rel)) != expected
+
+    def _refuse_links(self, rel: str, context: str) -> None:
+        if self.through_link(rel):
+            raise CorruptFileError(f"{self.path(rel)}{_ctx(context)}: the path passes through a symbolic link "
+                                   "inside the checkpoint root; spate never follows links there (the file may "
+                                   "resolve outside the root). Replace the link with the real file")
 
     def _missing(self, rel: str, context: str) -> MissingFileError:
         return MissingFileError(f"{self.path(rel)}{_ctx(context)}: file is missing; it was deleted outside "
@@ -251,8 +291,20 @@ class CheckpointStorage:
             raise self._missing(rel, "")
         return info.size
 
+    def mtime_ns(self, rel: str) -> int:
+        """Modification time of ``rel`` in nanoseconds (as the storage's clock tells it)."""
+        info = self.fs.get_file_info(self.path(rel))
+        if info.type == pafs.FileType.NotFound:
+            raise self._missing(rel, "")
+        return info.mtime_ns or 0
+
     def delete(self, rel: str) -> bool:
-        """Delete a file; return False if it did not exist."""
+        """Delete a file; return False if it did not exist. A path through a symbolic link is never deleted
+        (logged instead). Callers that take names from listings or metadata check them against spate's
+        layout first (:func:`spate.layout.is_spate_file`)."""
+        if self.through_link(rel):
+            log.warning("not deleting %s: it passes through a symbolic link", self.path(rel))
+            return False
         try:
             self.fs.delete_file(self.path(rel))
         except FileNotFoundError:
@@ -261,23 +313,87 @@ class CheckpointStorage:
         return True
 
     def delete_dir(self, rel: str) -> None:
+        """Delete the files spate wrote below ``rel``, then (on local disks) the directories this leaves empty.
+        Other files, and the directories holding them, stay; links are never followed."""
         for path, _size in self.list_files(rel):
-            self.counts.add(path, deleted=1)
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.delete_dir(self.path(rel))
+            if is_spate_file(path):
+                self.delete(path)
+        if self.is_local:
+            self.remove_empty_dirs(rel)
+
+    def remove_empty_dirs(self, rel: str = "") -> None:
+        """Local disks: remove the empty directories of spate's layout below ``rel`` (and ``rel``), deepest
+        first. Links are not followed; a directory holding anything else stays."""
+        if rel and self.through_link(rel):
+            return
+        top = self.path(rel) if rel else self.root
+        prefix = len(self.root.rstrip("/")) + 1
+        for directory, _dirs, _files in os.walk(top, topdown=False, followlinks=False):
+            if is_spate_dir(directory[prefix:]) and not os.path.islink(directory):
+                with contextlib.suppress(OSError):  # not empty: it holds files that are not spate's
+                    os.rmdir(directory)
 
     def list_files(self, rel: str = "") -> list[tuple[str, int]]:
-        """Every file below ``rel`` (recursive) as (path relative to the root, size)."""
+        """Every file below ``rel`` (recursive) as (path relative to the root, size). Links are not followed
+        and not listed."""
+        return [(f.path, f.size) for f in self.stat_files(rel)]
+
+    def stat_files(self, rel: str = "") -> list[FileStat]:
+        """Every file below ``rel`` (recursive) with size and modification time; links are not followed."""
+        if self.is_local:
+            return self._walk_local(rel)
         base = self.path(rel) if rel else self.root
         infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
         prefix = self.root.rstrip("/") + "/"
-        return sorted((i.path[len(prefix):], i.size) for i in infos if i.type == pafs.FileType.File)
+        return sorted(FileStat(i.path[len(prefix):], i.size, i.mtime_ns or 0)
+                      for i in infos if i.type == pafs.FileType.File)
+
+    def _walk_local(self, rel: str) -> list[FileStat]:
+        if rel and self.through_link(rel):
+            return []
+        base = self.path(rel) if rel else self.root
+        prefix = len(self.root.rstrip("/")) + 1
+        out = []
+        for directory, _dirs, files in os.walk(base, followlinks=False):
+            for name in files:
+                full = os.path.join(directory, name)
+                st = os.lstat(full)
+                if not os.path.islink(full):
+                    out.append(FileStat(full[prefix:], st.st_size, st.st_mtime_ns))
+        return sorted(out)
 
     def list_dirs(self, rel: str = "") -> list[str]:
-        """Immediate sub-directories of ``rel`` (names only)."""
+        """Immediate sub-directories of ``rel`` (names only); links to directories are not listed."""
+        if self.is_local:
+            if rel and self.through_link(rel):
+                return []
+            try:
+                with os.scandir(self.path(rel) if rel else self.root) as entries:
+                    return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
         base = self.path(rel) if rel else self.root
         infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+
+    def list_entries(self) -> list[str]:
+        """Names directly under the root (files and directories; links too)."""
+        if self.is_local:
+            try:
+                return sorted(os.listdir(self.root))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+        infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=False, allow_not_found=True))
+        return sorted(i.base_name for i in infos)
+
+
+@dataclass(frozen=True, order=True)
+class FileStat:
+    """A file under a checkpoint root: path relative to the root, size, modification time (ns)."""
+
+    path: str
+    size: int
+    mtime_ns: int
 
 
 class FileCounts:
@@ -291,7 +407,7 @@ class FileCounts:
         self._lock = threading.Lock()
 
     def add(self, rel: str, created: int = 0, deleted: int = 0, written: int = 0) -> None:
-        if posixpath.basename(rel).startswith("_"):
+        if is_marker(rel):
             return
         with self._lock:
             self.created += created

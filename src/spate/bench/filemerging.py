@@ -18,6 +18,7 @@ from typing import Any
 from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.metadata import METADATA_FILE
 from spate.fs import CheckpointStorage, FileCounts, storage_for
+from spate.layout import is_marker
 from spate.report import format_table, human_bytes, percentile, progress
 from spate.runtime.local import LocalRunner
 from spate.runtime.processor import Context, Processor
@@ -85,7 +86,7 @@ def _run(batches: list[list[dict]], workdir: str) -> list[dict[str, Any]]:
 
 def _figures(variant: str, root: str, checkpoints: int, cp_ms: list[float], amps: list[float],
              counts: list[FileCounts]) -> dict[str, Any]:
-    alive = [p for p, _ in CheckpointStorage(root).list_files() if not p.rsplit("/", 1)[-1].startswith("_")]
+    alive = [p for p, _ in CheckpointStorage(root).list_files() if not is_marker(p)]
     created = sum(c.created for c in counts)
     steady = amps[len(amps) // 10:]
     return {"variant": variant, "checkpoints": checkpoints, "parallelism": PARALLELISM,

@@ -4,11 +4,15 @@ A checkpoint is complete iff its metadata file exists and verifies. A metadata f
 verification stops ``start`` with an error naming it, rather than silently falling back to an older
 checkpoint (which would hide corruption); deleting that ``chk-<n>`` directory is the explicit fallback.
 
-``start`` fences older drivers, finds the latest complete checkpoint and removes orphan files; ``begin``
-plans a checkpoint for every subtask; ``acknowledge`` accepts exactly one ack per subtask; ``complete``
-writes the metadata atomically (the checkpoint is complete iff it exists and verifies), registers the logical
-files it references, subsumes checkpoints beyond the retention and deletes every physical file that is closed
-and holds nothing a retained checkpoint references (the file registry, shared with file merging).
+``start`` claims the next fencing epoch (put-if-absent: of two drivers starting at once exactly one wins),
+then finds the latest complete checkpoint *visible* under the epochs' seals (:mod:`spate.checkpoint.epochs`)
+and removes orphan files: only files spate's layout names, that no visible checkpoint references, and that
+were written before the take-over. ``begin`` plans a checkpoint for every subtask; ``acknowledge`` accepts
+exactly one ack per subtask; ``complete`` checks the fence, writes the metadata with put-if-absent and checks
+the fence again (a commit that raced a take-over is reported as fenced, and the new driver's seal keeps it
+from ever being restored), registers the logical files it references, subsumes checkpoints beyond the
+retention and deletes every physical file that is closed and holds nothing a retained checkpoint references
+(the file registry, shared with file merging).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state
+from spate.checkpoint.epochs import EPOCHS_DIR, EpochLog, EpochState, Seal
 from spate.checkpoint.metadata import (
     DELIVERED_FILE,
     METADATA_FILE,
@@ -40,11 +45,12 @@ from spate.checkpoint.metadata import (
 )
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.checkpoint.savepoint import write_savepoint
-from spate.errors import CheckpointError, FencedError, IncompatibleStateError
+from spate.errors import CheckpointError, CorruptFileError, FencedError, IncompatibleStateError
 from spate.filemerging.manager import subtask_dir, worker_dir
 from spate.filemerging.registry import FileRegistry
 from spate.fs import CheckpointStorage, FrameKind, frame, join_uri, read_single_frame
 from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
+from spate.layout import is_engine_owned, is_spate_file
 from spate.snapshot.outputs import read_outputs
 
 log = logging.getLogger(__name__)
@@ -61,16 +67,45 @@ class _Pending:
     unused: set[str]  # physical files an ack of this checkpoint (accepted or not) reported no longer in use
 
 
-def _engine_owned(rel: str) -> bool:
-    """Top-level directories whose names start with ``_`` belong to the engine (Spark's own checkpoint)."""
-    top, sep, _rest = rel.partition("/")
-    return bool(sep) and top.startswith("_")
-
-
-def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
+def _metadata_ids(storage: CheckpointStorage) -> list[int]:
     """Ids of every ``chk-<n>`` directory holding a metadata file, ascending (not yet verified)."""
     ids = [int(m.group(1)) for name in storage.list_dirs() if (m := _CHK.match(name))]
     return sorted(n for n in ids if storage.exists(metadata_path(n)))
+
+
+@dataclass
+class _Discovery:
+    """The complete checkpoints of a root as one driver saw them."""
+
+    retained: list[CheckpointMetadata]  # the newest visible ones, ascending
+    latest_id: int  # the newest visible id, -1 if none
+    invisible: list[int]  # metadata written by a fenced driver after a take-over looked
+
+
+def _written_by(storage: CheckpointStorage, checkpoint_id: int) -> CheckpointMetadata:
+    return read_metadata(storage, metadata_path(checkpoint_id))
+
+
+def _discover(storage: CheckpointStorage, epochs: EpochState, retained: int) -> _Discovery:
+    """Read metadata newest first until ``retained`` visible checkpoints are found."""
+    found: list[CheckpointMetadata] = []
+    invisible: list[int] = []
+    for n in reversed(_metadata_ids(storage)):
+        if len(found) == retained:
+            break
+        meta = _written_by(storage, n)
+        (found.append(meta) if epochs.visible(n, meta.epoch) else invisible.append(n))  # type: ignore[func-returns-value]
+    found.reverse()
+    return _Discovery(found, found[-1].checkpoint_id if found else -1, invisible)
+
+
+def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
+    """Ids of the complete checkpoints of a root, ascending: those with a metadata file that counts under
+    the epochs' seals (not yet verified). A metadata file needs reading only if a seal might exclude it."""
+    epochs = EpochLog(storage).read()
+    lowest_seal = min((s.sealed for s in epochs.seals.values()), default=None)
+    return [n for n in _metadata_ids(storage)
+            if lowest_seal is None or n <= lowest_seal or epochs.visible(n, _written_by(storage, n).epoch)]
 
 
 class Coordinator:
@@ -97,6 +132,8 @@ class Coordinator:
         self._base_storage: CheckpointStorage | None = None
         self._pending: _Pending | None = None
         self.registry = FileRegistry(self._discard, max_space_amplification)
+        self.epochs = EpochLog(self.storage)
+        self._seal = Seal(0, -1)
         self.live_workers: set[str] = set()
         self.files_deleted = 0
         self._count_lock = threading.Lock()
@@ -106,14 +143,28 @@ class Coordinator:
 
     # -- start ----------------------------------------------------------------------------------------
     def start(self) -> CheckpointMetadata | None:
-        """Take over the root (fencing older drivers), discover the latest complete checkpoint, remove
-        orphans. Returns the checkpoint the query resumes from (None for a fresh start)."""
-        ids = list_complete_checkpoints(self.storage)
-        self.completed = [read_metadata(self.storage, metadata_path(n)) for n in ids[-self.retained:]]
-        savepoint = self._read_savepoint() if not self.completed and self.restore_from else None
-        self.query = self._take_over(savepoint)
-        for n in ids[:-self.retained]:
-            self._drop_checkpoint(n)
+        """Take over the root (claim the next epoch, fencing older drivers), discover the latest complete
+        checkpoint, remove orphans. Returns the checkpoint the query resumes from (None for a fresh start)."""
+        self._refuse_foreign_root()
+        savepoint = self._read_savepoint() if self.restore_from else None
+        query = self._query_file(savepoint)
+        self._check_parallelism(query)
+        self.query = QueryInfo(query.query_id, query.max_parallelism,
+                               self.epochs.claim(max(self.epochs.read().latest, query.epoch)))
+        epochs = self.epochs.read()  # after the claim: every commit of an older driver seen now counts
+        found = _discover(self.storage, epochs, self.retained)
+        self.completed = found.retained
+        if self.completed:
+            savepoint = None
+        elif savepoint is None:
+            self._refuse_lost_checkpoints(epochs)
+        elif savepoint.max_parallelism != query.max_parallelism:
+            raise IncompatibleStateError(
+                f"savepoint {self.restore_from} was written with max parallelism {savepoint.max_parallelism}, "
+                f"but {self.storage.uri} has {query.max_parallelism}; restore it into a new checkpoint root")
+        self._seal = Seal(self.query.epoch, found.latest_id)
+        self.epochs.seal(self._seal)
+        self.storage.replace(QUERY_FILE, self.query.to_bytes())  # informational; fences older spate versions
         for meta in self.completed:
             self._register(meta)
         for rel, size in self.remove_orphans():
@@ -121,30 +172,50 @@ class Coordinator:
         self.base = self.completed[-1] if self.completed else savepoint
         self._base_storage = self.storage if self.completed or savepoint is None else \
             CheckpointStorage(self.restore_from)  # type: ignore[arg-type]
-        if self.base is not None and self.parallelism > self.base.max_parallelism:
-            raise IncompatibleStateError(
-                f"parallelism {self.parallelism} exceeds max parallelism {self.base.max_parallelism} of "
-                f"{self._base_storage.uri}; use at most {self.base.max_parallelism} subtasks")
         return self.base
 
-    def _read_savepoint(self) -> CheckpointMetadata:
-        sp = CheckpointStorage(self.restore_from)  # type: ignore[arg-type]
-        if not sp.exists(METADATA_FILE):
-            raise CheckpointError(f"no savepoint at {self.restore_from}: {sp.path(METADATA_FILE)} is missing")
-        return read_metadata(sp, METADATA_FILE)
+    def _refuse_foreign_root(self) -> None:
+        """A root without ``_query`` must be empty but for engine directories: spate never adopts (and then
+        cleans up) a directory holding someone else's files."""
+        entries = self.storage.list_entries()
+        if QUERY_FILE in entries:
+            return
+        if _metadata_ids(self.storage):
+            raise CheckpointError(f"{self.storage.path(QUERY_FILE)} is missing but checkpoints exist; the root is "
+                                  "damaged: restore it from a backup, or restore a savepoint into a new root")
+        foreign = [e for e in entries if not e.startswith("_") and e != "savepoints"]
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise CheckpointError(f"{self.storage.uri} is not empty and is not a spate checkpoint root (no "
+                                  f"{QUERY_FILE}; it holds {shown}); spate deletes files it does not reference "
+                                  "under its root, so give it an empty or new directory")
 
-    def _take_over(self, savepoint: CheckpointMetadata | None) -> QueryInfo:
+    def _query_file(self, savepoint: CheckpointMetadata | None) -> QueryInfo:
+        """Read ``_query``, or create it (put-if-absent, so racing fresh starts agree on one query id)."""
         info = QueryInfo.read(self.storage)
-        requested = self.requested_max_parallelism
-        if info is None:
-            if self.completed:
-                raise CheckpointError(f"{self.storage.path(QUERY_FILE)} is missing but checkpoints exist; "
-                                      "the root is damaged")
-            stored = savepoint.max_parallelism if savepoint else None
-            max_p = stored or requested or default_max_parallelism(self.parallelism)
-            info = QueryInfo(uuid.uuid4().hex, max_p, 0)
-        stored = info.max_parallelism
-        source = self.restore_from if savepoint is not None else self.storage.uri
+        if info is not None:
+            return info
+        max_p = (savepoint.max_parallelism if savepoint else None) or self.requested_max_parallelism or \
+            default_max_parallelism(self.parallelism)
+        info = QueryInfo(uuid.uuid4().hex, max_p, 0)
+        try:
+            self.storage.create_exclusive(QUERY_FILE, info.to_bytes())
+        except FileExistsError:
+            return QueryInfo.read(self.storage) or info
+        return info
+
+    def _refuse_lost_checkpoints(self, epochs: EpochState) -> None:
+        """A root that had complete checkpoints must not silently start over from batch 0."""
+        if epochs.had_checkpoints or self._read_delivered() >= 0:
+            seen = max([s.sealed for s in epochs.seals.values()] + [self._read_delivered()])
+            raise CheckpointError(
+                f"checkpoint root {self.storage.uri} had complete checkpoints (up to chk-{seen} at least) "
+                f"but none is left: no chk-<n>/{METADATA_FILE} that counts. They were deleted or "
+                "damaged outside spate; restore a savepoint (restore_from=...) or start a new checkpoint root")
+
+    def _check_parallelism(self, query: QueryInfo) -> None:
+        """Settings that cannot work with the root are refused before taking it over."""
+        stored, requested, source = query.max_parallelism, self.requested_max_parallelism, self.storage.uri
         if requested is not None and requested != stored:
             raise IncompatibleStateError(
                 f"checkpoint state at {source} was written with max parallelism {stored}, but "
@@ -153,45 +224,53 @@ class Coordinator:
         if self.parallelism > stored:
             raise IncompatibleStateError(f"parallelism {self.parallelism} exceeds max parallelism {stored} of "
                                          f"{source}; use at most {stored} subtasks")
-        info = QueryInfo(info.query_id, stored, info.epoch + 1)
-        self.storage.replace(QUERY_FILE, info.to_bytes())
-        return info
+
+    def _read_savepoint(self) -> CheckpointMetadata:
+        sp = CheckpointStorage(self.restore_from)  # type: ignore[arg-type]
+        if not sp.exists(METADATA_FILE):
+            raise CheckpointError(f"no savepoint at {self.restore_from}: {sp.path(METADATA_FILE)} is missing")
+        return read_metadata(sp, METADATA_FILE)
 
     def _register(self, meta: CheckpointMetadata) -> None:
         for ref in meta.segments():
             self.registry.register(ref, meta.checkpoint_id)
 
     def remove_orphans(self) -> list[tuple[str, int]]:
-        """Delete every file under the root that no retained complete checkpoint references (leftovers of
-        failed attempts and crashes, half-written physical files), and directories left empty. Savepoints and
-        the query file are kept. Returns the referenced state files that remain, with their sizes."""
-        markers = {QUERY_FILE} | {metadata_path(m.checkpoint_id) for m in self.completed}
-        markers |= {delivered_path(m.checkpoint_id) for m in self.completed} | {DELIVERED_FILE}
+        """Delete the files under the root that are provably orphans: named as spate names its files, written
+        before this driver's take-over (a newer driver's files are never touched), and referenced by no
+        retained visible checkpoint (leftovers of failed attempts and crashes, half-written physical files,
+        subsumed and fenced checkpoints). Savepoints, the query and epoch files, engine directories and files
+        spate did not write are kept; links are not followed. Returns the referenced state files that remain,
+        with their sizes."""
+        assert self.query is not None
+        markers = {QUERY_FILE, DELIVERED_FILE} | {metadata_path(m.checkpoint_id) for m in self.completed}
+        markers |= {delivered_path(m.checkpoint_id) for m in self.completed}
         referenced = {path for meta in self.completed for path in meta.files()}
-        removed, kept = [], []
-        for rel, size in self.storage.list_files():
-            if rel in markers or rel.startswith("savepoints/") or _engine_owned(rel):
+        claimed_ns = self.epochs.claim_time_ns(self.query.epoch)
+        orphans, kept = [], []
+        for f in self.storage.stat_files():
+            rel = f.path
+            if rel in markers or rel.startswith(("savepoints/", EPOCHS_DIR + "/")) or is_engine_owned(rel):
                 continue
             if rel in referenced:
-                kept.append((rel, size))
-                continue
+                kept.append((rel, f.size))
+            elif is_spate_file(rel) and self._written_before(f.mtime_ns, claimed_ns):
+                orphans.append(rel)
+        orphans.sort(key=lambda rel: (not rel.endswith("/" + METADATA_FILE), rel))  # a checkpoint dies first
+        self.epochs.check(self.query.epoch)
+        for rel in orphans:
             self.storage.delete(rel)
-            removed.append(rel)
-        retained_dirs = {checkpoint_dir(m.checkpoint_id) for m in self.completed}
-        for name in self.storage.list_dirs():
-            if _CHK.match(name) and name not in retained_dirs:
-                self.storage.delete_dir(name)
-        retained_ids = {str(m.checkpoint_id) for m in self.completed}
-        for name in self.storage.list_dirs("staged"):
-            if name not in retained_ids:
-                self.storage.delete_dir(f"staged/{name}")
-        in_use = {posixpath.dirname(rel) for rel, _ in kept}
-        self._remove_dead_dirs([f"{top}/{name}" for top in ("shared", "taskowned")
-                                for name in self.storage.list_dirs(top)], in_use, background=False)
-        if removed:
-            log.info("removed %d orphan files under %s", len(removed), self.storage.uri)
-        self.files_deleted += len(removed)
+        if self.storage.is_local:
+            self.storage.remove_empty_dirs()
+        if orphans:
+            log.info("removed %d orphan files under %s", len(orphans), self.storage.uri)
+        self.files_deleted += len(orphans)
         return kept
+
+    def _written_before(self, mtime_ns: int, claimed_ns: int) -> bool:
+        """Whether a file was written before the take-over. Object stores keep whole seconds, so a file of
+        the take-over's second is kept (removed by a later start) rather than risk a newer driver's."""
+        return mtime_ns <= claimed_ns if self.storage.is_local else mtime_ns < claimed_ns
 
     def _live_dirs(self) -> set[str]:
         """Directories a running worker may write to: this parallelism's subtask directories, the change-file
@@ -286,14 +365,15 @@ class Coordinator:
         missing = sorted(set(range(pending.parallelism)) - set(pending.acks))
         if missing:
             raise CheckpointError(f"checkpoint {checkpoint_id} lacks acks of subtasks {missing}")
-        self._check_fence()
+        assert self.query is not None
+        self.epochs.check(self.query.epoch)
         meta = self._build_metadata(pending)
-        try:
-            self.storage.create_exclusive(metadata_path(checkpoint_id), meta.to_bytes())
-        except FileExistsError as e:
-            raise FencedError(f"{self.storage.path(metadata_path(checkpoint_id))} already exists: another "
-                              "driver completed this checkpoint; stop this query") from e
+        self._write_metadata(meta)
+        self.epochs.check(self.query.epoch)  # a take-over that raced the write: the new driver's seal decides
         self._pending = None
+        if not self._seal.completed:  # from now on, losing every checkpoint of this root is an error
+            self._seal = replace(self._seal, completed=True)
+            self.epochs.seal(self._seal)
         self.completed.append(meta)
         self.base, self._base_storage = meta, self.storage
         self._register(meta)
@@ -321,14 +401,29 @@ class Coordinator:
             self.query.max_parallelism, pending.processing_time_ms,
             [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog) for a in acks], max_event, watermark)
 
-    def _check_fence(self) -> None:
+    def _write_metadata(self, meta: CheckpointMetadata) -> None:
+        """Create ``chk-<n>/_metadata`` with put-if-absent. One left there by a driver fenced before this one
+        looked (an older epoch, above this epoch's seal) never counts, and is replaced."""
+        rel = metadata_path(meta.checkpoint_id)
+        for _attempt in range(2):
+            try:
+                self.storage.create_exclusive(rel, meta.to_bytes())
+                return
+            except FileExistsError:
+                if not self._fenced_commit(meta.checkpoint_id):
+                    break
+                log.warning("replacing %s, written by a fenced driver", self.storage.path(rel))
+                self.storage.delete(rel)
+        raise FencedError(f"{self.storage.path(rel)} already exists: another driver completed this checkpoint; "
+                          "stop this query")
+
+    def _fenced_commit(self, checkpoint_id: int) -> bool:
         assert self.query is not None
-        current = QueryInfo.read(self.storage)
-        if current is None or current.epoch != self.query.epoch or current.query_id != self.query.query_id:
-            theirs = current.epoch if current else "none"
-            raise FencedError(f"checkpoint root {self.storage.uri} was taken over by another driver (epoch "
-                              f"{theirs}, this driver has {self.query.epoch}); stop this query, only one "
-                              "driver may run per checkpoint root")
+        try:
+            other = _written_by(self.storage, checkpoint_id)
+        except (CorruptFileError, CheckpointError):
+            return False
+        return other.epoch < self.query.epoch and checkpoint_id > self._seal.sealed
 
     def _subsume(self) -> list[str]:
         while len(self.completed) > self.retained:
@@ -413,7 +508,10 @@ class Coordinator:
         self._discards.append(self._discarder.submit(self._delete, rel))
 
     def _delete(self, rel: str) -> None:
-        self.storage.delete(rel)
+        if is_spate_file(rel):  # a path from metadata: never delete what spate does not name so
+            self.storage.delete(rel)
+        else:
+            log.warning("not deleting %s: not a file spate writes", self.storage.path(rel))
 
     def drain(self) -> None:
         """Wait until every discarded file is deleted."""

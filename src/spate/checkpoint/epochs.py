@@ -1,0 +1,127 @@
+"""Fencing epochs: which driver owns a checkpoint root, and which checkpoints of fenced drivers count.
+
+A driver takes a root over by *claiming* the next epoch: it creates ``_epochs/<e>`` with put-if-absent
+(an exclusive local create, a conditional PUT on S3). Of two drivers that claim the same epoch exactly one
+succeeds; the other gets :class:`FencedError` before it has written anything. A driver still runs under its
+epoch as long as ``_epochs/<e+1>`` does not exist.
+
+An older driver may have passed its fence check just before the take-over and write a checkpoint's metadata
+afterwards. So after claiming, the new driver lists the complete checkpoints and *seals* its epoch
+(``_epochs/<e>.seal``): the highest checkpoint id it saw. A checkpoint written under epoch ``w`` counts
+(is *visible*) only if every sealed epoch after ``w`` saw it: ``checkpoint_id <= seal`` for each seal of an
+epoch ``> w``. A commit that lands after the new driver looked is therefore never restored from, and the new
+driver may delete it. The seal also records whether a checkpoint ever completed under that epoch, so a root
+that had checkpoints and lost them all is an error instead of a silent restart from batch 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from spate.errors import CorruptFileError, FencedError
+from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
+
+EPOCHS_DIR = "_epochs"
+_CLAIM = re.compile(r"^(\d+)$")
+_SEAL = re.compile(r"^(\d+)\.seal$")
+
+
+def claim_path(epoch: int) -> str:
+    return f"{EPOCHS_DIR}/{epoch:010d}"
+
+
+def seal_path(epoch: int) -> str:
+    return f"{EPOCHS_DIR}/{epoch:010d}.seal"
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What the driver of ``epoch`` saw when it took over, and whether it completed a checkpoint since."""
+
+    epoch: int
+    sealed: int  # the highest visible complete checkpoint at the take-over; -1: none
+    completed: bool = False
+
+    def to_bytes(self) -> bytes:
+        return frame(FrameKind.EPOCH, json.dumps(self.__dict__).encode())
+
+    @staticmethod
+    def parse(data: bytes, where: str) -> Seal:
+        try:
+            d = json.loads(read_single_frame(data, where, FrameKind.EPOCH))
+            return Seal(int(d["epoch"]), int(d["sealed"]), bool(d.get("completed", False)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptFileError(f"{where}: epoch seal is malformed ({e!r})") from e
+
+
+@dataclass(frozen=True)
+class EpochState:
+    """The claimed epochs of a root and their seals, as listed once."""
+
+    claimed: tuple[int, ...]
+    seals: dict[int, Seal]
+
+    @property
+    def latest(self) -> int:
+        return self.claimed[-1] if self.claimed else 0
+
+    def visible(self, checkpoint_id: int, written_by: int) -> bool:
+        """Whether a checkpoint written under epoch ``written_by`` counts (every later seal saw it)."""
+        return all(checkpoint_id <= s.sealed for e, s in self.seals.items() if e > written_by)
+
+    def lowest_later_seal(self, written_by: int) -> int | None:
+        later = [s.sealed for e, s in self.seals.items() if e > written_by]
+        return min(later) if later else None
+
+    @property
+    def had_checkpoints(self) -> bool:
+        """Whether any driver saw or completed a checkpoint on this root."""
+        return any(s.sealed >= 0 or s.completed for s in self.seals.values())
+
+
+class EpochLog:
+    """The ``_epochs/`` directory of one checkpoint root."""
+
+    def __init__(self, storage: CheckpointStorage) -> None:
+        self.storage = storage
+
+    def read(self) -> EpochState:
+        claimed, seal_names = [], []
+        for rel, _size in self.storage.list_files(EPOCHS_DIR):
+            name = rel.rpartition("/")[2]
+            if m := _CLAIM.match(name):
+                claimed.append(int(m.group(1)))
+            elif m := _SEAL.match(name):
+                seal_names.append(int(m.group(1)))
+        seals = {}
+        for e in seal_names:
+            path = seal_path(e)
+            seals[e] = Seal.parse(self.storage.read(path, "epoch seal"), self.storage.path(path))
+        return EpochState(tuple(sorted(claimed)), seals)
+
+    def claim(self, after: int) -> int:
+        """Claim epoch ``after + 1`` (``after``: the highest epoch known to exist). Raises FencedError if
+        another driver claimed it first or a later one exists."""
+        epoch = after + 1
+        try:
+            self.storage.create_exclusive(claim_path(epoch), b"")
+        except FileExistsError as e:
+            raise FencedError(f"another driver took over checkpoint root {self.storage.uri} at the same time "
+                              f"(epoch {epoch} is claimed); only one driver may run per checkpoint root") from e
+        self.check(epoch)
+        return epoch
+
+    def check(self, epoch: int) -> None:
+        """Raise FencedError if a driver claimed an epoch after ``epoch``."""
+        if self.storage.exists(claim_path(epoch + 1)):
+            raise FencedError(f"checkpoint root {self.storage.uri} was taken over by another driver (epoch "
+                              f"{epoch + 1} is claimed, this driver has {epoch}); stop this query, only one "
+                              "driver may run per checkpoint root")
+
+    def claim_time_ns(self, epoch: int) -> int:
+        return self.storage.mtime_ns(claim_path(epoch))
+
+    def seal(self, seal: Seal) -> None:
+        self.storage.replace(seal_path(seal.epoch), seal.to_bytes())
