@@ -33,7 +33,7 @@ class Job(Processor):
 @pytest.fixture
 def root(tmp_path):
     path = str(tmp_path / "ckpt")
-    with LocalRunner(Job, key="k", checkpoint_root=path, parallelism=2) as r:
+    with LocalRunner(Job, key="k", checkpoint_root=path, parallelism=2, allow_pickle=True) as r:
         r.run([[{"k": "a"}, {"k": "b"}, {"k": "a"}], [{"k": "c"}]])
     return path
 

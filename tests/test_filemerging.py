@@ -21,8 +21,8 @@ from spate.filemerging.manager import FileMergingManager, subtask_dir
 from spate.filemerging.registry import FileRegistry
 from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, random_name
-from spate.layout import is_marker
 from spate.keygroups import compile_key_hasher
+from spate.layout import is_marker
 
 MB = 1 << 20
 

@@ -293,3 +293,35 @@ def test_numpy_vectorised_matches_spark(spark: Any) -> None:  # noqa: F811
     assert key_groups(longs, MAXP) == [r["l"] for r in out]
     assert key_groups(ints, MAXP, ["int"]) == [r["i"] for r in out]
     assert key_groups(doubles, MAXP) == [r["d"] for r in out]
+
+
+def test_negative_zero_and_nans_hash_and_group_as_in_spark(spark: Any, tmp_path: Any) -> None:  # noqa: F811
+    """Spark normalizes -0.0 to 0.0 and every NaN to one NaN before hashing and grouping: spate's key group of
+    each is Spark's pmod(hash(col), n), and LocalRunner counts per key exactly as Spark's groupBy does."""
+    from pyspark.sql import functions as F
+
+    from spate import LocalRunner, Processor, ValueStateDescriptor
+
+    def double(bits: int) -> float:
+        return struct.unpack("<d", struct.pack("<Q", bits))[0]
+
+    values = [0.0, -0.0, float("nan"), double(0x7FF8000000000001), double(0xFFF8000000000000),
+              double(0x7FF80000DEADBEEF), 1.5, -0.0, double(0x7FF8000000000001)]
+    df = spark.createDataFrame([(v,) for v in values], "d double")
+    spark_groups = [r["g"] for r in df.select(F.pmod(F.hash("d"), F.lit(MAXP)).alias("g")).collect()]
+    assert [key_group(v, MAXP) for v in values] == spark_groups
+    spark_counts = {("NaN" if v != v else v): n for v, n in df.groupBy("d").count().collect()}
+
+    class Count(Processor):
+        def open(self, ctx: Any) -> None:
+            self.count = ctx.state(ValueStateDescriptor("count", default=0))
+
+        def process(self, key: Any, rows: list, ctx: Any) -> Any:
+            self.count.update(self.count.value() + len(rows))
+            yield {"key": "NaN" if key != key else key, "count": self.count.value()}
+
+    half = len(values) // 2
+    with LocalRunner(Count, key="d", checkpoint_root=str(tmp_path / "c"), max_parallelism=MAXP) as runner:
+        results = runner.run([[{"d": v} for v in values[:half]], [{"d": v} for v in values[half:]]])
+    final = {r["key"]: r["count"] for res in results for r in res.outputs}
+    assert final == spark_counts == {0.0: 3, "NaN": 5, 1.5: 1}

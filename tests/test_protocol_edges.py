@@ -96,7 +96,7 @@ def test_state_checks_apply_on_restore(tmp_path, table, change):
     root = str(tmp_path / "c")
     with LocalRunner(C, key="k", checkpoint_root=root, parallelism=2) as r:
         r.run([[{"k": "a"}, {"k": "b"}]])
-    with LocalRunner(Changed, key="k", checkpoint_root=root, parallelism=3, table=table) as r, \
+    with LocalRunner(Changed, key="k", checkpoint_root=root, parallelism=3, table=table, allow_pickle=True) as r, \
             pytest.raises(IncompatibleStateError, match="'c'"):
         r.run([[], [{"k": "a"}]])
 

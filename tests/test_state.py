@@ -34,10 +34,10 @@ MAXP = 128
 def make_backend(request, tmp_path):
     made = []
 
-    def make(key_groups: range = range(MAXP), name: str = "t") -> KeyedStateBackend:
+    def make(key_groups: range = range(MAXP), name: str = "t", allow_pickle: bool = False) -> KeyedStateBackend:
         table = HeapTable() if request.param == "heap" else LmdbTable(str(tmp_path / name))
         made.append(table)
-        return KeyedStateBackend(table, MAXP, key_groups)
+        return KeyedStateBackend(table, MAXP, key_groups, allow_pickle=allow_pickle)
 
     yield make
     for t in made:
@@ -189,7 +189,7 @@ def test_key_outside_key_groups_is_refused(make_backend):
 
 
 def test_unserializable_value_names_state_and_fix(make_backend):
-    b = make_backend()
+    b = make_backend(allow_pickle=True)
     v = b.get_state(ValueStateDescriptor("profile"))
     b.set_current_key("k")
     with pytest.raises(SerializationError, match=r"state 'profile'.*serializer='pickle'"):

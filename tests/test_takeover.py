@@ -4,6 +4,8 @@ spate's own files (issue 9, items 1-4)."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 from test_checkpoints import Count, batches, counts, expected_counts
@@ -13,7 +15,7 @@ from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.epochs import EpochLog
 from spate.checkpoint.metadata import QueryInfo
 from spate.errors import CheckpointError, CorruptFileError
-from spate.fs import random_name
+from spate.fs import FrameKind, random_name, read_single_frame
 
 
 def _files(root: str) -> dict[str, bytes]:
@@ -21,7 +23,7 @@ def _files(root: str) -> dict[str, bytes]:
     for directory, _dirs, names in os.walk(root):
         for name in names:
             full = os.path.join(directory, name)
-            out[os.path.relpath(full, root)] = open(full, "rb").read() if not os.path.islink(full) else b"<link>"
+            out[os.path.relpath(full, root)] = b"<link>" if os.path.islink(full) else Path(full).read_bytes()
     return out
 
 
@@ -208,3 +210,17 @@ def test_a_handle_through_a_link_is_a_corrupt_file(tmp_path):
             LocalRunner(Count, key="k", checkpoint_root=str(root), parallelism=3) as r:
         r.run(batches(3))
     assert (outside / "copy").exists()
+
+
+def test_documented_epoch_seal_is_what_a_take_over_writes(tmp_path):
+    root = str(tmp_path / "c")
+    _run(root, 2)
+    coordinator = Coordinator(root, 2)
+    coordinator.start()
+    doc = (Path(__file__).parent.parent / "docs" / "formats.md").read_text()
+    example = re.search(r"## Epochs.*?```json\n(.*?)\n```", doc, re.S).group(1)  # type: ignore[union-attr]
+    storage = CheckpointStorage(root)
+    payload = read_single_frame(storage.read("_epochs/0000000002.seal"), "seal", FrameKind.EPOCH)
+    assert payload.decode() == example
+    assert sorted(p for p, _ in storage.list_files("_epochs")) == [
+        "_epochs/0000000001", "_epochs/0000000001.seal", "_epochs/0000000002", "_epochs/0000000002.seal"]

@@ -11,9 +11,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.inspect import (
     checkpoint_summary,
+    describe_error,
     keyed_state_entries,
     keyed_state_names,
     load_checkpoint,
@@ -21,8 +24,9 @@ from spate.checkpoint.inspect import (
     operator_state_names,
     physical_files,
     verify_checkpoint,
+    verify_root_files,
 )
-from spate.errors import SpateError
+from spate.errors import CheckpointError, SpateError
 from spate.fs import CheckpointStorage
 from spate.report import format_table, human_bytes
 
@@ -40,7 +44,7 @@ def _json_default(obj: Any) -> Any:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    storage = CheckpointStorage(args.root)
+    storage = open_root(args.root)
     rows = [checkpoint_summary(load_checkpoint(storage, n)) for n in list_complete_checkpoints(storage)]
     if args.json:
         _print_json({"root": args.root, "checkpoints": rows})
@@ -53,7 +57,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    storage = CheckpointStorage(args.root)
+    storage = open_root(args.root)
     meta = load_checkpoint(storage, args.checkpoint)
     files = physical_files(storage, meta)
     if args.json:
@@ -101,34 +105,53 @@ def _at(handle: Any) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    storage = CheckpointStorage(args.root)
-    results: list[dict[str, Any]] = []
-    for n in list_complete_checkpoints(storage):
-        try:
-            meta = load_checkpoint(storage, n)
-            problems = verify_checkpoint(storage, meta)
-            files, segments = len(meta.files()), len(meta.segments())
-        except SpateError as e:
-            problems, files, segments = [str(e)], 0, 0
-        results.append({"checkpoint": n, "files": files, "segments": segments, "ok": not problems,
-                        "problems": problems})
-    ok = bool(results) and all(r["ok"] for r in results)
+    try:  # whatever fails, verification ends with a readable line and exit 1, never a traceback
+        storage = open_root(args.root)
+        ids = list_complete_checkpoints(storage)
+        root_problems = verify_root_files(storage, ids)
+        results = [_verify_one(storage, n) for n in ids]
+    except Exception as e:  # noqa: BLE001
+        print(f"spate: error: {describe_error(e)}", file=sys.stderr)
+        return 1
+    ok = bool(results) and not root_problems and all(r["ok"] for r in results)
     if args.json:
-        _print_json({"root": args.root, "ok": ok, "checkpoints": results})
+        _print_json({"root": args.root, "ok": ok, "root_problems": root_problems, "checkpoints": results})
     else:
         if not results:
             print(f"no complete checkpoint under {args.root}")
         print(format_table([{"checkpoint": r["checkpoint"], "files": r["files"], "segments": r["segments"],
                              "status": "ok" if r["ok"] else f"{len(r['problems'])} problem(s)"} for r in results],
                            title="verification (every segment's checksums)"))
+        for p in root_problems:
+            print(f"root files (_query, _delivered): {p}")
         for r in results:
             for p in r["problems"]:
                 print(f"checkpoint {r['checkpoint']}: {p}")
     return 0 if ok else 1
 
 
+def _verify_one(storage: CheckpointStorage, checkpoint_id: int) -> dict[str, Any]:
+    try:
+        meta = load_checkpoint(storage, checkpoint_id)
+        problems = verify_checkpoint(storage, meta)
+        files, segments = len(meta.files()), len(meta.segments())
+    except Exception as e:  # noqa: BLE001 - a problem of this checkpoint, reported with the others
+        problems, files, segments = [describe_error(e)], 0, 0
+    return {"checkpoint": checkpoint_id, "files": files, "segments": segments, "ok": not problems,
+            "problems": problems}
+
+
+def open_root(root: str) -> CheckpointStorage:
+    """The storage of an existing checkpoint root (or savepoint directory); a missing one is an error, not an
+    empty listing."""
+    storage = CheckpointStorage(root)
+    if storage.fs.get_file_info(storage.root).type == pafs.FileType.NotFound:
+        raise CheckpointError(f"checkpoint root {root} does not exist; check the path or URI")
+    return storage
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
-    storage = CheckpointStorage(args.root)
+    storage = open_root(args.root)
     meta = load_checkpoint(storage, args.checkpoint)
     if args.state in operator_state_names(meta):
         per_subtask = operator_state_elements(storage, meta, args.state, args.allow_pickle)
@@ -174,6 +197,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_spark_demo(workdir=args.dir, quick=args.quick, as_json=args.json)
 
 
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from spate.fuzz import run_from_args
+
+    return run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spate", description="Flink-grade state for PySpark streaming.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -217,6 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--local", action="store_true", help="the in-process runner instead of Spark (no JVM)")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.set_defaults(func=cmd_demo)
+
+    from spate.fuzz import add_arguments as add_fuzz_arguments
+
+    fuzz = sub.add_parser("fuzz", help="crash-fuzz campaign: SIGKILL a job at every protocol step, restart it with "
+                                       "random switches, compare with a crash-free run and a model; exit 1 on "
+                                       "any divergence")
+    add_fuzz_arguments(fuzz)
+    fuzz.set_defaults(func=cmd_fuzz)
     return p
 
 

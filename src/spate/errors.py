@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+from collections.abc import Iterator
+
 
 class SpateError(Exception):
     """Base class of every error spate raises on purpose."""
@@ -29,3 +33,44 @@ class SerializationError(SpateError, TypeError):
 
 class CheckpointError(SpateError):
     """A checkpoint could not be taken, completed or found."""
+
+
+class OutputError(SpateError, TypeError):
+    """A processor produced something that is not a valid output row (names the processor, key and field)."""
+
+
+class InvalidKeyError(SpateError, TypeError, ValueError):
+    """A key cannot be used: a type spate does not key by, types mixed within one key column, or a value that
+    cannot be encoded (a string with lone surrogates). Names the key column and the fix."""
+
+
+class DiskFullError(CheckpointError, OSError):
+    """Storage ran out of space (``ENOSPC``/``EDQUOT``) while writing a checkpoint file; names the file and the
+    checkpoint. An ``OSError`` too, so retry policies treat it like the error it wraps."""
+
+
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_REPR_LIMIT = 80
+
+
+def short_repr(value: object, limit: int = _REPR_LIMIT) -> str:
+    """``repr(value)`` cut to at most ``limit`` characters (ending in "…"): keys quoted in error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+@contextlib.contextmanager
+def naming_disk_full(path: str, checkpoint_id: int | None) -> Iterator[None]:
+    """Re-raise a disk-full ``OSError`` raised inside as a :class:`DiskFullError` naming ``path`` (the file
+    being written) and the checkpoint it belongs to; any other error passes unchanged."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as e:
+        if e.errno not in _DISK_FULL_ERRNOS:
+            raise
+        checkpoint = f" of checkpoint {checkpoint_id}" if checkpoint_id is not None else ""
+        raise DiskFullError(e.errno, f"{path}: no space left on the checkpoint storage while writing this file"
+                                     f"{checkpoint} ({e.strerror or e}); free space or move the checkpoint root, "
+                                     "then restart: the query resumes from its last complete checkpoint") from e

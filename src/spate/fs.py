@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import posixpath
+import stat
 import struct
 import threading
 import uuid
@@ -357,8 +358,11 @@ class CheckpointStorage:
         for directory, _dirs, files in os.walk(base, followlinks=False):
             for name in files:
                 full = os.path.join(directory, name)
-                st = os.lstat(full)
-                if not os.path.islink(full):
+                try:
+                    st = os.lstat(full)
+                except FileNotFoundError:  # deleted while listing
+                    continue
+                if stat.S_ISREG(st.st_mode):  # not a link, not a socket
                     out.append(FileStat(full[prefix:], st.st_size, st.st_mtime_ns))
         return sorted(out)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal as _decimal
+import math as _math
 import re as _re
 import struct as _struct
 from collections.abc import Callable, Iterable, Sequence
@@ -43,6 +44,7 @@ __all__ = [
     "key_group",
     "key_group_range",
     "key_groups",
+    "normalize_key",
     "normalize_key_types",
     "spark_hash",
     "subtask_for_key_group",
@@ -550,6 +552,31 @@ def _memo_hasher(py_type: type, cache: dict[Any, int], miss: Callable[[Any], int
         return generic(key)
 
     return hasher
+
+
+#: The one NaN every NaN key becomes (its bits are Java's canonical NaN). One object, so that dicts, which
+#: compare keys by identity before equality, group every NaN key together.
+CANONICAL_NAN: float = _struct.unpack("<d", _struct.pack("<Q", _DOUBLE_NAN_BITS))[0]
+
+
+def _normalize_float(v: float) -> float:
+    if v != v:
+        return CANONICAL_NAN
+    if v == 0.0 and _math.copysign(1.0, v) < 0:
+        return 0.0
+    return v
+
+
+def normalize_key(key: Any) -> Any:
+    """``key`` as Spark groups it: ``-0.0`` becomes ``0.0`` and every NaN :data:`CANONICAL_NAN`, in a scalar
+    key or in any column of a tuple key (Spark's ``NormalizeFloatingNumbers``). Returns ``key`` itself (the
+    same object) when nothing changes, so callers can detect that cheaply."""
+    if isinstance(key, float):
+        return _normalize_float(key)
+    if type(key) is tuple and any(isinstance(v, float) for v in key):
+        normalized = tuple(_normalize_float(v) if isinstance(v, float) else v for v in key)
+        return key if all(a is b for a, b in zip(normalized, key, strict=True)) else normalized
+    return key
 
 
 def _hash_dynamic(key: Any) -> int:

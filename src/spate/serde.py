@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from spate.errors import SerializationError
+from spate.errors import InvalidKeyError, SerializationError, short_repr
 
 _EXT_TUPLE = 1
 _EXT_DATE = 2
@@ -142,14 +142,21 @@ def resolve_serializer(spec: str | Serializer | None, allow_pickle: bool = False
     return register_serializer(spec)
 
 
+def check_pickle_allowed(name: str, allow_pickle: bool, what: str) -> None:
+    """Refuse serializer ``name`` if it is pickle and the reader did not opt in: a descriptor (or a
+    checkpoint) saying "pickle" is not consent to unpickle, only the reader's ``allow_pickle`` is."""
+    if name == "pickle" and not allow_pickle:
+        raise SerializationError(f"{what} uses pickle; reading it runs code from the checkpoint, so pass "
+                                 "allow_pickle=True (LocalRunner, SubtaskConfig, StreamSettings / "
+                                 "spark.spate.allowPickle; CLI: --allow-pickle) if you trust it")
+
+
 def serializer_by_name(name: str, allow_pickle: bool, what: str) -> Serializer:
     """The serializer a checkpoint recorded; pickle only if the reader opted in."""
     if name == "msgpack":
         return MSGPACK
     if name == "pickle":
-        if not allow_pickle:
-            raise SerializationError(f"{what} was written with pickle; reading it runs code from the "
-                                     "checkpoint, so pass allow_pickle=True (CLI: --allow-pickle) if you trust it")
+        check_pickle_allowed(name, allow_pickle, what)
         return PICKLE
     if name in _CUSTOM:
         return _CUSTOM[name]
@@ -163,7 +170,8 @@ def encode(serializer: Serializer, value: Any, what: str) -> bytes:
         return serializer.dumps(value)
     except Exception as e:  # noqa: BLE001 - every serializer failure becomes one clear error
         hint = ("store plain data (None, bool, int, float, str, bytes, list, dict, tuple, date, datetime, "
-                "Decimal) or opt in to pickle with serializer='pickle'" if serializer.name == "msgpack"
+                "Decimal) or opt in to pickle with serializer='pickle' and allow_pickle=True"
+                if serializer.name == "msgpack"
                 else "make the value serializable")
         raise SerializationError(f"{what}: cannot serialize value of type {type(value).__qualname__} with "
                                  f"{serializer.name} ({e}); {hint}") from e
@@ -173,9 +181,14 @@ def encode_key(key: Any) -> bytes:
     """Canonical bytes of a state key or namespace (msgpack; tuples stay tuples)."""
     try:
         return _packb(key)
+    except UnicodeEncodeError as e:
+        raise InvalidKeyError(f"key {short_repr(key)} holds a string that is not valid Unicode ({e.reason} at "
+                              f"position {e.start}); keys are stored as UTF-8: remove lone surrogates from the "
+                              "data, or key by bytes (s.encode('utf-8', 'surrogatepass'))") from e
     except Exception as e:  # noqa: BLE001
-        raise TypeError(f"unsupported key {key!r} of type {type(key).__qualname__}: keys must be int, str, "
-                        "bytes, bool, float, date, datetime, Decimal, None or tuples of them") from e
+        raise InvalidKeyError(f"unsupported key {short_repr(key)} of type {type(key).__qualname__}: keys must be "
+                              "int, str, bytes, bool, float, date, datetime, Decimal, None or tuples of them "
+                              "(convert bytearray with bytes())") from e
 
 
 def decode_key(data: bytes) -> Any:

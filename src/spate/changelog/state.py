@@ -5,6 +5,7 @@ yet uploaded; restore = materialized snapshot + replay of the change sets, filte
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -108,8 +109,8 @@ class ChangelogKeyedState:
         self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}",
                                       scheduler or scheduler_for(storage, config.upload), config.preemptive_threshold,
                                       config.coalesce)
-        whole = WholeFileWriter(storage, f"shared/subtask-{index}-{parallelism}", ".kg")
-        self._materialized_writer = materialized or (lambda checkpoint_id: whole)
+        self._materialized_writer = materialized or functools.partial(
+            WholeFileWriter, storage, f"shared/subtask-{index}-{parallelism}", ".kg")
         self.checkpoint_id = 0  # the checkpoint being taken (or next to be)
         self.table = ChangelogTable(inner, self.writer)
         self.materialized: list[KeyGroupsHandle] = []
@@ -221,13 +222,14 @@ class ChangelogKeyedState:
         self.start_materialization(backend, sqn)
         return True
 
-    def start_materialization(self, backend: KeyedStateBackend, sqn: int) -> None:
+    def start_materialization(self, backend: KeyedStateBackend, sqn: int, referenced_by: int | None = None) -> None:
+        """Materialize in the background; checkpoint ``referenced_by`` (default: the next one) references it."""
         table = backend.table
         table.commit()
         view_cm = table.consistent_view()
         view = view_cm.__enter__()  # taken now, atomically with ``sqn``; read in the background
         metas, filters, kgs = backend.state_metas, expiry_filters(backend), backend.key_groups
-        out = self._materialized_writer(self.checkpoint_id + 1)  # the next checkpoint references it
+        out = self._materialized_writer(self.checkpoint_id + 1 if referenced_by is None else referenced_by)
 
         def work() -> KeyGroupsHandle | None:
             try:
@@ -264,10 +266,11 @@ class ChangelogKeyedState:
                                      "materialization_bytes": handle.size if handle else 0,
                                      "materialized_sqn": run.sqn}
 
-    def materialize_now(self, backend: KeyedStateBackend) -> None:
-        """Materialize synchronously (after restoring from a savepoint that lives outside this root)."""
+    def materialize_now(self, backend: KeyedStateBackend, referenced_by: int | None = None) -> None:
+        """Materialize synchronously (after restoring from a savepoint that lives outside this root, or when the
+        files the restored handles name are damaged), replacing what the state was restored from."""
         self.restored_changelog = []
-        self.start_materialization(backend, self.writer.next_sequence_number())
+        self.start_materialization(backend, self.writer.next_sequence_number(), referenced_by)
         run, self._running = self._running, None
         assert run is not None
         self._apply(run, run.future.result())

@@ -5,6 +5,7 @@ first success wins and any later success is deleted."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -206,8 +207,7 @@ class BatchingUploadScheduler:
                  segments: Callable[[int], SegmentWriter] | None = None) -> None:
         self.storage = storage
         self.config = config or UploadConfig()
-        whole = WholeFileWriter(storage, "shared/changelog", ".chg")
-        self.segments = segments or (lambda checkpoint_id: whole)
+        self.segments = segments or functools.partial(WholeFileWriter, storage, "shared/changelog", ".chg")
         self.registry = ChangelogFileRegistry()
         self._pool = ThreadPoolExecutor(self.config.num_threads, thread_name_prefix="spate-upload")
         self._retry = RetryingExecutor(self._pool, self.config.max_attempts, self.config.timeout_s,

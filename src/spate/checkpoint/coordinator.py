@@ -17,13 +17,14 @@ retention and deletes every physical file that is closed and holds nothing a ret
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import posixpath
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,15 +41,16 @@ from spate.checkpoint.metadata import (
     checkpoint_dir,
     delivered_path,
     metadata_path,
+    read_delivered,
     read_metadata,
     staged_dir,
 )
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.checkpoint.savepoint import write_savepoint
-from spate.errors import CheckpointError, CorruptFileError, FencedError, IncompatibleStateError
+from spate.errors import CheckpointError, CorruptFileError, FencedError, IncompatibleStateError, naming_disk_full
 from spate.filemerging.manager import subtask_dir, worker_dir
 from spate.filemerging.registry import FileRegistry
-from spate.fs import CheckpointStorage, FrameKind, frame, join_uri, read_single_frame
+from spate.fs import CheckpointStorage, FrameKind, frame, join_uri
 from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
 from spate.layout import is_engine_owned, is_spate_file
 from spate.snapshot.outputs import read_outputs
@@ -407,7 +409,8 @@ class Coordinator:
         rel = metadata_path(meta.checkpoint_id)
         for _attempt in range(2):
             try:
-                self.storage.create_exclusive(rel, meta.to_bytes())
+                with self.fenced_on_failure(), naming_disk_full(self.storage.path(rel), meta.checkpoint_id):
+                    self.storage.create_exclusive(rel, meta.to_bytes())
                 return
             except FileExistsError:
                 if not self._fenced_commit(meta.checkpoint_id):
@@ -416,6 +419,26 @@ class Coordinator:
                 self.storage.delete(rel)
         raise FencedError(f"{self.storage.path(rel)} already exists: another driver completed this checkpoint; "
                           "stop this query")
+
+    @contextlib.contextmanager
+    def fenced_on_failure(self) -> Iterator[None]:
+        """A write that fails because a newer driver took the root over (its cleanup removed this driver's
+        temporary file or directory) raises :class:`FencedError`, not the raw I/O error."""
+        try:
+            yield
+        except OSError as e:
+            self.raise_if_fenced(e)
+            raise
+
+    def raise_if_fenced(self, error: Exception) -> None:
+        """Raise :class:`FencedError` (from ``error``) if a newer driver took the root over: the failure is
+        a consequence of the take-over, not a fault of its own."""
+        if self.query is None or isinstance(error, (FencedError, FileExistsError)):
+            return
+        try:
+            self.epochs.check(self.query.epoch)
+        except FencedError as fenced:
+            raise fenced from error
 
     def _fenced_commit(self, checkpoint_id: int) -> bool:
         assert self.query is not None
@@ -471,17 +494,14 @@ class Coordinator:
 
     def _read_delivered(self) -> int:
         if self._delivered_upto is None:
-            self._delivered_upto = -1
-            if self.storage.exists(DELIVERED_FILE):
-                payload = read_single_frame(self.storage.read(DELIVERED_FILE), self.storage.path(DELIVERED_FILE),
-                                            FrameKind.DELIVERED)
-                self._delivered_upto = int(payload or b"-1")
+            self._delivered_upto = read_delivered(self.storage)
         return self._delivered_upto
 
     def mark_delivered(self, checkpoint_id: int) -> None:
         """Record that the sink received checkpoint ``checkpoint_id``'s outputs (and every earlier one's)."""
         upto = max(self._read_delivered(), checkpoint_id)
-        self.storage.replace(DELIVERED_FILE, frame(FrameKind.DELIVERED, str(upto).encode()))
+        with self.fenced_on_failure(), naming_disk_full(self.storage.path(DELIVERED_FILE), checkpoint_id):
+            self.storage.replace(DELIVERED_FILE, frame(FrameKind.DELIVERED, str(upto).encode()))
         self._delivered_upto = upto
 
     def abort(self, checkpoint_id: int, reason: str = "") -> None:

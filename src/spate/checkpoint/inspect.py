@@ -3,15 +3,25 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from spate.changelog.format import read_change_set
 from spate.changelog.state import restore_keyed_state
 from spate.checkpoint.coordinator import list_complete_checkpoints
-from spate.checkpoint.metadata import METADATA_FILE, CheckpointMetadata, metadata_path, read_metadata
+from spate.checkpoint.metadata import (
+    METADATA_FILE,
+    QUERY_FILE,
+    CheckpointMetadata,
+    QueryInfo,
+    delivered_path,
+    metadata_path,
+    read_delivered,
+    read_metadata,
+)
 from spate.errors import CheckpointError, SpateError
 from spate.fs import CheckpointStorage
 from spate.keygroups import key_group_range
@@ -77,6 +87,33 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
     return problems
 
 
+def verify_root_files(storage: CheckpointStorage, checkpoint_ids: list[int]) -> list[str]:
+    """Check the root's own files: ``_query`` (its frame and fields; required once checkpoints exist) and the
+    delivery markers (``_delivered``, and the per-checkpoint ones of older versions); returns the problems."""
+    checks: list[Callable[[], object]] = [lambda: _read_query(storage, required=bool(checkpoint_ids)),
+                                          lambda: read_delivered(storage)]
+    checks += [functools.partial(read_delivered, storage, delivered_path(n)) for n in checkpoint_ids]
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except Exception as e:  # noqa: BLE001 - verification reports every failure, whatever it is
+            problems.append(describe_error(e))
+    return problems
+
+
+def _read_query(storage: CheckpointStorage, required: bool) -> QueryInfo | None:
+    info = QueryInfo.read(storage)
+    if info is None and required:
+        raise CheckpointError(f"{storage.path(QUERY_FILE)} is missing but checkpoints exist")
+    return info
+
+
+def describe_error(e: BaseException) -> str:
+    """One readable line for any failure: spate's own errors say what is wrong; others name their type."""
+    return str(e) if isinstance(e, SpateError) else f"{type(e).__name__}: {e}"
+
+
 def physical_files(storage: CheckpointStorage, meta: CheckpointMetadata) -> list[dict[str, Any]]:
     """Per physical file ``meta`` references: its segments, the bytes they hold and the file's size."""
     by_path: dict[str, list[int]] = {}
@@ -132,7 +169,8 @@ def keyed_state_entries(storage: CheckpointStorage, meta: CheckpointMetadata, na
     context = f"checkpoint {meta.checkpoint_id}"
     for i, st in enumerate(meta.subtasks):
         backend = KeyedStateBackend(HeapTable(), meta.max_parallelism,
-                                    key_group_range(meta.max_parallelism, meta.parallelism, i), allow_pickle=True)
+                                    key_group_range(meta.max_parallelism, meta.parallelism, i),
+                                    allow_pickle=allow_pickle)
         restore_keyed_state(backend, storage, st.keyed, st.changelog, context)
         state_meta = next((m for m in backend.state_metas if m.name == name), None)
         if timer_domain is not None:
@@ -190,5 +228,6 @@ def checkpoint_summary(meta: CheckpointMetadata) -> dict[str, Any]:
             "keyed_states": sorted(keyed_state_names(meta)), "operator_states": sorted(operator_state_names(meta))}
 
 
-__all__ = ["load_checkpoint", "verify_checkpoint", "physical_files", "keyed_state_entries", "operator_state_elements",
-           "checkpoint_summary", "keyed_state_names", "operator_state_names", "StateEntry"]
+__all__ = ["load_checkpoint", "verify_checkpoint", "verify_root_files", "describe_error", "physical_files",
+           "keyed_state_entries", "operator_state_elements", "checkpoint_summary", "keyed_state_names",
+           "operator_state_names", "StateEntry"]

@@ -167,3 +167,16 @@ class QueryInfo:
             raise CorruptFileError(f"{where}: format version {info.format_version} is newer than this spate "
                                    f"supports ({METADATA_FORMAT_VERSION}); upgrade spate")
         return info
+
+
+def read_delivered(storage: CheckpointStorage, path: str = DELIVERED_FILE) -> int:
+    """The newest checkpoint whose outputs the sink confirmed, from ``_delivered`` (or an older spate's
+    per-checkpoint marker at ``path``); -1 when there is none or it is empty. Corruption names the file."""
+    if not storage.exists(path):
+        return -1
+    where = storage.path(path)
+    payload = read_single_frame(storage.read(path, "delivery marker"), where, FrameKind.DELIVERED)
+    try:
+        return int(payload.decode("ascii")) if payload else -1
+    except ValueError as e:
+        raise CorruptFileError(f"{where}: delivery marker holds {payload[:40]!r}, not a checkpoint id") from e

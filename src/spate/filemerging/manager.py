@@ -22,7 +22,7 @@ import contextlib
 import threading
 from collections.abc import Collection, Iterable
 
-from spate.errors import CheckpointError
+from spate.errors import CheckpointError, naming_disk_full
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, random_name
@@ -167,7 +167,8 @@ class PooledWriter:
                     if f.closed:
                         continue  # closed meanwhile (object stores close files at acknowledgement)
                     try:
-                        offset = f.append(data)
+                        with naming_disk_full(self.manager.storage.path(f.path), self.checkpoint_id):
+                            offset = f.append(data)
                     except BaseException:
                         f.revoked = True  # part of the data may be in the file: never append after it
                         raise
@@ -226,7 +227,9 @@ class FileMergingManager:
             return pool
 
     def new_file(self, directory: str, checkpoint_id: int) -> PhysicalFile:
-        f = PhysicalFile(self.storage, f"{directory}/{random_name(SUFFIX)}", checkpoint_id)
+        path = f"{directory}/{random_name(SUFFIX)}"
+        with naming_disk_full(self.storage.path(path), checkpoint_id):
+            f = PhysicalFile(self.storage, path, checkpoint_id)
         with self.lock:
             self._files[f.path] = f
             self._created.append(f.path)

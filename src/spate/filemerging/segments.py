@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from spate.errors import naming_disk_full
 from spate.fs import CheckpointStorage, random_name
 
 
@@ -36,14 +37,18 @@ class SegmentWriter(Protocol):
 
 
 class WholeFileWriter:
-    """Merging off: every logical file is a physical file of its own, named at random in ``directory``."""
+    """Merging off: every logical file is a physical file of its own, named at random in ``directory``;
+    ``checkpoint_id`` (the checkpoint the files belong to) is named when the storage is full."""
 
-    def __init__(self, storage: CheckpointStorage, directory: str, suffix: str) -> None:
+    def __init__(self, storage: CheckpointStorage, directory: str, suffix: str,
+                 checkpoint_id: int | None = None) -> None:
         self.storage, self.directory, self.suffix = storage, directory, suffix
+        self.checkpoint_id = checkpoint_id
 
     def write(self, data: bytes) -> FileRef:
         path = f"{self.directory}/{random_name(self.suffix)}"
-        self.storage.write(path, data)
+        with naming_disk_full(self.storage.path(path), self.checkpoint_id):
+            self.storage.write(path, data)
         return FileRef(path, 0, len(data))
 
     def discard(self, ref: FileRef) -> None:

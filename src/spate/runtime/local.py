@@ -15,12 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from spate.changelog.state import ChangelogConfig, drop_scheduler
 from spate.checkpoint.coordinator import DEFAULT_RETAINED, Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.filemerging.config import FileMergingConfig, resolve_file_merging
 from spate.filemerging.manager import close_manager, manager_for
 from spate.keygroups import compile_key_hasher
+from spate.runtime.keys import KeyCheck
 from spate.runtime.processor import Processor, Row
 from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, processor_factory
 from spate.state.lmdb_table import remove_if_unused
@@ -56,6 +59,13 @@ def key_extractor(key: KeySpec) -> Callable[[Row], Any]:
     return lambda row: tuple(row[c] for c in cols)
 
 
+def key_columns(key: KeySpec) -> tuple[str, ...] | None:
+    """The names of the key columns, or None when the key is a function of the row."""
+    if callable(key):
+        return None
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
 class LocalRunner:
     """Run ``processor`` over micro-batches with ``parallelism`` in-process subtasks.
 
@@ -72,6 +82,9 @@ class LocalRunner:
         sink: called with (outputs, batch_id) after the batch's checkpoint completed; outputs are staged in
             the checkpoint first and re-delivered on restart if the sink did not confirm them.
         output_serializer: how staged outputs are stored ("msgpack" or, opted in, "pickle").
+        output_schema: a ``pyarrow.Schema`` every output row must match (a dict with exactly its fields, values
+            of its types; see :mod:`spate.runtime.outputs`); without it rows need only be dicts. A batch with a
+            wrong row fails before its checkpoint.
         changelog: log every state change (FLIP-158) so a checkpoint only uploads what changed since the
             last one; ``True`` for the defaults or a :class:`ChangelogConfig`. May change on any restart.
         file_merging: write checkpoint files as segments of few physical files (FLIP-306): ``"within"`` (or
@@ -88,11 +101,12 @@ class LocalRunner:
                  retained: int = DEFAULT_RETAINED, restore_from: str | None = None, allow_pickle: bool = False,
                  compress: bool = False, changelog: bool | ChangelogConfig = False,
                  file_merging: bool | str | FileMergingConfig = False,
-                 sink: Sink | None = None, output_serializer: str = "msgpack",
+                 sink: Sink | None = None, output_serializer: str = "msgpack", output_schema: pa.Schema | None = None,
                  clock: Callable[[], int] | None = None,
                  fault_injector: FaultInjector | None = None) -> None:
         self._factory = processor_factory(processor)
         self._key = key_extractor(key)
+        self._keys = KeyCheck(key_columns(key))
         self._hash = compile_key_hasher(key_types)
         self._sink = sink
         self._clock = clock or (lambda: int(time.time() * 1000))
@@ -110,7 +124,7 @@ class LocalRunner:
                                     key_types=key_types, event_time_column=event_time_column,
                                     stage_outputs=sink is not None, output_serializer=output_serializer,
                                     changelog=ChangelogConfig() if changelog is True else (changelog or None),
-                                    file_merging=merging)
+                                    file_merging=merging, output_schema=output_schema)
         self.parallelism = parallelism
         self.subtasks = [Subtask(i, parallelism, self._factory, self.config) for i in range(parallelism)]
         self._remove_other_parallelism_local_state()
@@ -153,14 +167,10 @@ class LocalRunner:
         are given to the sink again before the next batch starts (or by the next runner)."""
         self._deliver_staged()
         started = time.perf_counter()
-        coord, p, max_p = self.coordinator, self.parallelism, self.max_parallelism
+        coord = self.coordinator
+        routed = self._route(rows)  # before the checkpoint begins: a bad key fails the batch with nothing to undo
         plans = coord.begin(batch_id, self._clock())
         self._fault("after_begin", batch_id)
-        routed: list[list[tuple[int, Any, Row]]] = [[] for _ in range(p)]
-        for row in rows:
-            key = self._key(row)
-            kg = self._hash(key) % max_p
-            routed[kg * p // max_p].append((kg, key, row))
         outputs: list[Row] = []
         restored = []
         try:
@@ -179,8 +189,10 @@ class LocalRunner:
             waited_ms = (time.perf_counter() - waited) * 1000
             cp_started = time.perf_counter()
             meta = coord.complete(batch_id)
-        except BaseException:
+        except BaseException as e:
             coord.abort(batch_id, "batch failed")
+            if isinstance(e, Exception):
+                coord.raise_if_fenced(e)
             raise
         # the checkpoint's cost: starting every subtask's snapshot (one after another here), waiting until all
         # are durable, and the commit
@@ -196,6 +208,20 @@ class LocalRunner:
         self._fault("after_sink", batch_id)
         return BatchResult(batch_id, outputs, meta, (time.perf_counter() - started) * 1000, checkpoint_ms,
                            restored)
+
+    def _route(self, rows: Sequence[Row]) -> list[list[tuple[int, Any, Row]]]:
+        """(key group, key, row) of every row, per subtask; keys are checked (see :class:`KeyCheck`)."""
+        p, max_p = self.parallelism, self.max_parallelism
+        routed: list[list[tuple[int, Any, Row]]] = [[] for _ in range(p)]
+        for row in rows:
+            key = self._key(row)
+            self._keys.check(key)
+            try:
+                kg = self._hash(key) % max_p
+            except (TypeError, ValueError) as e:
+                raise self._keys.invalid(key, e) from e
+            routed[kg * p // max_p].append((kg, key, row))
+        return routed
 
     def savepoint(self, target_uri: str | None = None) -> str:
         """A self-contained copy of the latest checkpoint; see :meth:`Coordinator.savepoint`."""

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +25,16 @@ from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import FileMergingManager, manager_for, subtask_dir
 from spate.filemerging.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.fs import storage_for
+from spate.keygroups import normalize_key
+from spate.runtime.outputs import OutputCheck
 from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
-from spate.serde import resolve_serializer
+from spate.serde import check_pickle_allowed, resolve_serializer
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import write_keyed_snapshot
 from spate.snapshot.operator import read_operator_piece, write_operator_snapshot
 from spate.snapshot.outputs import write_outputs
 from spate.snapshot.relocate import H, relocate
+from spate.snapshot.verify import verify_handles
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_table import LmdbTable
@@ -38,6 +42,7 @@ from spate.state.operator import OperatorStateBackend, RestoredOperatorState
 from spate.state.table import StateTable
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
 
+log = logging.getLogger(__name__)
 TABLE_KINDS = ("heap", "lmdb")
 _TAG = "checkpoint"
 _DIRTY = b"dirty"
@@ -58,12 +63,14 @@ class SubtaskConfig:
     output_serializer: str = "msgpack"
     changelog: ChangelogConfig | None = None
     file_merging: FileMergingConfig | None = None
+    output_schema: Any = None  # a pyarrow.Schema the output rows must match (checked before each checkpoint)
 
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:
             raise ValueError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
         if self.table == "lmdb" and not self.local_dir:
             raise ValueError("the lmdb table needs local_dir (a directory on local disk for live state)")
+        check_pickle_allowed(self.output_serializer, self.allow_pickle, "output_serializer")
 
 
 ProcessorFactory = Callable[[], Processor]
@@ -156,13 +163,34 @@ class Subtask:
         base = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
         table = LmdbTable(self._lmdb_dir(plan))
         tag = table.get_meta(_TAG)
-        if tag is None or tag == _DIRTY or int(tag) != base or plan.base_is_savepoint:
+        if tag is None or tag == _DIRTY or int(tag) != base or plan.base_is_savepoint or not self._intact(table):
             table.destroy()
             return
         self._install(plan, self._with_changelog(plan, table), self._read_operator_state(plan))
         if self.clog is not None:
             self.clog.restored(plan.keyed, plan.changelog)  # local state equals them: nothing to replay
+            self._replace_damaged_handles(plan)
         self._tag, self._handles = base, None
+
+    def _intact(self, table: LmdbTable) -> bool:
+        """Whether the local table still holds exactly what it held at its last commit."""
+        problem = table.verify()
+        if problem is not None:
+            log.warning("subtask %d: local state %s failed its integrity check: %s; discarding it and restoring "
+                        "from checkpoint storage", self.index, table.path, problem)
+        return problem is None
+
+    def _replace_damaged_handles(self, plan: SubtaskPlan) -> None:
+        """The reused state is carried on with the handles it was restored from: check their files (once per
+        process), and if one is damaged materialize the intact local state now, so that no new checkpoint
+        references the damaged file."""
+        assert self.clog is not None and self.keyed is not None and plan.base_uri is not None
+        problems = verify_handles(storage_for(plan.base_uri), [*plan.keyed, *plan.changelog],
+                                  self._restore_context(plan))
+        if problems:
+            log.warning("subtask %d: checkpoint files its local state references are damaged (%s); materializing "
+                        "the local state anew instead of referencing them", self.index, "; ".join(problems))
+            self.clog.materialize_now(self.keyed, referenced_by=plan.checkpoint_id)
 
     def _lmdb(self) -> LmdbTable | None:
         table = self.keyed.table if self.keyed is not None else None
@@ -274,23 +302,24 @@ class Subtask:
         keyed.now_ms = ctx.processing_time_ms = plan.processing_time_ms
         ctx.watermark_ms, ctx.batch_id = plan.watermark_ms, plan.checkpoint_id
         out: list[Row] = []
-        self._fire(PROCESSING_TIME, plan.processing_time_ms, out)
+        check = OutputCheck(proc, self.config.output_schema)
+        self._fire(PROCESSING_TIME, plan.processing_time_ms, out, check)
         for (kg, key), key_rows in _group_by_key(rows).items():
             keyed.set_current_key(key, kg)
-            _extend(out, proc.process(key, key_rows, ctx))
+            check.extend(out, proc.process(key, key_rows, ctx), "process", key)
         if plan.watermark_ms is not None:
-            self._fire(EVENT_TIME, plan.watermark_ms, out)
+            self._fire(EVENT_TIME, plan.watermark_ms, out, check)
         keyed.clear_current_key()
-        _extend(out, proc.end_batch(ctx))
+        check.extend(out, proc.end_batch(ctx), "end_batch")
         return out
 
-    def _fire(self, domain: str, up_to: int, out: list[Row]) -> None:
+    def _fire(self, domain: str, up_to: int, out: list[Row], check: OutputCheck) -> None:
         keyed, ctx, proc = self.keyed, self.ctx, self.processor
         assert keyed is not None and ctx is not None and proc is not None
         ctx.timer_domain = domain
         for ts, namespace in keyed.timers.pop_due(domain, up_to):
             ctx.timer_namespace = namespace
-            _extend(out, proc.on_timer(keyed.current_key, ts, ctx))
+            check.extend(out, proc.on_timer(keyed.current_key, ts, ctx), "on_timer", keyed.current_key)
         ctx.timer_domain = ctx.timer_namespace = None
 
     def _snapshot(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]],
@@ -334,8 +363,9 @@ class Subtask:
             private = _Recording(manager.private_writer(cp), self._unsynced)
             return _Recording(manager.shared_writer(self.index, self.parallelism, cp), self._unsynced), private, private
         storage = storage_for(plan.checkpoint_uri)
-        return (WholeFileWriter(storage, subtask_dir(self.index, self.parallelism), ".kg"),
-                WholeFileWriter(storage, checkpoint_dir(cp), ".op"), WholeFileWriter(storage, staged_dir(cp), ".out"))
+        return (WholeFileWriter(storage, subtask_dir(self.index, self.parallelism), ".kg", cp),
+                WholeFileWriter(storage, checkpoint_dir(cp), ".op", cp),
+                WholeFileWriter(storage, staged_dir(cp), ".out", cp))
 
     def _relocator(self, plan: SubtaskPlan, manager: FileMergingManager | None,
                    out: SegmentWriter) -> Relocator | None:
@@ -450,6 +480,15 @@ class Relocator:
 
 
 def _group_by_key(rows: Sequence[tuple[int, Any, Row]]) -> dict[tuple[int, Any], list[Row]]:
+    """Rows per (key group, key), keys normalized as Spark groups them (``-0.0`` is ``0.0``, all NaNs one
+    key): the key a processor sees is the key its state is stored under."""
+    groups = _group(rows)
+    if all(normalize_key(key) is key for _kg, key in groups):
+        return groups
+    return _group([(kg, normalize_key(key), row) for kg, key, row in rows])  # rare: -0.0 or NaN keys
+
+
+def _group(rows: Sequence[tuple[int, Any, Row]]) -> dict[tuple[int, Any], list[Row]]:
     groups: dict[tuple[int, Any], list[Row]] = {}
     for kg, key, row in rows:
         g = groups.get((kg, key))
@@ -458,8 +497,3 @@ def _group_by_key(rows: Sequence[tuple[int, Any, Row]]) -> dict[tuple[int, Any],
         else:
             g.append(row)
     return groups
-
-
-def _extend(out: list[Row], produced: Iterable[Row] | None) -> None:
-    if produced is not None:
-        out.extend(produced)

@@ -212,6 +212,11 @@ class StatefulProcessorAdapter(Processor):
         self.processor, self.flavour, self.time_mode = processor, flavour, time_mode
         self.handle: StatefulProcessorHandle | None = None
 
+    @property
+    def display_name(self) -> str:
+        """The wrapped ``StatefulProcessor``'s class, as errors name it."""
+        return type(self.processor).__qualname__
+
     def open(self, ctx: Context) -> None:
         self.handle = StatefulProcessorHandle(ctx, self.time_mode)
         self.processor.init(self.handle)

@@ -11,6 +11,7 @@ from typing import Any
 
 from spate.changelog.state import ChangelogConfig
 from spate.filemerging.config import FileMergingConfig, resolve_file_merging
+from spate.runtime.subtask import TABLE_KINDS
 
 CONF_PREFIX = "spark.spate."
 
@@ -49,7 +50,8 @@ class SpateSettings:
             restart (up to the max parallelism).
         max_parallelism: number of key groups, fixed for the life of the root (default from the parallelism).
         table: live state on executors: ``"lmdb"`` (executor-local disk, reused across batches) or ``"heap"``.
-        local_dir: executor-local directory for lmdb state (default: Spark's local dir, else the temp dir).
+        local_dir: executor-local directory for lmdb state (default: each executor's own Spark local dir,
+            else its temp dir; see :func:`executor_local_dir`).
         changelog: incremental checkpoints (FLIP-158): ``True``/``False`` or a :class:`ChangelogConfig`.
         file_merging: ``"off"``, ``"within"``, ``"across"`` or a :class:`FileMergingConfig` (FLIP-306).
         retained: complete checkpoints kept.
@@ -75,6 +77,8 @@ class SpateSettings:
                              "keeps its checkpoints")
         if self.parallelism < 1:
             raise ValueError(f"parallelism must be >= 1, got {self.parallelism}")
+        if self.table not in TABLE_KINDS:
+            raise ValueError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
 
     @staticmethod
     def from_conf(conf: Mapping[str, str], **overrides: Any) -> SpateSettings:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +23,9 @@ from spate.checkpoint.protocol import SubtaskAck
 from spate.fs import join_uri
 from spate.report import percentile
 from spate.runtime.processor import Processor
-from spate.runtime.subtask import ProcessorFactory, SubtaskConfig, processor_factory
+from spate.runtime.subtask import ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
+from spate.spark.executors import check_executor_python
 from spate.spark.settings import SpateSettings
 from spate.spark.task import ACK_COLUMN, HEARTBEAT_COLUMN, KG_COLUMN, SUBTASK_COLUMN, TaskSpec, run_group
 
@@ -58,6 +60,7 @@ class StatefulStream:
 
     def __init__(self, df: Any, key: str | Sequence[str], processor: Processor | type[Processor] | ProcessorFactory,
                  output_schema: Any, settings: SpateSettings | None = None, **overrides: Any) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType, _parse_datatype_string
 
         if not df.isStreaming:
@@ -74,6 +77,7 @@ class StatefulStream:
         if not isinstance(schema, StructType):
             raise TypeError(f"output_schema must be a StructType or a DDL string, got {output_schema!r}")
         self.output_schema = schema
+        self.arrow_output_schema = to_arrow_schema(schema, timezone="UTC")  # what the outputs are checked against
         if settings is None:
             conf = dict(self.spark.sparkContext.getConf().getAll()) | {
                 k: v for k, v in self.spark.conf.getAll.items() if k.startswith("spark.spate.")}
@@ -83,6 +87,7 @@ class StatefulStream:
         self.settings = settings
         self.coordinator: Coordinator | None = None
         self.sink: Sink | None = None
+        self.run_id = ""  # one per start(): executors never reuse subtasks (processors) of another run
         self.metrics: list[BatchMetrics] = []
         self.redelivered: list[int] = []
 
@@ -91,9 +96,14 @@ class StatefulStream:
               spark_checkpoint: str | None = None, query_name: str | None = None) -> Any:
         """Start the query. ``sink(outputs_df, batch_id)`` runs after each batch's checkpoint completed (at
         least once per batch id, so an idempotent sink gets exactly once). ``trigger`` is passed to
-        ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``). Returns the ``StreamingQuery``."""
+        ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``). Returns the ``StreamingQuery``.
+
+        First checks that executors can import spate (:func:`check_executor_python`), before touching the
+        checkpoint root."""
+        check_executor_python(self.spark)
         s = self.settings
         self.sink = sink
+        self.run_id = uuid.uuid4().hex
         self.coordinator = Coordinator(s.checkpoint_root, s.parallelism, max_parallelism=s.max_parallelism,
                                        retained=s.retained,
                                        watermark_delay_ms=s.watermark_delay_ms if s.event_time_column else None,
@@ -151,7 +161,6 @@ class StatefulStream:
 
     def _run_subtasks(self, batch_df: Any, plans: list[Any]) -> Any:
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType
 
         s, coord = self.settings, self.coordinator
@@ -165,20 +174,14 @@ class StatefulStream:
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in batch_df.schema.fields],
             F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col("id").cast("int").alias(SUBTASK_COLUMN),
             F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN))
-        spec = TaskSpec({plan.index: plan.to_dict() for plan in plans}, self.factory, self._subtask_config(),
-                        self.key_columns, to_arrow_schema(self.output_schema, timezone="UTC"))
+        spec = TaskSpec(self.run_id, {plan.index: plan.to_dict() for plan in plans}, self.factory, s,
+                        self.sink is not None, self.key_columns, self.arrow_output_schema)
 
         def task(key: Any, table: Any) -> Any:
             return run_group(spec, key, table)
 
         result_schema = StructType([*self.output_schema.fields, StructField(ACK_COLUMN, StringType())])
         return rows.unionByName(heartbeat).groupBy(SUBTASK_COLUMN).applyInArrow(task, result_schema)
-
-    def _subtask_config(self) -> SubtaskConfig:
-        s = self.settings
-        return SubtaskConfig(table=s.table, local_dir=s.local_dir, allow_pickle=s.allow_pickle,
-                             event_time_column=s.event_time_column, stage_outputs=self.sink is not None,
-                             changelog=s.changelog_config, file_merging=s.file_merging_config)
 
     def _deliver_staged(self) -> None:
         """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and

@@ -8,7 +8,6 @@ it from checkpoint storage. Returned: the batch's output rows, plus one row carr
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -18,33 +17,87 @@ import pyarrow as pa
 from spate.checkpoint.protocol import SubtaskPlan
 from spate.runtime.processor import Row
 from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig
-from spate.spark.settings import executor_local_dir
+from spate.spark.settings import SpateSettings, executor_local_dir
 
 KG_COLUMN = "__spate_kg"
 SUBTASK_COLUMN = "__spate_subtask"
 HEARTBEAT_COLUMN = "__spate_heartbeat"
 ACK_COLUMN = "__spate_ack"
 
-_live: dict[tuple[str, int, int], Subtask] = {}  # this worker's subtasks, kept between batches
-
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """Everything a task needs, shipped to executors inside the task's closure."""
+    """Everything a task needs, shipped to executors inside the task's closure.
 
+    ``run_id`` names one ``start()`` of the query: subtasks a worker kept from another run (which may have run
+    another processor) are closed, never reused.
+    """
+
+    run_id: str
     plans: dict[int, dict[str, Any]]
     factory: ProcessorFactory
-    config: SubtaskConfig
+    settings: SpateSettings
+    stage_outputs: bool
     key_columns: tuple[str, ...]
     output_schema: pa.Schema
 
+    def subtask_config(self) -> SubtaskConfig:
+        """The subtasks' settings on this executor: lmdb state without a ``local_dir`` goes to this
+        executor's local disk (:func:`executor_local_dir`), decided here, not on the driver."""
+        s = self.settings
+        local_dir = s.local_dir or (executor_local_dir() if s.table == "lmdb" else None)
+        return SubtaskConfig(table=s.table, local_dir=local_dir, allow_pickle=s.allow_pickle,
+                             event_time_column=s.event_time_column, stage_outputs=self.stage_outputs,
+                             changelog=s.changelog_config, file_merging=s.file_merging_config,
+                             output_schema=self.output_schema)
 
-def run_group(spec: TaskSpec, key: tuple[Any, ...], table: pa.Table) -> pa.Table:
+
+class WorkerSubtasks:
+    """The subtasks this Python worker keeps between batches, per query, for one run of each query.
+
+    A plan of another run of a query evicts (closes) the subtasks this worker kept from the query's earlier
+    run before any of the new run's subtasks opens, so a restarted query never runs an old processor and
+    never opens lmdb state that an evicted subtask still holds open.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[str, dict[tuple[int, int], Subtask]]] = {}  # query id -> (run id, subtasks)
+
+    def get(self, spec: TaskSpec, plan: SubtaskPlan) -> Subtask:
+        """The subtask that runs ``plan`` in ``spec``'s run, kept from an earlier batch of the run or new."""
+        run = self._runs.get(plan.query_id)
+        if run is None or run[0] != spec.run_id:
+            self.evict(plan.query_id)
+            run = self._runs[plan.query_id] = (spec.run_id, {})
+        subtasks = run[1]
+        key = (plan.index, plan.parallelism)
+        if key not in subtasks:
+            subtasks[key] = Subtask(plan.index, plan.parallelism, spec.factory, spec.subtask_config())
+        return subtasks[key]
+
+    def evict(self, query_id: str) -> None:
+        """Close (without deleting local state) every subtask kept for ``query_id``."""
+        _, subtasks = self._runs.pop(query_id, ("", {}))
+        for subtask in subtasks.values():
+            subtask.close()
+
+    def close(self) -> None:
+        """Close every subtask (the worker is going away)."""
+        for query_id in list(self._runs):
+            self.evict(query_id)
+
+
+WORKER_SUBTASKS = WorkerSubtasks()  # the one registry of this Python worker, living as long as the worker
+
+
+def run_group(spec: TaskSpec, key: tuple[Any, ...], table: pa.Table,
+              subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> pa.Table:
     """Run one subtask's batch: ``table`` holds its rows and one heartbeat row (so every subtask runs every
-    batch, and timers fire without input)."""
+    batch, and timers fire without input). The outputs were checked against the output schema as the
+    processor produced them (:mod:`spate.runtime.outputs`)."""
     index = key[0].as_py() if hasattr(key[0], "as_py") else key[0]
     plan = SubtaskPlan.from_dict(spec.plans[index])
-    subtask = _subtask(spec, plan)
+    subtask = subtasks.get(spec, plan)
     try:
         out = subtask.run(plan, _rows(spec, table))
     finally:
@@ -55,17 +108,6 @@ def run_group(spec: TaskSpec, key: tuple[Any, ...], table: pa.Table) -> pa.Table
     ack = {f.name: pa.nulls(1, f.type) for f in spec.output_schema}
     ack[ACK_COLUMN] = pa.array([json.dumps(out.ack.to_dict())], pa.string())
     return pa.concat_tables([outputs, pa.table(ack)])
-
-
-def _subtask(spec: TaskSpec, plan: SubtaskPlan) -> Subtask:
-    key = (plan.query_id, plan.index, plan.parallelism)
-    subtask = _live.get(key)
-    if subtask is None:
-        config = spec.config
-        if config.table == "lmdb" and not config.local_dir:
-            config = dataclasses.replace(config, local_dir=executor_local_dir())
-        subtask = _live[key] = Subtask(plan.index, plan.parallelism, spec.factory, config)
-    return subtask
 
 
 def _rows(spec: TaskSpec, table: pa.Table) -> list[tuple[int, Any, Row]]:

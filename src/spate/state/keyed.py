@@ -16,9 +16,16 @@ from typing import Any
 
 import msgpack
 
-from spate.errors import IncompatibleStateError, SerializationError
-from spate.keygroups import compile_key_hasher
-from spate.serde import Serializer, decode_key, encode_key, resolve_serializer, serializer_by_name
+from spate.errors import IncompatibleStateError, InvalidKeyError, SerializationError, short_repr
+from spate.keygroups import compile_key_hasher, normalize_key
+from spate.serde import (
+    Serializer,
+    check_pickle_allowed,
+    decode_key,
+    encode_key,
+    resolve_serializer,
+    serializer_by_name,
+)
 from spate.state import descriptors as d
 from spate.state.layout import U16, length_prefixed, split_primary
 from spate.state.table import StateTable
@@ -74,15 +81,18 @@ class KeyedStateBackend:
 
     # -- current key ----------------------------------------------------------------------------------
     def set_current_key(self, key: Any, key_group: int | None = None) -> None:
-        """Scope every state to ``key``. ``key_group`` may be passed when already computed (e.g. by Spark)."""
+        """Scope every state to ``key``. ``key_group`` may be passed when already computed (e.g. by Spark).
+        Float columns are normalized as Spark groups them (``-0.0`` → ``0.0``, one NaN)."""
+        key = normalize_key(key)
         kg = self._hash(key) % self.max_parallelism if key_group is None else key_group
         if kg not in self.key_groups:
-            raise ValueError(f"key {key!r} is in key group {kg}, which this subtask does not own "
+            raise ValueError(f"key {short_repr(key)} is in key group {kg}, which this subtask does not own "
                              f"({self.key_groups.start}..{self.key_groups.stop - 1}); route keys with "
                              "spate.keygroups.key_group")
         kb = encode_key(key)
         if len(kb) > 0xFFFF:
-            raise ValueError(f"key {key!r} encodes to {len(kb)} bytes; the limit is 65535")
+            raise InvalidKeyError(f"key {short_repr(key)} encodes to {len(kb)} bytes; the limit is 65535: key by "
+                                  "a shorter value (e.g. a hash of it)")
         self.current_key = key
         self._kg = kg
         self._key_part = _U16_PACK(len(kb)) + kb
@@ -113,6 +123,7 @@ class KeyedStateBackend:
             return state
         serializer = resolve_serializer(descriptor.serializer)
         meta = self._register(descriptor, serializer)
+        check_pickle_allowed(serializer.name, self.allow_pickle, f"state {descriptor.name!r}")
         state = _STATE_CLASSES[descriptor.kind](self, meta, descriptor, serializer)
         self._states[descriptor.name] = state
         return state
@@ -314,9 +325,10 @@ def _no_key(state: _State) -> RuntimeError:
 
 
 def _encode_error(state: _State, value: Any, e: Exception) -> SerializationError:
-    hint = ("store plain data (None, bool, int, float, str, bytes, list, dict, tuple, date, datetime, Decimal) "
-            "or opt in to pickle with serializer='pickle' on the descriptor") if state._ser.name == "msgpack" \
-        else "make the value serializable"
+    hint = "make the value serializable"
+    if state._ser.name == "msgpack":
+        hint = ("store plain data (None, bool, int, float, str, bytes, list, dict, tuple, date, datetime, Decimal) "
+                "or opt in to pickle with serializer='pickle' on the descriptor and allow_pickle=True")
     return SerializationError(f"state {state.name!r}: cannot serialize value of type "
                               f"{type(value).__qualname__} with {state._ser.name} ({e}); {hint}")
 

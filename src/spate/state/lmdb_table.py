@@ -4,7 +4,8 @@ Larger than memory, shared safely across processes (an exclusive file lock guard
 process uses it; another process may reopen it afterwards), and every read transaction is an O(1) consistent
 snapshot. Writes go into one long write transaction that is committed at checkpoints (and every
 ``commit_every`` writes); if the memory map fills, the transaction is replayed into a map twice the size
-instead of failing.
+instead of failing. Each commit also stores a digest of every entry (kept up to date write by write), so state
+reused from local disk can be checked with :meth:`LmdbTable.verify` before it is trusted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import shutil
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 
 import lmdb
@@ -25,6 +27,8 @@ from spate.state.table import StateTable
 
 MAX_LMDB_KEY = 511
 _MIN_MAP_SIZE = 64 << 20
+_DIGEST_KEY = META_PREFIX + b"digest"
+_MASK64 = (1 << 64) - 1
 _KG = tuple(U16.pack(kg) for kg in range(1 << 15))  # key-group prefixes, precomputed
 
 
@@ -51,6 +55,9 @@ class LmdbTable(StateTable):
         self._open_views = 0  # read views in use (possibly by another thread)
         self._views_closed = threading.Condition()
         self._ops: list[tuple[bytes, bytes | None]] = []  # writes of the open transaction, for replay
+        with self.env.begin() as txn:
+            self._committed_digest = _parse_digest(txn.get(_DIGEST_KEY))
+        self._digest = self._committed_digest  # of the open transaction; None = unknown (recomputed at commit)
 
     # -- transaction handling -------------------------------------------------------------------------
     def _begin(self) -> lmdb.Transaction:
@@ -97,11 +104,24 @@ class LmdbTable(StateTable):
     def _w(self) -> lmdb.Transaction:
         return self._txn or self._begin()
 
+    def _apply(self, txn: lmdb.Transaction, key: bytes, value: bytes | None) -> bool:
+        """Put (or, for None, delete) one entry in ``txn`` and keep the table digest; True if it existed."""
+        old = txn.pop(key) if value is None else txn.replace(key, value)
+        digest = self._digest
+        if digest is not None and key[:2] != META_PREFIX:
+            key_crc = zlib.crc32(key)  # as in _entry_hash, shared by the old and the new entry
+            if value is not None:
+                digest += zlib.crc32(value, key_crc) + 1
+            if old is not None:
+                digest -= zlib.crc32(old, key_crc) + 1
+            self._digest = digest & _MASK64
+        return old is not None
+
     def _put(self, key: bytes, value: bytes) -> None:
         """The one writer: put in the open transaction, remember it for a replay after map growth."""
         txn = self._txn or self._begin()
         try:
-            txn.put(key, value)
+            self._apply(txn, key, value)
         except (lmdb.MapFullError, lmdb.BadValsizeError) as e:
             self._recover(e, key, value)
             return
@@ -112,7 +132,7 @@ class LmdbTable(StateTable):
 
     def _delete(self, key: bytes) -> bool:
         try:
-            deleted = (self._txn or self._begin()).delete(key)
+            deleted = self._apply(self._txn or self._begin(), key, None)
         except lmdb.MapFullError:  # copy-on-write pages can fill the map even on delete
             self._grow_and_replay()
             return self._delete(key)
@@ -132,21 +152,21 @@ class LmdbTable(StateTable):
         assert self._txn is not None
         self._txn.abort()
         self._txn = None
+        self._digest = self._committed_digest
         self._resize(self.env.info()["map_size"] * 2)
         txn = self._begin()
         for key, value in self._ops:
             try:
-                if value is None:
-                    txn.delete(key)
-                else:
-                    txn.put(key, value)
+                self._apply(txn, key, value)
             except lmdb.MapFullError:
                 self._grow_and_replay()
                 return
 
     def commit(self) -> None:
+        """Commit the open transaction, with the digest of the entries it leaves (see :meth:`verify`)."""
         if self._txn is not None:
             try:
+                self._store_digest(self._txn)
                 self._txn.commit()
             except lmdb.MapFullError:
                 self._grow_and_replay()
@@ -154,6 +174,30 @@ class LmdbTable(StateTable):
                 return
             self._txn = None
             self._ops.clear()
+            self._committed_digest = self._digest
+
+    # -- integrity: a digest of every entry, kept up to date on each write and stored at each commit --------
+    def _store_digest(self, txn: lmdb.Transaction) -> None:
+        if self._digest is None:  # unknown after a bulk restore or in a table written before digests
+            self._digest = _table_digest(txn)
+        if self._digest != self._committed_digest or txn.get(_DIGEST_KEY) is None:
+            txn.put(_DIGEST_KEY, str(self._digest).encode())
+
+    def verify(self) -> str | None:
+        """Re-read every committed entry and compare with the digest stored with them: None if they agree,
+        else what is wrong. Catches any changed, lost or added key or value (a 64-bit sum of per-entry
+        CRC32s); costs one sequential read of the table on local disk, no download."""
+        try:
+            with self._env_begin() as txn:
+                stored, actual = txn.get(_DIGEST_KEY), _table_digest(txn)
+        except lmdb.Error as e:
+            return f"lmdb cannot read it ({e})"
+        recorded = _parse_digest(stored)
+        if recorded is None:
+            return "it has no valid recorded digest (damaged, or written by an older spate)"
+        if recorded != actual:
+            return f"its entries do not match the digest recorded at its last commit ({actual} != {recorded})"
+        return None
 
     # -- value entries --------------------------------------------------------------------------------
     def get(self, kg: int, primary: bytes) -> bytes | None:
@@ -234,6 +278,8 @@ class LmdbTable(StateTable):
             try:
                 with self._env_begin(write=True) as txn:
                     txn.cursor().putmulti(items)
+                    txn.delete(_DIGEST_KEY)  # recomputed at the next commit
+                self._digest = self._committed_digest = None
                 return
             except lmdb.MapFullError:
                 self._resize(self.env.info()["map_size"] * 2)
@@ -292,6 +338,27 @@ class _ReadView:
 
     def key_group_flat(self, kg: int) -> list[bytes]:
         return _flat(self._txn, kg)
+
+
+def _entry_hash(key: bytes, value: bytes) -> int:
+    return zlib.crc32(value, zlib.crc32(key)) + 1
+
+
+def _parse_digest(raw: bytes | None) -> int | None:
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _table_digest(txn: lmdb.Transaction) -> int:
+    """The digest of every state entry (table metadata excluded): a 64-bit sum of per-entry hashes, so it can
+    be kept up to date one write at a time."""
+    total = 0
+    for k, v in txn.cursor():
+        if not k.startswith(META_PREFIX):
+            total += _entry_hash(k, v)
+    return total & _MASK64
 
 
 def _flat(txn: lmdb.Transaction, kg: int) -> list[bytes]:

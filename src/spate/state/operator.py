@@ -11,7 +11,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from spate.errors import IncompatibleStateError
-from spate.serde import Serializer, decode_key, encode, encode_key, resolve_serializer, serializer_by_name
+from spate.serde import (
+    Serializer,
+    check_pickle_allowed,
+    decode_key,
+    encode,
+    encode_key,
+    resolve_serializer,
+    serializer_by_name,
+)
 
 SPLIT, UNION, BROADCAST = "split", "union", "broadcast"
 MODES = (SPLIT, UNION, BROADCAST)
@@ -102,7 +110,7 @@ class OperatorStateBackend:
         """Broadcast map state: each subtask restores one copy."""
         state = self._states.get(name)
         if state is None:
-            ser = resolve_serializer(serializer)
+            ser = self._serializer(f"broadcast state {name!r}", serializer)
             entries: dict[Any, Any] = {}
             restored = self._take(name, BROADCAST)
             if restored is not None:
@@ -116,7 +124,7 @@ class OperatorStateBackend:
     def _list(self, name: str, mode: str, serializer: str | Serializer | None) -> ListOperatorState:
         state = self._states.get(name)
         if state is None:
-            ser = resolve_serializer(serializer)
+            ser = self._serializer(f"operator state {name!r}", serializer)
             elements: list[Any] = []
             restored = self._take(name, mode)
             if restored is not None:
@@ -125,6 +133,12 @@ class OperatorStateBackend:
             state = self._states[name] = ListOperatorState(name, mode, ser, elements)
         self._check_mode(state, name, mode)
         return state  # type: ignore[return-value]
+
+    def _serializer(self, what: str, spec: str | Serializer | None) -> Serializer:
+        """The declared serializer; pickle only if this reader opted in (it will read what it writes)."""
+        ser = resolve_serializer(spec)
+        check_pickle_allowed(ser.name, self.allow_pickle, what)
+        return ser
 
     def _take(self, name: str, mode: str) -> RestoredOperatorState | None:
         restored = self._restored.pop(name, None)
