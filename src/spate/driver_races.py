@@ -148,9 +148,9 @@ def race(kind: str, seed: int, workdir: str, timeout_s: float = 120.0) -> RaceRe
     with _runner(root, rng, local) as r:
         r.run([batch(n) for n in range(BATCHES)], until=rng.randint(1, 4))
     start = time.time() + 1.5  # both interpreters are up by then
-    delays = (0.0, 0.0) if kind == "simultaneous" else (0.0, rng.uniform(0.05, 1.0))
+    delays = (0.0, 0.0) if kind == "simultaneous" else (0.0, rng.uniform(0.05, 0.5))  # while the first runs
     outs = [os.path.join(workdir, f"driver-{seed}-{i}.json") for i in range(2)]
-    procs = [_spawn(root, start + delays[i], rng.randrange(2**32), 0.02, outs[i], f"{local}-{i}")  # two machines
+    procs = [_spawn(root, start + delays[i], rng.randrange(2**32), 0.03, outs[i], f"{local}-{i}")  # two machines
              for i in range(2)]
     drivers = [_collect(p, o, timeout_s) for p, o in zip(procs, outs, strict=True)]
     result = RaceResult(kind, seed, drivers, None)

@@ -479,15 +479,14 @@ def run_campaign(opts: CampaignOptions, progress: Callable[[str], None]) -> Tall
         if deadline is not None and time.monotonic() >= deadline:
             break
         seed = opts.seed + tally.trials
-        before = tally.kills
-        started = time.perf_counter()
+        kills, failed, started = tally.kills, tally.failed_restarts, time.perf_counter()
         problems = run_trial(opts, seed, workdir, tally)
         tally.trials += 1
         for p in problems:
             tally.problems.append({"kind": "divergence", "trial_seed": seed, "detail": p})
         verdict = "ok" if not problems else f"DIVERGED ({len(problems)}): {problems[0]}"
-        progress(f"trial {tally.trials} seed {seed}: {tally.kills - before} kills, {verdict} "
-                 f"({time.perf_counter() - started:.1f} s)")
+        progress(f"trial {tally.trials} seed {seed}: {tally.kills - kills} kills, "
+                 f"{tally.failed_restarts - failed} failed restarts, {verdict} ({time.perf_counter() - started:.1f} s)")
         if not problems:
             shutil.rmtree(os.path.join(workdir, f"trial-{seed}"), ignore_errors=True)
     if opts.workdir is None and not tally.problems:
@@ -505,9 +504,9 @@ def summary(tally: Tally, seconds: float) -> dict[str, Any]:
 
 
 def print_report(result: dict[str, Any]) -> None:
-    figures = [{"figure": k, "value": result[k]} for k in ("seed", "trials", "kills", "restarts", "kill_points_missed",
-                                                          "divergences",
-                                                          "failed_restarts", "seconds")]
+    names = ("seed", "trials", "kills", "restarts", "kill_points_missed", "divergences", "failed_restarts",
+             "seconds")
+    figures = [{"figure": k, "value": str(result[k]) if k == "seed" else result[k]} for k in names]
     print(format_table(figures, title="crash-fuzz campaign"))
     print()
     steps = [{"step": s, "kills": n, "what has happened": STEPS.get(s, "the parent killed at a random moment")}

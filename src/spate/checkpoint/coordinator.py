@@ -430,6 +430,13 @@ class Coordinator:
             self.raise_if_fenced(e)
             raise
 
+    def fail(self, checkpoint_id: int, error: BaseException) -> None:
+        """A batch failed: abort its checkpoint, and raise :class:`FencedError` instead if a newer driver took
+        the root over (the failure is then a consequence of the take-over). The caller re-raises ``error``."""
+        self.abort(checkpoint_id, f"batch failed: {type(error).__name__}")
+        if isinstance(error, Exception):
+            self.raise_if_fenced(error)
+
     def raise_if_fenced(self, error: Exception) -> None:
         """Raise :class:`FencedError` (from ``error``) if a newer driver took the root over: the failure is
         a consequence of the take-over, not a fault of its own."""

@@ -190,9 +190,7 @@ class LocalRunner:
             cp_started = time.perf_counter()
             meta = coord.complete(batch_id)
         except BaseException as e:
-            coord.abort(batch_id, "batch failed")
-            if isinstance(e, Exception):
-                coord.raise_if_fenced(e)
+            coord.fail(batch_id, e)
             raise
         # the checkpoint's cost: starting every subtask's snapshot (one after another here), waiting until all
         # are durable, and the commit

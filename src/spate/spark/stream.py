@@ -146,8 +146,8 @@ class StatefulStream:
             for ack in acks:
                 coord.acknowledge(ack)
             meta = coord.complete(batch_id)
-        except BaseException:
-            coord.abort(batch_id, "batch failed")
+        except BaseException as e:
+            coord.fail(batch_id, e)
             raise
         checkpoint_ms = (time.perf_counter() - cp_started) * 1000
         rows = sum(st.stats.get("rows", 0) for st in meta.subtasks)
