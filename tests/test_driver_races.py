@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from spate.driver_races import DriverReport, RaceResult, campaign
+import json
+
+from spate.cli import main
+from spate.driver_races import DriverReport, RaceResult
 
 
-def test_short_race_campaign_loses_nothing():
-    result = campaign(races=2, seed=7, progress=False)
-    assert result.races == 4 and result.by_kind == {"simultaneous": 2, "staggered": 2}
-    assert result.clean, result.findings
-    assert result.fenced_drivers >= 2, "every race fences one of the two drivers (or the first, later)"
+def test_short_race_campaign_loses_nothing(capsys):
+    code = main(["fuzz", "--drivers", "2", "--seed", "7", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["campaign"] == "drivers" and result["races"] == 4
+    assert result["by_kind"] == {"simultaneous": 2, "staggered": 2}
+    assert code == 0 and result["findings"] == []
+    assert result["shared_epochs"] == result["double_commits"] == result["lost_checkpoints"] == 0
+    assert result["fenced_drivers"] >= 2, "each simultaneous race fences one of the two drivers"
 
 
 def test_race_findings_are_counted():

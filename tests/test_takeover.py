@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -223,4 +224,105 @@ def test_documented_epoch_seal_is_what_a_take_over_writes(tmp_path):
     payload = read_single_frame(storage.read("_epochs/0000000002.seal"), "seal", FrameKind.EPOCH)
     assert payload.decode() == example
     assert sorted(p for p, _ in storage.list_files("_epochs")) == [
-        "_epochs/0000000001", "_epochs/0000000001.seal", "_epochs/0000000002", "_epochs/0000000002.seal"]
+        "_epochs/0000000001", "_epochs/0000000001.completed", "_epochs/0000000001.seal", "_epochs/0000000002",
+        "_epochs/0000000002.seal"]
+
+
+# -- three drivers, paused drivers (review findings) --------------------------------------------------------
+def _passes_next_fence_check(runner: LocalRunner) -> None:
+    """The driver passed its pre-commit fence check just before a take-over: that one check is skipped."""
+    real, calls = runner.coordinator.epochs.check, []
+
+    def check(epoch: int) -> None:
+        calls.append(epoch)
+        if len(calls) > 1:
+            real(epoch)
+
+    runner.coordinator.epochs.check = check  # type: ignore[method-assign]
+
+
+def test_late_seal_of_a_fenced_driver_cannot_roll_back_a_resumed_checkpoint(tmp_path, monkeypatch):
+    """D2 claims and lists but seals late; D1 commits 3 meanwhile; D3 claims, sees 3 and resumes after it.
+    D2's seal must not then make checkpoint 3 invisible."""
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, 3)
+    d1 = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2)
+    _passes_next_fence_check(d1)
+    seal, resumed, hooked = EpochLog.seal, [], []
+
+    def d2_seals_late(self, s):
+        if s.epoch == 3 and not hooked:
+            hooked.append(s)
+            with pytest.raises(FencedError):
+                d1.run_batch(3, src[3])  # its metadata lands; its second check finds it fenced
+            with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2) as d3:
+                resumed.append(d3.next_batch_id)
+        return seal(self, s)
+
+    monkeypatch.setattr(EpochLog, "seal", d2_seals_late)
+    with pytest.raises(FencedError):
+        LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2)  # D2
+    monkeypatch.setattr(EpochLog, "seal", seal)
+    d1.close()
+    assert resumed == [4]
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=3) as d4:
+        assert d4.next_batch_id == 4, "checkpoint 3 still counts"
+        d4.run(src)
+    assert counts(root) == expected_counts(src)
+
+
+def test_replacing_a_fenced_commit_never_deletes_a_newer_drivers_commit(tmp_path):
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, 3)
+    d = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2)
+    e = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2)
+    _passes_next_fence_check(d)
+    with pytest.raises(FencedError):
+        d.run_batch(3, src[3])  # a fenced commit of 3, for E to replace
+    d.close()
+    decide = e.coordinator._fenced_commit
+
+    def newer_driver_commits_first(checkpoint_id: int) -> bool:
+        decision = decide(checkpoint_id)
+        with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2) as f:
+            f.run_batch(3, src[3])
+        return decision
+
+    e.coordinator._fenced_commit = newer_driver_commits_first  # type: ignore[method-assign]
+    with pytest.raises(FencedError):
+        e.run_batch(3, src[3])
+    e.close()
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2) as g:
+        assert g.next_batch_id == 4, "F's checkpoint 3 survived"
+        g.run(src)
+    assert counts(root) == expected_counts(src)
+
+
+def test_paused_old_driver_never_empties_a_newer_drivers_directories(tmp_path):
+    """An old driver at parallelism 2 retires the parallelism-4 directories in the background; it pauses, and
+    a newer driver at parallelism 4 writes into directories of the same names before the old one resumes."""
+    root, src = str(tmp_path / "c"), batches(10)
+    _run(root, 2, parallelism=4, retained=1)
+    old = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, retained=1)
+    paused: list = []
+
+    class PausedThread:  # fault injection: the old driver's discard thread gets no CPU for a while
+        def submit(self, fn, *args):
+            paused.append((fn, args))
+            done: Future = Future()
+            done.set_result(None)
+            return done
+
+        def shutdown(self, wait: bool = True) -> None:
+            pass
+
+    old.coordinator._discarder = PausedThread()  # type: ignore[assignment]
+    old.run(src, until=6)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=4, retained=3) as new:
+        new.run(src, until=9)
+    for fn, args in paused:  # the old driver resumes
+        fn(*args)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=4) as r:
+        assert r.next_batch_id == 9
+        r.run(src)
+    assert counts(root) == expected_counts(src)

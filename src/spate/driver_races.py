@@ -33,6 +33,7 @@ from typing import Any
 from spate.checkpoint.inspect import keyed_state_entries, load_checkpoint
 from spate.errors import FencedError
 from spate.fs import CheckpointStorage
+from spate.report import format_table
 from spate.runtime.local import LocalRunner
 from spate.runtime.processor import Processor
 from spate.state.descriptors import ValueStateDescriptor
@@ -216,6 +217,32 @@ def campaign(races: int, seed: int, progress: bool = True) -> Campaign:
             print(file=sys.stderr)
     out.seconds = round(time.perf_counter() - started, 1)
     return out
+
+
+FIGURES = ("races", "shared_epochs", "double_commits", "lost_checkpoints", "failed_restarts", "divergences",
+           "fenced_drivers", "seconds")
+
+
+def report(result: Campaign, as_json: bool) -> None:
+    """Print a campaign's figures as a table (or one JSON object) and its findings."""
+    data = {"campaign": "drivers", **asdict(result)}
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    print(format_table([{"figure": k, "value": data[k]} for k in FIGURES] +
+                       [{"figure": f"races {kind}", "value": n} for kind, n in result.by_kind.items()],
+                       title="two-driver races (goal: 0 shared epochs, double commits, lost checkpoints, "
+                             "failed restarts, divergences)"))
+    for f in result.findings[:10]:
+        print(f"{f['kind']} race, seed {f['seed']}: resumed from {f['resumed_from']}; "
+              f"{f['restart_failed'] or 'drivers: ' + json.dumps(f['drivers'])}")
+
+
+def run_from_args(races: int, seed: int, as_json: bool) -> int:
+    """``spate fuzz --drivers N``: exit 1 on any finding."""
+    result = campaign(races, seed)
+    report(result, as_json)
+    return 0 if result.clean else 1
 
 
 def _driver_main(argv: list[str]) -> None:

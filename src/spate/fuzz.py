@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from spate import driver_races
 from spate.changelog import state as changelog_state
 from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import BatchingUploadScheduler, UploadConfig
@@ -531,12 +532,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                    "a protocol step (default 0.2)")
     p.add_argument("--dir", default=None, help="working directory (default: a temporary one; kept on failure)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--drivers", type=int, default=0, metavar="N",
+                   help="instead: N races of each kind (simultaneous, staggered) of two driver processes on one "
+                        "root, counting shared epochs, double commits, lost checkpoints and failed restarts")
     p.add_argument("--inject-bug", action="store_true", help=argparse.SUPPRESS)  # proves the comparator works
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """``spate fuzz``: progress on stderr, the report (or ``--json``) on stdout; exit 1 on any divergence or
     failed restart."""
+    if args.drivers:
+        return driver_races.run_from_args(args.drivers, args.seed, args.json)
     trials = 10 if args.trials is None and args.minutes is None else args.trials
     opts = CampaignOptions(args.seed, trials, args.minutes, args.kills_per_trial, args.batches, args.random_share,
                            args.dir, args.inject_bug)

@@ -14,7 +14,7 @@ _FILES = re.compile("|".join(rf"(?:{p})" for p in (
     rf"_query{_TEMP}",
     rf"_delivered{_TEMP}",
     r"_epochs/\d+",
-    rf"_epochs/\d+\.seal{_TEMP}",
+    rf"_epochs/\d+\.(?:seal|completed){_TEMP}",
     rf"chk-\d+/_metadata{_TEMP}",
     rf"chk-\d+/_delivered{_TEMP}",
     rf"chk-\d+/{_HEX}\.op",

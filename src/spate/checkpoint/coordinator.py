@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state
@@ -47,7 +47,14 @@ from spate.checkpoint.metadata import (
 )
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.checkpoint.savepoint import write_savepoint
-from spate.errors import CheckpointError, CorruptFileError, FencedError, IncompatibleStateError, naming_disk_full
+from spate.errors import (
+    CheckpointError,
+    CorruptFileError,
+    FencedError,
+    IncompatibleStateError,
+    MissingFileError,
+    naming_disk_full,
+)
 from spate.filemerging.manager import subtask_dir, worker_dir
 from spate.filemerging.registry import FileRegistry
 from spate.fs import CheckpointStorage, FrameKind, frame, join_uri
@@ -95,7 +102,10 @@ def _discover(storage: CheckpointStorage, epochs: EpochState, retained: int) -> 
     for n in reversed(_metadata_ids(storage)):
         if len(found) == retained:
             break
-        meta = _written_by(storage, n)
+        try:
+            meta = _written_by(storage, n)
+        except MissingFileError:
+            continue  # an older driver subsumed it while this one looked
         (found.append(meta) if epochs.visible(n, meta.epoch) else invisible.append(n))  # type: ignore[func-returns-value]
     found.reverse()
     return _Discovery(found, found[-1].checkpoint_id if found else -1, invisible)
@@ -106,8 +116,14 @@ def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
     the epochs' seals (not yet verified). A metadata file needs reading only if a seal might exclude it."""
     epochs = EpochLog(storage).read()
     lowest_seal = min((s.sealed for s in epochs.seals.values()), default=None)
-    return [n for n in _metadata_ids(storage)
-            if lowest_seal is None or n <= lowest_seal or epochs.visible(n, _written_by(storage, n).epoch)]
+    out = []
+    for n in _metadata_ids(storage):
+        try:
+            if lowest_seal is None or n <= lowest_seal or epochs.visible(n, _written_by(storage, n).epoch):
+                out.append(n)
+        except MissingFileError:
+            continue  # subsumed while listing
+    return out
 
 
 class Coordinator:
@@ -136,6 +152,7 @@ class Coordinator:
         self.registry = FileRegistry(self._discard, max_space_amplification)
         self.epochs = EpochLog(self.storage)
         self._seal = Seal(0, -1)
+        self._completed_marked = False
         self.live_workers: set[str] = set()
         self.files_deleted = 0
         self._count_lock = threading.Lock()
@@ -151,21 +168,18 @@ class Coordinator:
         savepoint = self._read_savepoint() if self.restore_from else None
         query = self._query_file(savepoint)
         self._check_parallelism(query)
+        if savepoint is not None and not _metadata_ids(self.storage):
+            self._check_savepoint(savepoint, query)  # before the take-over: a refused start fences nobody
         self.query = QueryInfo(query.query_id, query.max_parallelism,
                                self.epochs.claim(max(self.epochs.read().latest, query.epoch)))
-        epochs = self.epochs.read()  # after the claim: every commit of an older driver seen now counts
-        found = _discover(self.storage, epochs, self.retained)
+        found, epochs = self._seal_take_over()
         self.completed = found.retained
         if self.completed:
             savepoint = None
         elif savepoint is None:
             self._refuse_lost_checkpoints(epochs)
-        elif savepoint.max_parallelism != query.max_parallelism:
-            raise IncompatibleStateError(
-                f"savepoint {self.restore_from} was written with max parallelism {savepoint.max_parallelism}, "
-                f"but {self.storage.uri} has {query.max_parallelism}; restore it into a new checkpoint root")
-        self._seal = Seal(self.query.epoch, found.latest_id)
-        self.epochs.seal(self._seal)
+        else:
+            self._check_savepoint(savepoint, query)
         self.storage.replace(QUERY_FILE, self.query.to_bytes())  # informational; fences older spate versions
         for meta in self.completed:
             self._register(meta)
@@ -174,7 +188,38 @@ class Coordinator:
         self.base = self.completed[-1] if self.completed else savepoint
         self._base_storage = self.storage if self.completed or savepoint is None else \
             CheckpointStorage(self.restore_from)  # type: ignore[arg-type]
+        self.epochs.prune(min([m.epoch for m in self.completed], default=self.query.epoch), self.query.epoch)
         return self.base
+
+    def _seal_take_over(self) -> tuple[_Discovery, EpochState]:
+        """List the complete checkpoints after the claim and seal what was seen: this epoch, and every earlier
+        claimed epoch whose driver never sealed (it did nothing yet, and is fenced now). Seals are put-if-absent,
+        so a fenced driver's late seal can never change what counts."""
+        assert self.query is not None
+        epoch = self.query.epoch
+        for _attempt in range(8):
+            epochs = self.epochs.read()  # after the claim: every commit of an older driver seen now counts
+            found = _discover(self.storage, epochs, self.retained)
+            try:
+                for older in epochs.unsealed_before(epoch):
+                    self.epochs.seal(Seal(older, found.latest_id))
+            except FileExistsError:
+                continue  # that driver sealed meanwhile: look again
+            try:
+                self.epochs.seal(Seal(epoch, found.latest_id))
+            except FileExistsError as e:
+                raise FencedError(f"checkpoint root {self.storage.uri} was taken over by another driver while this "
+                                  f"one (epoch {epoch}) was starting; only one driver may run per root") from e
+            self._seal = Seal(epoch, found.latest_id)
+            return found, epochs
+        raise CheckpointError(f"could not seal the take-over of {self.storage.uri}: earlier drivers kept sealing; "
+                              "is another driver restarting in a loop?")
+
+    def _check_savepoint(self, savepoint: CheckpointMetadata, query: QueryInfo) -> None:
+        if savepoint.max_parallelism != query.max_parallelism:
+            raise IncompatibleStateError(
+                f"savepoint {self.restore_from} was written with max parallelism {savepoint.max_parallelism}, "
+                f"but {self.storage.uri} has {query.max_parallelism}; restore it into a new checkpoint root")
 
     def _refuse_foreign_root(self) -> None:
         """A root without ``_query`` must be empty but for engine directories: spate never adopts (and then
@@ -281,8 +326,10 @@ class Coordinator:
         return live | {worker_dir(w) for w in self.live_workers}
 
     def _remove_dead_dirs(self, candidates: list[str], in_use: set[str], background: bool = True) -> None:
-        """Delete directories no worker writes to any more and holding no file in use (an earlier
-        parallelism's subtask directories, finished workers' directories). Object stores have no directories."""
+        """Remove directories no worker writes to any more and holding no file in use (an earlier
+        parallelism's subtask directories, finished workers' directories) once the registry's deletions left
+        them empty. Never their files: a newer driver may be writing into a directory of the same name (a
+        subtask directory of its parallelism). Object stores have no directories."""
         if not self.storage.is_local:
             return
         live = self._live_dirs()
@@ -290,9 +337,9 @@ class Coordinator:
             managed = d.startswith(("shared/", "taskowned/"))
             if managed and d not in live and d not in in_use and not any(u.startswith(d + "/") for u in in_use):
                 if background:  # after the file deletions queued before
-                    self._discards.append(self._discarder.submit(self.storage.delete_dir, d))
+                    self._discards.append(self._discarder.submit(self.storage.remove_empty_dirs, d))
                 else:
-                    self.storage.delete_dir(d)
+                    self.storage.remove_empty_dirs(d)
 
     # -- one checkpoint -------------------------------------------------------------------------------
     @property
@@ -373,9 +420,7 @@ class Coordinator:
         self._write_metadata(meta)
         self.epochs.check(self.query.epoch)  # a take-over that raced the write: the new driver's seal decides
         self._pending = None
-        if not self._seal.completed:  # from now on, losing every checkpoint of this root is an error
-            self._seal = replace(self._seal, completed=True)
-            self.epochs.seal(self._seal)
+        self._mark_completed()
         self.completed.append(meta)
         self.base, self._base_storage = meta, self.storage
         self._register(meta)
@@ -403,6 +448,18 @@ class Coordinator:
             self.query.max_parallelism, pending.processing_time_ms,
             [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog) for a in acks], max_event, watermark)
 
+    def _mark_completed(self) -> None:
+        """From the first commit of this epoch on, losing every checkpoint of the root is an error. Best
+        effort: the checkpoint is complete already, a failure is retried at the next commit."""
+        if self._completed_marked or self.query is None:
+            return
+        try:
+            self.epochs.mark_completed(self.query.epoch)
+            self._completed_marked = True
+        except OSError as e:
+            log.warning("could not mark epoch %d as having completed a checkpoint (retried): %s",
+                        self.query.epoch, e)
+
     def _write_metadata(self, meta: CheckpointMetadata) -> None:
         """Create ``chk-<n>/_metadata`` with put-if-absent. One left there by a driver fenced before this one
         looked (an older epoch, above this epoch's seal) never counts, and is replaced."""
@@ -416,6 +473,7 @@ class Coordinator:
                 if not self._fenced_commit(meta.checkpoint_id):
                     break
                 log.warning("replacing %s, written by a fenced driver", self.storage.path(rel))
+                self.epochs.check(self.query.epoch)  # a newer driver may have replaced it with its own
                 self.storage.delete(rel)
         raise FencedError(f"{self.storage.path(rel)} already exists: another driver completed this checkpoint; "
                           "stop this query")

@@ -10,12 +10,17 @@ afterwards. So after claiming, the new driver lists the complete checkpoints and
 (``_epochs/<e>.seal``): the highest checkpoint id it saw. A checkpoint written under epoch ``w`` counts
 (is *visible*) only if every sealed epoch after ``w`` saw it: ``checkpoint_id <= seal`` for each seal of an
 epoch ``> w``. A commit that lands after the new driver looked is therefore never restored from, and the new
-driver may delete it. The seal also records whether a checkpoint ever completed under that epoch, so a root
-that had checkpoints and lost them all is an error instead of a silent restart from batch 0.
+driver may delete it. Seals are put-if-absent and never change: a driver also seals every earlier claimed
+epoch whose driver has not sealed yet (that driver did nothing so far, and is fenced now), so a fenced
+driver's late seal can never make a checkpoint invisible that a newer driver already resumed from.
+
+``_epochs/<e>.completed`` marks that a checkpoint completed under epoch e; with the seals it tells that a root
+had checkpoints, so losing them all is an error instead of a silent restart from batch 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -26,6 +31,8 @@ from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
 EPOCHS_DIR = "_epochs"
 _CLAIM = re.compile(r"^(\d+)$")
 _SEAL = re.compile(r"^(\d+)\.seal$")
+_COMPLETED = re.compile(r"^(\d+)\.completed$")
+KEEP_EPOCHS = 16  # the newest epochs' files are never pruned
 
 
 def claim_path(epoch: int) -> str:
@@ -36,13 +43,17 @@ def seal_path(epoch: int) -> str:
     return f"{EPOCHS_DIR}/{epoch:010d}.seal"
 
 
+def completed_path(epoch: int) -> str:
+    return f"{EPOCHS_DIR}/{epoch:010d}.completed"
+
+
 @dataclass(frozen=True)
 class Seal:
-    """What the driver of ``epoch`` saw when it took over, and whether it completed a checkpoint since."""
+    """The highest checkpoint visible when epoch ``epoch`` (or a later one, for an epoch whose driver never
+    sealed) took over."""
 
     epoch: int
-    sealed: int  # the highest visible complete checkpoint at the take-over; -1: none
-    completed: bool = False
+    sealed: int  # -1: none
 
     def to_bytes(self) -> bytes:
         return frame(FrameKind.EPOCH, json.dumps(self.__dict__).encode())
@@ -51,7 +62,7 @@ class Seal:
     def parse(data: bytes, where: str) -> Seal:
         try:
             d = json.loads(read_single_frame(data, where, FrameKind.EPOCH))
-            return Seal(int(d["epoch"]), int(d["sealed"]), bool(d.get("completed", False)))
+            return Seal(int(d["epoch"]), int(d["sealed"]))
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptFileError(f"{where}: epoch seal is malformed ({e!r})") from e
 
@@ -62,6 +73,7 @@ class EpochState:
 
     claimed: tuple[int, ...]
     seals: dict[int, Seal]
+    completed: frozenset[int] = frozenset()
 
     @property
     def latest(self) -> int:
@@ -78,7 +90,11 @@ class EpochState:
     @property
     def had_checkpoints(self) -> bool:
         """Whether any driver saw or completed a checkpoint on this root."""
-        return any(s.sealed >= 0 or s.completed for s in self.seals.values())
+        return bool(self.completed) or any(s.sealed >= 0 for s in self.seals.values())
+
+    def unsealed_before(self, epoch: int) -> list[int]:
+        """Claimed epochs older than ``epoch`` whose drivers never sealed."""
+        return [e for e in self.claimed if e < epoch and e not in self.seals]
 
 
 class EpochLog:
@@ -88,18 +104,20 @@ class EpochLog:
         self.storage = storage
 
     def read(self) -> EpochState:
-        claimed, seal_names = [], []
+        claimed, seal_names, completed = [], [], set()
         for rel, _size in self.storage.list_files(EPOCHS_DIR):
             name = rel.rpartition("/")[2]
             if m := _CLAIM.match(name):
                 claimed.append(int(m.group(1)))
             elif m := _SEAL.match(name):
                 seal_names.append(int(m.group(1)))
+            elif m := _COMPLETED.match(name):
+                completed.add(int(m.group(1)))
         seals = {}
         for e in seal_names:
             path = seal_path(e)
             seals[e] = Seal.parse(self.storage.read(path, "epoch seal"), self.storage.path(path))
-        return EpochState(tuple(sorted(claimed)), seals)
+        return EpochState(tuple(sorted(claimed)), seals, frozenset(completed))
 
     def claim(self, after: int) -> int:
         """Claim epoch ``after + 1`` (``after``: the highest epoch known to exist). Raises FencedError if
@@ -124,4 +142,20 @@ class EpochLog:
         return self.storage.mtime_ns(claim_path(epoch))
 
     def seal(self, seal: Seal) -> None:
-        self.storage.replace(seal_path(seal.epoch), seal.to_bytes())
+        """Write a seal with put-if-absent; ``FileExistsError`` if that epoch is sealed already."""
+        self.storage.create_exclusive(seal_path(seal.epoch), seal.to_bytes())
+
+    def mark_completed(self, epoch: int) -> None:
+        """Record that a checkpoint completed under ``epoch`` (idempotent)."""
+        with contextlib.suppress(FileExistsError):
+            self.storage.create_exclusive(completed_path(epoch), b"")
+
+    def prune(self, below: int, current: int) -> int:
+        """Delete the files of epochs older than ``below`` (no metadata on the root was written under them),
+        keeping the newest :data:`KEEP_EPOCHS` epochs up to ``current`` whatever ``below`` says. Their seals
+        can no longer decide what counts: every checkpoint left was written later, and the current seal bounds
+        any late commit of theirs. Returns the number of files deleted."""
+        limit = min(below, current - KEEP_EPOCHS + 1)
+        doomed = [rel for rel, _size in self.storage.list_files(EPOCHS_DIR)
+                  if (m := re.match(r"^(\d+)", rel.rpartition("/")[2])) and int(m.group(1)) < limit]
+        return sum(self.storage.delete(rel) for rel in doomed)
