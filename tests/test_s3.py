@@ -108,3 +108,11 @@ def test_take_over_and_metadata_are_conditional_writes_on_s3(s3_uri):
     with pytest.raises(FileExistsError):
         storage.create_exclusive("chk-1/_metadata", b"a second commit")
     assert list_complete_checkpoints(storage) == [0, 1] and load_checkpoint(storage).checkpoint_id == 1
+
+
+def test_conditional_writes_use_the_uris_credentials_and_options():
+    from spate.objectstore import _client_options
+
+    opts = dict(_client_options("s3://AK%2F1:S%40K@bkt/q?endpoint_override=127.0.0.1:9&scheme=http&region=r"))
+    assert opts == {"access_key": "AK/1", "secret_key": "S@K", "endpoint_override": "127.0.0.1:9", "scheme": "http",
+                    "region": "r"}

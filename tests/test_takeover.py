@@ -326,3 +326,15 @@ def test_paused_old_driver_never_empties_a_newer_drivers_directories(tmp_path):
         assert r.next_batch_id == 9
         r.run(src)
     assert counts(root) == expected_counts(src)
+
+
+def test_nothing_is_written_through_a_link_planted_in_the_root(tmp_path):
+    root, outside = tmp_path / "c", tmp_path / "outside"
+    _run(str(root), 2)
+    outside.mkdir()
+    os.symlink(outside, root / "shared" / "subtask-0-3", target_is_directory=True)
+    with pytest.raises(CheckpointError, match="symbolic link"), \
+            LocalRunner(Count, key="k", checkpoint_root=str(root), parallelism=3) as r:
+        r.run(batches(4))
+    assert list(outside.iterdir()) == [], "nothing was written outside the root"
+    assert list_complete_checkpoints(CheckpointStorage(str(root))) == [0, 1]

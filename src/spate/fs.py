@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow.fs as pafs
 import zstandard
 
-from spate.errors import CorruptFileError, MissingFileError
+from spate.errors import CheckpointError, CorruptFileError, MissingFileError
 from spate.layout import is_marker, is_spate_dir, is_spate_file
 from spate.objectstore import put_if_absent
 
@@ -182,6 +182,7 @@ class CheckpointStorage:
         self.root = self.root.rstrip("/") or "/"
         self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
         self.real_root = os.path.realpath(self.root) if self.is_local else self.root
+        self._linkless_dirs: set[str] = set()
         self.counts = FileCounts()
 
     def __repr__(self) -> str:
@@ -196,6 +197,7 @@ class CheckpointStorage:
         sub.uri = join_uri(self.uri, rel)
         sub.fs, sub.root, sub.is_local = self.fs, self.path(rel), self.is_local
         sub.real_root = os.path.realpath(sub.root) if self.is_local else sub.root
+        sub._linkless_dirs = set()
         sub.counts = FileCounts()
         return sub
 
@@ -211,6 +213,7 @@ class CheckpointStorage:
         full = self.path(rel)
         self.counts.add(rel, created=1)
         if self.is_local:  # object stores have no directories; creating markers costs requests
+            self._refuse_writing_through_links(rel)
             os.makedirs(posixpath.dirname(full), exist_ok=True)
             return open(full, "xb", buffering=0)  # noqa: SIM115 - the caller closes it
         return self.fs.open_output_stream(full)
@@ -226,10 +229,12 @@ class CheckpointStorage:
         full = self.path(rel)
         if not self.is_local:
             if not put_if_absent(self.uri, full, data):
+                _warn_no_conditional_write(self.uri)
                 if self.exists(rel):
                     raise FileExistsError(full)
                 self.write(rel, data)
             return
+        self._refuse_writing_through_links(rel)
         tmp = _write_synced_temp(full, data)
         try:
             os.link(tmp, full)
@@ -242,6 +247,7 @@ class CheckpointStorage:
         if not self.is_local:
             self.write(rel, data)
             return
+        self._refuse_writing_through_links(rel)
         os.replace(_write_synced_temp(full, data), full)
 
     def read(self, rel: str, context: str = "") -> bytes:
@@ -266,11 +272,23 @@ class CheckpointStorage:
 
     def through_link(self, rel: str) -> bool:
         """Whether the local path ``rel`` passes through a symbolic link (a file or directory below the root
-        that is a link): spate never reads, writes or deletes through one."""
+        that is a link): spate never reads, writes or deletes through one. A directory found free of links is
+        remembered, so a hot read costs one ``lstat``."""
         if not self.is_local:
             return False
-        expected = f"{self.real_root.rstrip('/')}/{validate_relative_path(rel)}"
-        return os.path.realpath(self.path(rel)) != expected
+        norm = validate_relative_path(rel)
+        parent = posixpath.dirname(norm)
+        if parent and parent not in self._linkless_dirs:
+            if os.path.realpath(f"{self.root}/{parent}") != f"{self.real_root.rstrip('/')}/{parent}":
+                return True
+            if os.path.isdir(f"{self.root}/{parent}"):
+                self._linkless_dirs.add(parent)
+        return os.path.islink(f"{self.root}/{norm}")
+
+    def _refuse_writing_through_links(self, rel: str) -> None:
+        if self.through_link(rel):
+            raise CheckpointError(f"{self.path(rel)}: the path passes through a symbolic link inside the "
+                                  "checkpoint root; spate never writes through links there. Remove the link")
 
     def _refuse_links(self, rel: str, context: str) -> None:
         if self.through_link(rel):
@@ -424,6 +442,13 @@ def storage_for(uri: str) -> CheckpointStorage:
     """One storage object per URI and process: file-system clients (S3, GCS) are costly to create, and a
     subtask needs its checkpoint storage every batch."""
     return CheckpointStorage(uri)
+
+
+@functools.lru_cache(maxsize=32)
+def _warn_no_conditional_write(uri: str) -> None:
+    log.warning("%s: this store has no conditional write that spate can send, so creating a file only if it "
+                "does not exist is best effort there; two drivers started at the same moment on this root may "
+                "not be told apart. Use a local file system or S3 for exclusive take-over", uri)
 
 
 def _write_synced_temp(full: str, data: bytes) -> str:

@@ -10,10 +10,13 @@ from the same URI options ``pyarrow.fs`` reads (``endpoint_override``, ``scheme`
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
-_LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+_EXISTS = {"PreconditionFailed", "412"}
+_CONFLICT = {"ConditionalRequestConflict", "409"}  # another conditional write of the key is in flight: retry
+_CONFLICT_RETRIES = 5
 
 
 def put_if_absent(uri: str, full_path: str, data: bytes) -> bool:
@@ -27,19 +30,29 @@ def put_if_absent(uri: str, full_path: str, data: bytes) -> bool:
         return False
     bucket, _, key = full_path.partition("/")
     client = _s3_client(_client_options(uri))
-    try:
-        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-    except Exception as e:  # botocore's ClientError, without importing botocore at module load
-        code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
-        if code in _LOST_RACE:
-            raise FileExistsError(full_path) from e
-        raise
-    return True
+    for attempt in range(_CONFLICT_RETRIES + 1):
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            return True
+        except Exception as e:  # botocore's ClientError, without importing botocore at module load
+            code = str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
+            if code in _EXISTS or (code in _CONFLICT and attempt == _CONFLICT_RETRIES):
+                raise FileExistsError(full_path) from e
+            if code not in _CONFLICT:
+                raise
+            time.sleep(0.05 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def _client_options(uri: str) -> tuple[tuple[str, str], ...]:
-    query = {k: v[-1] for k, v in parse_qs(urlsplit(uri).query).items()}
-    return tuple(sorted(query.items()))
+    """The URI's query options, plus credentials given as ``s3://KEY:SECRET@bucket/...`` (as pyarrow reads
+    them)."""
+    parts = urlsplit(uri)
+    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    if parts.username:
+        options.setdefault("access_key", unquote(parts.username))
+        options.setdefault("secret_key", unquote(parts.password or ""))
+    return tuple(sorted(options.items()))
 
 
 @functools.lru_cache(maxsize=16)
@@ -55,6 +68,7 @@ def _s3_client(options: tuple[tuple[str, str], ...]) -> Any:
     if endpoint and "://" not in endpoint:
         endpoint = f"{opts.get('scheme', 'https')}://{endpoint}"
     return boto3.client("s3", endpoint_url=endpoint or None, region_name=opts.get("region") or None,
+                        verify=opts.get("tls_ca_file_path") or None,
                         aws_access_key_id=opts.get("access_key") or None,
                         aws_secret_access_key=opts.get("secret_key") or None,
                         aws_session_token=opts.get("session_token") or None)
