@@ -1,4 +1,5 @@
-"""Two drivers racing on one root, in real processes (issue 9: simultaneous and staggered starts)."""
+"""Drivers racing on one root, in real processes (issue 9: simultaneous, staggered, three drivers, and a
+frozen driver waking up stale)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from spate.driver_races import DriverReport, RaceResult
 
 
 def test_short_race_campaign_loses_nothing(capsys):
-    code = main(["fuzz", "--drivers", "2", "--seed", "7", "--json"])
+    code = main(["fuzz", "--drivers", "1", "--seed", "7", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert result["campaign"] == "drivers" and result["races"] == 4
-    assert result["by_kind"] == {"simultaneous": 2, "staggered": 2}
+    assert result["by_kind"] == {"simultaneous": 1, "staggered": 1, "three": 1, "paused": 1}
     assert code == 0 and result["findings"] == []
     assert result["shared_epochs"] == result["double_commits"] == result["lost_checkpoints"] == 0
-    assert result["fenced_drivers"] >= 2, "each simultaneous race fences one of the two drivers"
+    assert result["fenced_drivers"] >= 2, "the simultaneous and the three-driver race fence a driver each"
 
 
 def test_race_findings_are_counted():
@@ -29,3 +30,8 @@ def test_race_findings_are_counted():
     assert not (clean.shared_epoch or clean.double_commits or clean.lost or clean.failed)
     broken = RaceResult("staggered", 3, [DriverReport(failed="FileNotFoundError"), DriverReport(epoch=2)], 1)
     assert broken.failed
+    rolled_back = RaceResult("paused", 4, [DriverReport(epoch=2, resumed_from=5), DriverReport(epoch=3)], 4)
+    assert rolled_back.lost, "a later driver resumed from less than an earlier driver saw"
+    three = RaceResult("three", 5, [DriverReport(epoch=2, committed=[3]), DriverReport(epoch=3, committed=[4]),
+                                    DriverReport(epoch=4, committed=[3, 5])], 5)
+    assert three.double_commits == 1 and not three.shared_epoch

@@ -1,14 +1,17 @@
 """``spate fuzz --drivers``: two drivers on one checkpoint root, racing for real.
 
-Each race prepares a root with a few complete checkpoints, then starts two driver *processes* on it: at the
-same instant (``simultaneous``) or the second a random moment after the first (``staggered``), while the
-first is processing batches. Each driver runs a keyed count with random switches (parallelism, table,
-changelog, file merging) until it ends or is fenced, and records the epoch it claimed and the checkpoints it
-committed (``run_batch`` returned). Then a third driver restarts on the root and finishes the job. Counted:
+Each race prepares a root with a few complete checkpoints, then starts driver *processes* on it: two at the
+same instant (``simultaneous``), the second a random moment after the first while it processes batches
+(``staggered``), three at random moments (``three``), or two where the first is frozen (SIGSTOP) while the
+second takes over and thawed (SIGCONT) while the second runs (``paused``: a stale driver waking up with work in
+flight). Each driver runs a keyed count with random switches (parallelism, table, changelog, file merging)
+until it ends or is fenced, and records the epoch it claimed, the checkpoint it resumed from and the
+checkpoints it committed (``run_batch`` returned). Then one more driver restarts on the root and finishes the
+job. Counted:
 
-- ``shared_epochs``: both drivers started under the same epoch (the take-over was not exclusive);
-- ``double_commits``: a batch both drivers committed;
-- ``lost_checkpoints``: a committed checkpoint newer than the one the restart resumed from;
+- ``shared_epochs``: two drivers started under the same epoch (the take-over was not exclusive);
+- ``double_commits``: a batch two drivers committed;
+- ``lost_checkpoints``: a committed or resumed-from checkpoint newer than the one the restart resumed from;
 - ``failed_restarts``: a restart or driver that failed with anything but being fenced;
 - ``divergences``: a final state that differs from the plain model of the job.
 
@@ -22,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,7 +43,7 @@ from spate.runtime.processor import Processor
 from spate.state.descriptors import ValueStateDescriptor
 
 BATCHES = 24
-KINDS = ("simultaneous", "staggered")
+KINDS = ("simultaneous", "staggered", "three", "paused")
 
 
 class KeyCount(Processor):
@@ -66,6 +70,7 @@ class DriverReport:
     """What one racing driver did."""
 
     epoch: int | None = None
+    resumed_from: int | None = None
     committed: list[int] = field(default_factory=list)
     fenced: str = ""
     failed: str = ""
@@ -83,15 +88,16 @@ class RaceResult:
     @property
     def shared_epoch(self) -> bool:
         epochs = [d.epoch for d in self.drivers if d.epoch is not None]
-        return len(epochs) == 2 and epochs[0] == epochs[1]
+        return len(set(epochs)) < len(epochs)
 
     @property
     def double_commits(self) -> int:
-        return len(set(self.drivers[0].committed) & set(self.drivers[1].committed))
+        seen = Counter(n for d in self.drivers for n in set(d.committed))
+        return sum(1 for times in seen.values() if times > 1)
 
     @property
     def lost(self) -> bool:
-        newest = max((n for d in self.drivers for n in d.committed), default=-1)
+        newest = max((n for d in self.drivers for n in [*d.committed, d.resumed_from] if n is not None), default=-1)
         return newest > (self.resumed_from if self.resumed_from is not None else -1)
 
     @property
@@ -113,6 +119,7 @@ def run_driver(root: str, start_at: float, seed: int, pause_s: float, local_dir:
     try:
         with _runner(root, rng, local_dir) as r:
             report.epoch = r.coordinator.query.epoch if r.coordinator.query else None
+            report.resumed_from = r.next_batch_id - 1
             for n in range(r.next_batch_id, BATCHES):
                 r.run_batch(n, batch(n))
                 report.committed.append(n)
@@ -142,17 +149,38 @@ def _collect(proc: subprocess.Popen, out: str, timeout_s: float) -> DriverReport
         return DriverReport(**json.load(f))
 
 
+def _start_delays(kind: str, rng: random.Random) -> tuple[float, ...]:
+    """When each driver starts, in seconds after the first; later ones start while earlier ones run."""
+    if kind == "simultaneous":
+        return 0.0, 0.0
+    if kind == "three":
+        return 0.0, rng.uniform(0.05, 0.4), rng.uniform(0.05, 0.6)
+    return 0.0, rng.uniform(0.2, 0.5)
+
+
+def _freeze_while_taken_over(first: subprocess.Popen, start: float, second_delay: float,
+                             rng: random.Random) -> None:
+    """Fault injection: SIGSTOP the first driver just before the second starts, SIGCONT it while the second
+    runs, so the first wakes up stale with whatever it had in flight."""
+    time.sleep(max(0.0, start + second_delay - 0.05 - time.time()))
+    first.send_signal(signal.SIGSTOP)
+    time.sleep(0.05 + rng.uniform(0.1, 0.6))
+    first.send_signal(signal.SIGCONT)
+
+
 def race(kind: str, seed: int, workdir: str, timeout_s: float = 120.0) -> RaceResult:
     """One race of ``kind`` on a fresh root under ``workdir``."""
     rng = random.Random(seed)
     root, local = os.path.join(workdir, f"root-{seed}"), os.path.join(workdir, f"local-{seed}")
     with _runner(root, rng, local) as r:
         r.run([batch(n) for n in range(BATCHES)], until=rng.randint(1, 4))
-    start = time.time() + 1.5  # both interpreters are up by then
-    delays = (0.0, 0.0) if kind == "simultaneous" else (0.0, rng.uniform(0.05, 0.5))  # while the first runs
-    outs = [os.path.join(workdir, f"driver-{seed}-{i}.json") for i in range(2)]
-    procs = [_spawn(root, start + delays[i], rng.randrange(2**32), 0.03, outs[i], f"{local}-{i}")  # two machines
-             for i in range(2)]
+    start = time.time() + 1.5  # every interpreter is up by then
+    delays = _start_delays(kind, rng)
+    outs = [os.path.join(workdir, f"driver-{seed}-{i}.json") for i in range(len(delays))]
+    procs = [_spawn(root, start + delay, rng.randrange(2**32), 0.03, out, f"{local}-{i}")  # separate machines
+             for i, (delay, out) in enumerate(zip(delays, outs, strict=True))]
+    if kind == "paused":
+        _freeze_while_taken_over(procs[0], start, delays[1], rng)
     drivers = [_collect(p, o, timeout_s) for p, o in zip(procs, outs, strict=True)]
     result = RaceResult(kind, seed, drivers, None)
     try:

@@ -533,8 +533,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None, help="working directory (default: a temporary one; kept on failure)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--drivers", type=int, default=0, metavar="N",
-                   help="instead: N races of each kind (simultaneous, staggered) of two driver processes on one "
-                        "root, counting shared epochs, double commits, lost checkpoints and failed restarts")
+                   help="instead: N races of each kind (simultaneous, staggered, three, paused) of driver "
+                        "processes on one root, counting shared epochs, double commits, lost checkpoints and "
+                        "failed restarts")
     p.add_argument("--inject-bug", action="store_true", help=argparse.SUPPRESS)  # proves the comparator works
 
 
