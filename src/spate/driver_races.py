@@ -259,7 +259,7 @@ def report(result: Campaign, as_json: bool) -> None:
         return
     print(format_table([{"figure": k, "value": data[k]} for k in FIGURES] +
                        [{"figure": f"races {kind}", "value": n} for kind, n in result.by_kind.items()],
-                       title="two-driver races (goal: 0 shared epochs, double commits, lost checkpoints, "
+                       title="driver races (goal: 0 shared epochs, double commits, lost checkpoints, "
                              "failed restarts, divergences)"))
     for f in result.findings[:10]:
         print(f"{f['kind']} race, seed {f['seed']}: resumed from {f['resumed_from']}; "

@@ -88,7 +88,6 @@ class _Discovery:
 
     retained: list[CheckpointMetadata]  # the newest visible ones, ascending
     latest_id: int  # the newest visible id, -1 if none
-    invisible: list[int]  # metadata written by a fenced driver after a take-over looked
 
 
 def _written_by(storage: CheckpointStorage, checkpoint_id: int) -> CheckpointMetadata:
@@ -96,9 +95,9 @@ def _written_by(storage: CheckpointStorage, checkpoint_id: int) -> CheckpointMet
 
 
 def _discover(storage: CheckpointStorage, epochs: EpochState, retained: int) -> _Discovery:
-    """Read metadata newest first until ``retained`` visible checkpoints are found."""
+    """Read metadata newest first until ``retained`` visible checkpoints are found (metadata a fenced driver
+    wrote after a take-over looked is skipped: it never counts)."""
     found: list[CheckpointMetadata] = []
-    invisible: list[int] = []
     for n in reversed(_metadata_ids(storage)):
         if len(found) == retained:
             break
@@ -106,9 +105,10 @@ def _discover(storage: CheckpointStorage, epochs: EpochState, retained: int) -> 
             meta = _written_by(storage, n)
         except MissingFileError:
             continue  # an older driver subsumed it while this one looked
-        (found.append(meta) if epochs.visible(n, meta.epoch) else invisible.append(n))  # type: ignore[func-returns-value]
+        if epochs.visible(n, meta.epoch):
+            found.append(meta)
     found.reverse()
-    return _Discovery(found, found[-1].checkpoint_id if found else -1, invisible)
+    return _Discovery(found, found[-1].checkpoint_id if found else -1)
 
 
 def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
@@ -255,8 +255,9 @@ class Coordinator:
         """A root that had complete checkpoints must not silently start over from batch 0."""
         if epochs.had_checkpoints or self._read_delivered() >= 0:
             seen = max([s.sealed for s in epochs.seals.values()] + [self._read_delivered()])
+            upto = f" (up to chk-{seen} at least)" if seen >= 0 else ""
             raise CheckpointError(
-                f"checkpoint root {self.storage.uri} had complete checkpoints (up to chk-{seen} at least) "
+                f"checkpoint root {self.storage.uri} had complete checkpoints{upto} "
                 f"but none is left: no chk-<n>/{METADATA_FILE} that counts. They were deleted or "
                 "damaged outside spate; restore a savepoint (restore_from=...) or start a new checkpoint root")
 
