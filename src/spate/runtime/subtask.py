@@ -109,6 +109,7 @@ class Subtask:
         self.clog: ChangelogKeyedState | None = None
         self._unsynced: list[FileRef] = []  # segments this attempt wrote that no ack named yet (file merging)
         self._checkpoint_uri: str | None = None
+        self._verified_local: set[str] = set()  # lmdb directories this process checked against their digest
 
     # -- the batch ------------------------------------------------------------------------------------
     def run(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> BatchOutput:
@@ -173,8 +174,14 @@ class Subtask:
         self._tag, self._handles = base, None
 
     def _intact(self, table: LmdbTable) -> bool:
-        """Whether the local table still holds exactly what it held at its last commit."""
+        """Whether the local table still holds exactly what it held at its last commit. Checked once per
+        process: the check reads the whole table, and on Spark a subtask's table moves between the Python
+        workers of an executor every few batches (each keeps the digest up to date as it writes)."""
+        if table.path in self._verified_local:
+            return True
         problem = table.verify()
+        if problem is None:
+            self._verified_local.add(table.path)
         if problem is not None:
             log.warning("subtask %d: local state %s failed its integrity check: %s; discarding it and restoring "
                         "from checkpoint storage", self.index, table.path, problem)
