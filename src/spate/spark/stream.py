@@ -1,8 +1,10 @@
 """``StatefulStream``: a spate processor over a streaming DataFrame, started as a real ``StreamingQuery``.
 
 Per micro-batch (``foreachBatch(df, n)`` on the driver): the coordinator plans checkpoint n; the JVM computes
-every row's key group with Spark's ``hash()`` and its subtask; one heartbeat row per subtask is added so every
-subtask runs; ``groupBy(subtask).applyInArrow`` runs each subtask once (``spate.spark.task``); the small acks
+every row's key group with Spark's ``hash()`` and its subtask; one heartbeat row per subtask, carrying the
+subtask's plan, is added so every subtask runs; ``repartition(P)`` on a routing value sends subtask i's rows to
+partition i (:mod:`spate.spark.routing`: exactly P tasks, whatever AQE and ``spark.sql.shuffle.partitions``
+say) and ``mapInArrow`` runs each subtask once (``spate.spark.task``); the small acks
 come back to the driver, the coordinator completes checkpoint n, and only then does the sink get the batch's
 outputs (already staged in the checkpoint: a crash before the sink finished re-delivers them with the same
 batch id). A batch Spark replays after checkpoint n completed is not processed again.
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spate.checkpoint.coordinator import Coordinator
+from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck
 from spate.fs import join_uri
 from spate.report import percentile
@@ -26,8 +29,19 @@ from spate.runtime.processor import Processor
 from spate.runtime.subtask import ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
+from spate.spark.routing import routing_values
 from spate.spark.settings import SpateSettings
-from spate.spark.task import ACK_COLUMN, HEARTBEAT_COLUMN, KG_COLUMN, SUBTASK_COLUMN, TaskSpec, run_group
+from spate.spark.staged import staged_outputs_frame
+from spate.spark.task import (
+    ACK_COLUMN,
+    HEARTBEAT_COLUMN,
+    KG_COLUMN,
+    PLAN_COLUMN,
+    ROUTE_COLUMN,
+    SUBTASK_COLUMN,
+    TaskSpec,
+    run_partition,
+)
 
 log = logging.getLogger(__name__)
 SPARK_CHECKPOINT_DIR = "_spark"  # Spark's own checkpoint (offsets, commits) under spate's root
@@ -138,10 +152,8 @@ class StatefulStream:
                                              replayed=True))
             return
         plans = coord.begin(batch_id)
-        try:
-            result = self._run_subtasks(batch_df, plans).localCheckpoint(eager=True)
-            acks = [SubtaskAck.from_dict(json.loads(r[0])) for r in
-                    result.where(result[ACK_COLUMN].isNotNull()).select(ACK_COLUMN).collect()]
+        try:  # the batch's one Spark job: run every subtask, collect the acks
+            acks = [SubtaskAck.from_dict(json.loads(r[0])) for r in self._run_subtasks(batch_df, plans).collect()]
             cp_started = time.perf_counter()
             for ack in acks:
                 coord.acknowledge(ack)
@@ -152,9 +164,8 @@ class StatefulStream:
         checkpoint_ms = (time.perf_counter() - cp_started) * 1000
         rows = sum(st.stats.get("rows", 0) for st in meta.subtasks)
         if self.sink is not None:
-            self.sink(result.where(result[ACK_COLUMN].isNull()).drop(ACK_COLUMN), batch_id)
+            self.sink(self._staged_outputs(meta), batch_id)
             coord.mark_delivered(batch_id)
-        result.unpersist()
         restored = [i for i, st in enumerate(meta.subtasks) if st.stats.get("restored_from") is not None]
         self.metrics.append(BatchMetrics(batch_id, rows, (time.perf_counter() - started) * 1000, checkpoint_ms,
                                          restored))
@@ -169,19 +180,23 @@ class StatefulStream:
         kg = F.pmod(F.hash(*[F.col(c) for c in self.key_columns]), F.lit(max_p))
         rows = batch_df.select(*[F.col(c) for c in batch_df.columns], kg.cast("int").alias(KG_COLUMN),
                                F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
-                               F.lit(False).alias(HEARTBEAT_COLUMN))
-        heartbeat = self.spark.range(p).select(
+                               F.lit(False).alias(HEARTBEAT_COLUMN), F.lit(None).cast(StringType()).alias(PLAN_COLUMN))
+        plan_rows = self.spark.createDataFrame([(plan.index, json.dumps(plan.to_dict())) for plan in plans],
+                                               f"{SUBTASK_COLUMN} int, {PLAN_COLUMN} string")
+        heartbeat = plan_rows.select(
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in batch_df.schema.fields],
-            F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col("id").cast("int").alias(SUBTASK_COLUMN),
-            F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN))
-        spec = TaskSpec(self.run_id, {plan.index: plan.to_dict() for plan in plans}, self.factory, s,
-                        self.sink is not None, self.key_columns, self.arrow_output_schema)
+            F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col(SUBTASK_COLUMN),
+            F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN), F.col(PLAN_COLUMN))
+        route = F.element_at(F.array(*[F.lit(v) for v in routing_values(p)]), F.col(SUBTASK_COLUMN) + 1)
+        spec = TaskSpec(self.run_id, self.factory, s, self.sink is not None, self.key_columns,
+                        self.arrow_output_schema)
 
-        def task(key: Any, table: Any) -> Any:
-            return run_group(spec, key, table)
+        def task(batches: Any) -> Any:
+            return run_partition(spec, batches)
 
-        result_schema = StructType([*self.output_schema.fields, StructField(ACK_COLUMN, StringType())])
-        return rows.unionByName(heartbeat).groupBy(SUBTASK_COLUMN).applyInArrow(task, result_schema)
+        routed = rows.unionByName(heartbeat).withColumn(ROUTE_COLUMN, route.cast("int"))
+        return routed.repartition(p, ROUTE_COLUMN).mapInArrow(task, StructType([StructField(ACK_COLUMN,
+                                                                                            StringType())]))
 
     def _deliver_staged(self) -> None:
         """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and
@@ -189,10 +204,16 @@ class StatefulStream:
         coord = self.coordinator
         if self.sink is None or coord is None:
             return
-        sink = self.sink
-        self.redelivered += coord.deliver_staged(
-            lambda rows, batch_id: sink(self.spark.createDataFrame(rows, self.output_schema), batch_id),
-            self.settings.allow_pickle)
+        for meta in coord.undelivered():
+            self.sink(self._staged_outputs(meta), meta.checkpoint_id)
+            coord.mark_delivered(meta.checkpoint_id)
+            self.redelivered.append(meta.checkpoint_id)
+
+    def _staged_outputs(self, meta: CheckpointMetadata) -> Any:
+        """The sink's DataFrame of checkpoint ``meta``: its outputs, read from checkpoint storage."""
+        assert self.coordinator is not None
+        return staged_outputs_frame(self.spark, self.coordinator.storage.uri, meta, self.output_schema,
+                                    self.arrow_output_schema, self.settings.allow_pickle)
 
     # -- figures ----------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

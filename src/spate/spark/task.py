@@ -1,14 +1,18 @@
-"""What runs in a Spark Python worker: one call per subtask and micro-batch (one ``applyInArrow`` group).
+"""What runs in a Spark Python worker: one call per subtask and micro-batch (one ``mapInArrow`` partition:
+partition i holds subtask i's rows and its heartbeat row, which carries the subtask's plan, so a task receives
+its own plan only).
 
 The subtask's live state stays in this process between batches (and its lmdb state on executor-local disk),
 but Python workers are not sticky: the next batch of a subtask may run in another worker, which then takes
 the lmdb state over (it is unlocked between batches and tagged with the checkpoint it reflects) or restores
-it from checkpoint storage. Returned: the batch's output rows, plus one row carrying the subtask's ack.
+it from checkpoint storage. Returned: one row carrying the subtask's ack; the batch's outputs are staged in
+checkpoint storage, where the sink reads them once the checkpoint completed (:mod:`spate.spark.staged`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +26,10 @@ from spate.spark.settings import SpateSettings, executor_local_dir
 KG_COLUMN = "__spate_kg"
 SUBTASK_COLUMN = "__spate_subtask"
 HEARTBEAT_COLUMN = "__spate_heartbeat"
+PLAN_COLUMN = "__spate_plan"  # the subtask's plan (JSON), on its heartbeat row only
+ROUTE_COLUMN = "__spate_route"  # the value whose hash sends the row to its subtask's partition
 ACK_COLUMN = "__spate_ack"
+_ENGINE_COLUMNS = (KG_COLUMN, SUBTASK_COLUMN, HEARTBEAT_COLUMN, PLAN_COLUMN, ROUTE_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,6 @@ class TaskSpec:
     """
 
     run_id: str
-    plans: dict[int, dict[str, Any]]
     factory: ProcessorFactory
     settings: SpateSettings
     stage_outputs: bool
@@ -90,24 +96,46 @@ class WorkerSubtasks:
 WORKER_SUBTASKS = WorkerSubtasks()  # the one registry of this Python worker, living as long as the worker
 
 
-def run_group(spec: TaskSpec, key: tuple[Any, ...], table: pa.Table,
-              subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> pa.Table:
-    """Run one subtask's batch: ``table`` holds its rows and one heartbeat row (so every subtask runs every
-    batch, and timers fire without input). The outputs were checked against the output schema as the
-    processor produced them (:mod:`spate.runtime.outputs`)."""
-    index = key[0].as_py() if hasattr(key[0], "as_py") else key[0]
-    plan = SubtaskPlan.from_dict(spec.plans[index])
+def run_partition(spec: TaskSpec, batches: Iterable[pa.RecordBatch],
+                  subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> Iterator[pa.RecordBatch]:
+    """Run the batch of the one subtask whose rows make up this task's partition (``mapInArrow``)."""
+    table = pa.Table.from_batches(list(batches))
+    if table.num_rows:
+        yield from run_subtask(spec, table, subtasks).to_batches()
+
+
+def run_subtask(spec: TaskSpec, table: pa.Table, subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> pa.Table:
+    """Run one subtask's batch: ``table`` holds its rows and one heartbeat row carrying its plan (so every
+    subtask runs every batch, and timers fire without input). The outputs were checked against the output
+    schema as the processor produced them (:mod:`spate.runtime.outputs`)."""
+    plan = _plan_of(table)
     subtask = subtasks.get(spec, plan)
     try:
         out = subtask.run(plan, _rows(spec, table))
     finally:
         subtask.release_local_state()
-    outputs = pa.Table.from_pylist(out.rows, schema=spec.output_schema) if out.rows else \
-        spec.output_schema.empty_table()
-    outputs = outputs.append_column(ACK_COLUMN, pa.nulls(outputs.num_rows, pa.string()))
-    ack = {f.name: pa.nulls(1, f.type) for f in spec.output_schema}
-    ack[ACK_COLUMN] = pa.array([json.dumps(out.ack.to_dict())], pa.string())
-    return pa.concat_tables([outputs, pa.table(ack)])
+    out.ack.stats["spark_partition"] = _partition_id()
+    return pa.table({ACK_COLUMN: pa.array([json.dumps(out.ack.to_dict())], pa.string())})
+
+
+def _plan_of(table: pa.Table) -> SubtaskPlan:
+    """The plan on the partition's heartbeat row; every row must belong to that subtask."""
+    plans = [p for p in table.column(PLAN_COLUMN).to_pylist() if p is not None]
+    if len(plans) != 1:
+        raise RuntimeError(f"a spate task got {len(plans)} subtask plans instead of one: Spark did not keep one "
+                           "subtask per partition")
+    plan = SubtaskPlan.from_dict(json.loads(plans[0]))
+    others = set(table.column(SUBTASK_COLUMN).to_pylist()) - {plan.index}
+    if others:
+        raise RuntimeError(f"rows of subtasks {sorted(others)} reached the task of subtask {plan.index}")
+    return plan
+
+
+def _partition_id() -> int | None:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx is not None else None
 
 
 def _rows(spec: TaskSpec, table: pa.Table) -> list[tuple[int, Any, Row]]:
@@ -115,10 +143,11 @@ def _rows(spec: TaskSpec, table: pa.Table) -> list[tuple[int, Any, Row]]:
     keys = spec.key_columns
     out = []
     for row in table.to_pylist():
-        if row.pop(HEARTBEAT_COLUMN):
+        if row[HEARTBEAT_COLUMN]:
             continue
-        kg = row.pop(KG_COLUMN)
-        del row[SUBTASK_COLUMN]
+        kg = row[KG_COLUMN]
+        for column in _ENGINE_COLUMNS:
+            del row[column]
         key = row[keys[0]] if len(keys) == 1 else tuple(row[c] for c in keys)
         out.append((kg, key, row))
     return out
