@@ -188,7 +188,7 @@ def test_bench_spark_quick_json_shape(spark, tmp_path, capsys):
         assert r["rows_per_s"] > 0 and r["files_per_batch"] > 0 and r["recovery_s"] > 0
 
 
-def test_exactly_one_task_per_subtask_whatever_aqe_and_shuffle_partitions_say(spark, tmp_path):
+def test_one_job_and_exactly_one_task_per_subtask_whatever_aqe_and_shuffle_partitions_say(spark, tmp_path):
     """Parallelism 5 with AQE on and 2 shuffle partitions: 5 tasks, task i running subtask i (today's
     groupBy + applyInArrow gave AQE's coalesced partitions, or hash collisions without AQE)."""
     from spate.checkpoint.coordinator import list_complete_checkpoints
@@ -200,7 +200,7 @@ def test_exactly_one_task_per_subtask_whatever_aqe_and_shuffle_partitions_say(sp
     spark.conf.set("spark.sql.adaptive.enabled", "true")
     spark.conf.set("spark.sql.shuffle.partitions", "2")
     try:
-        run_stream(spark, source, root, 5, {})
+        stream, _ = run_stream(spark, source, root, 5, {})
     finally:
         for k, v in saved.items():
             spark.conf.set(k, v)
@@ -209,3 +209,4 @@ def test_exactly_one_task_per_subtask_whatever_aqe_and_shuffle_partitions_say(sp
         meta = load_checkpoint(storage, n)
         assert [st.stats["spark_partition"] for st in meta.subtasks] == list(range(5)), f"checkpoint {n}"
     assert state(root) == dict(Counter(r["user"] for b in batches for r in b))
+    assert [m.spark_jobs for m in stream.metrics] == [1, 1, 1], "one Spark job per micro-batch (the sink's apart)"

@@ -58,6 +58,7 @@ class BatchMetrics:
     checkpoint_ms: float  # from the acks being collected to the metadata written
     restored_subtasks: list[int] = field(default_factory=list)
     replayed: bool = False  # a batch Spark ran again after spate's checkpoint completed: only re-delivered
+    spark_jobs: int = 0  # Spark jobs spate ran for the batch (the sink's own jobs not counted)
 
 
 class StatefulStream:
@@ -152,8 +153,12 @@ class StatefulStream:
                                              replayed=True))
             return
         plans = coord.begin(batch_id)
+        group = f"spate-{self.run_id}-{batch_id}"
+        sc = self.spark.sparkContext
         try:  # the batch's one Spark job: run every subtask, collect the acks
+            sc.setJobGroup(group, f"spate: batch {batch_id}, {len(plans)} subtasks")
             acks = [SubtaskAck.from_dict(json.loads(r[0])) for r in self._run_subtasks(batch_df, plans).collect()]
+            sc.setJobGroup(f"{group}-sink", f"spate: batch {batch_id}, sink")
             cp_started = time.perf_counter()
             for ack in acks:
                 coord.acknowledge(ack)
@@ -168,7 +173,7 @@ class StatefulStream:
             coord.mark_delivered(batch_id)
         restored = [i for i, st in enumerate(meta.subtasks) if st.stats.get("restored_from") is not None]
         self.metrics.append(BatchMetrics(batch_id, rows, (time.perf_counter() - started) * 1000, checkpoint_ms,
-                                         restored))
+                                         restored, spark_jobs=len(sc.statusTracker().getJobIdsForGroup(group))))
 
     def _run_subtasks(self, batch_df: Any, plans: list[Any]) -> Any:
         from pyspark.sql import functions as F
@@ -181,8 +186,12 @@ class StatefulStream:
         rows = batch_df.select(*[F.col(c) for c in batch_df.columns], kg.cast("int").alias(KG_COLUMN),
                                F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
                                F.lit(False).alias(HEARTBEAT_COLUMN), F.lit(None).cast(StringType()).alias(PLAN_COLUMN))
-        plan_rows = self.spark.createDataFrame([(plan.index, json.dumps(plan.to_dict())) for plan in plans],
-                                               f"{SUBTASK_COLUMN} int, {PLAN_COLUMN} string")
+        # The batch's own session (the stream's clone): adaptive execution would run the shuffle stage as a job
+        # of its own, and has nothing to adapt in this plan (an explicit partition count, no joins).
+        session = batch_df.sparkSession
+        session.conf.set("spark.sql.adaptive.enabled", "false")
+        plan_rows = session.createDataFrame([(plan.index, json.dumps(plan.to_dict())) for plan in plans],
+                                            f"{SUBTASK_COLUMN} int, {PLAN_COLUMN} string")
         heartbeat = plan_rows.select(
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in batch_df.schema.fields],
             F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col(SUBTASK_COLUMN),
