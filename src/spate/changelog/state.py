@@ -40,6 +40,10 @@ class ChangelogConfig:
     """Changelog settings (Flink defaults where Flink has one)."""
 
     materialization_interval_ms: int = 600_000
+    # beyond Flink: also materialize once the log since the last materialization is this long, so that a
+    # restore replays, and a checkpoint's metadata lists, a bounded number of change sets whatever the interval
+    materialize_after_change_sets: int = 50
+    materialize_after_bytes: int = 64 * MB
     max_materialization_failures: int = 3
     preemptive_threshold: int = 5 * MB
     coalesce: bool = True  # log an entry changed many times between uploads once (beyond Flink)
@@ -49,6 +53,8 @@ class ChangelogConfig:
     def __post_init__(self) -> None:
         if self.materialization_interval_ms <= 0:
             raise ValueError("materialization_interval_ms must be > 0")
+        if self.materialize_after_change_sets <= 0 or self.materialize_after_bytes <= 0:
+            raise ValueError("materialize_after_change_sets and materialize_after_bytes must be > 0")
 
 
 def scheduler_for(storage: CheckpointStorage, config: UploadConfig,
@@ -120,6 +126,7 @@ class ChangelogKeyedState:
         self._running: _Materialization | None = None
         self._failures = 0
         self._next_due_ms: int | None = None
+        self._log_since_materialization = (0, 0)  # change sets and bytes a checkpoint lists since then
         self.last_materialization: dict[str, Any] = {}
         self._unreferenced_materialization: tuple[FileRef, SegmentWriter] | None = None  # not yet in a checkpoint
 
@@ -168,7 +175,9 @@ class ChangelogKeyedState:
                 self._unreferenced_materialization = None  # the ack references it: the coordinator owns it
             self._included[checkpoint_id] = span
             stats = self._stats((time.perf_counter() - started) * 1000, handles)
-            return materialized, restored + [h.with_states(states) for h in handles], stats
+            log = restored + [h.with_states(states) for h in handles]
+            self._log_since_materialization = (len(log), sum(n for h in log for _o, n in h.offsets.values()))
+            return materialized, log, stats
 
         return finish
 
@@ -213,7 +222,7 @@ class ChangelogKeyedState:
             stagger = zlib.crc32(f"{self.index}/{self.parallelism}".encode()) % interval
             self._next_due_ms = now_ms + interval + stagger
         self._collect_materialization()
-        if self._running is not None or now_ms < self._next_due_ms:
+        if self._running is not None or not (now_ms >= self._next_due_ms or self._log_is_long()):
             return False
         self._next_due_ms = now_ms + interval
         sqn = self.writer.next_sequence_number()
@@ -221,6 +230,11 @@ class ChangelogKeyedState:
             return False  # nothing changed since the last materialization
         self.start_materialization(backend, sqn)
         return True
+
+    def _log_is_long(self) -> bool:
+        """Whether the change sets a checkpoint lists since the last materialization reached a bound."""
+        change_sets, size = self._log_since_materialization
+        return change_sets >= self.config.materialize_after_change_sets or size >= self.config.materialize_after_bytes
 
     def start_materialization(self, backend: KeyedStateBackend, sqn: int, referenced_by: int | None = None) -> None:
         """Materialize in the background; checkpoint ``referenced_by`` (default: the next one) references it."""
@@ -262,6 +276,7 @@ class ChangelogKeyedState:
         self.materialized = [handle] if handle is not None else []
         self.materialized_to = run.sqn
         self.restored_changelog = []
+        self._log_since_materialization = (0, 0)
         self.last_materialization = {"materialization_ms": round((time.perf_counter() - run.started) * 1000, 3),
                                      "materialization_bytes": handle.size if handle else 0,
                                      "materialized_sqn": run.sqn}
