@@ -94,6 +94,9 @@ def test_counts_checkpoints_sink_and_rescale(spark, tmp_path, table, merging):
     meta = load_checkpoint(storage)
     assert meta.parallelism == 3 and verify_checkpoint(storage, meta) == []
     assert stream2.metrics[0].restored_subtasks == [0, 1, 2], "a new parallelism restores every subtask"
+    if table == "lmdb":  # the executor removed its local copies of the parallelism-2 subtasks
+        local = tmp_path / "local" / meta.query_id
+        assert sorted(p.name for p in local.iterdir()) == ["subtask-0-3", "subtask-1-3", "subtask-2-3"]
     assert stream.summary()["rows"] == 180 and stream2.summary()["batches"] == 3
 
 

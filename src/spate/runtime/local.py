@@ -7,7 +7,6 @@ checkpoint, at any parallelism up to the max parallelism.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -25,8 +24,13 @@ from spate.filemerging.manager import close_manager, manager_for
 from spate.keygroups import compile_key_hasher
 from spate.runtime.keys import KeyCheck
 from spate.runtime.processor import Processor, Row
-from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, processor_factory
-from spate.state.lmdb_table import remove_if_unused
+from spate.runtime.subtask import (
+    ProcessorFactory,
+    Subtask,
+    SubtaskConfig,
+    processor_factory,
+    remove_other_parallelisms,
+)
 
 KeySpec = str | Sequence[str] | Callable[[Row], Any]
 Sink = Callable[[list[Row], int], None]
@@ -134,11 +138,8 @@ class LocalRunner:
         """Local lmdb directories of an earlier parallelism can never be reused: delete them."""
         if self.config.table != "lmdb" or not self.config.local_dir:
             return
-        base = os.path.join(self.config.local_dir, self.coordinator.query.query_id)  # type: ignore[union-attr]
-        mine = {f"subtask-{i}-{self.parallelism}" for i in range(self.parallelism)}
-        for name in os.listdir(base) if os.path.isdir(base) else []:
-            if name.startswith("subtask-") and name not in mine:
-                remove_if_unused(os.path.join(base, name))
+        remove_other_parallelisms(self.config.local_dir, self.coordinator.query.query_id,  # type: ignore[union-attr]
+                                  self.parallelism)
 
     def _deliver_staged(self) -> list[int]:
         """Give the sink the staged outputs of complete checkpoints it has not confirmed (a crash came

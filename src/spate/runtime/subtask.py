@@ -37,7 +37,7 @@ from spate.snapshot.relocate import H, relocate
 from spate.snapshot.verify import verify_handles
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
-from spate.state.lmdb_table import LmdbTable
+from spate.state.lmdb_table import LmdbTable, remove_if_unused
 from spate.state.operator import OperatorStateBackend, RestoredOperatorState
 from spate.state.table import StateTable
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
@@ -47,6 +47,21 @@ TABLE_KINDS = ("heap", "lmdb")
 _TAG = "checkpoint"
 _DIRTY = b"dirty"
 _EMPTY = -1  # tag of state that reflects "no checkpoint yet"
+
+
+def local_state_dir(local_dir: str, query_id: str, index: int, parallelism: int) -> str:
+    """The lmdb directory of subtask ``index`` of ``parallelism`` of a query under ``local_dir``."""
+    return os.path.join(local_dir, query_id, f"subtask-{index}-{parallelism}")
+
+
+def remove_other_parallelisms(local_dir: str, query_id: str, parallelism: int) -> list[str]:
+    """Delete the query's local lmdb directories of another parallelism that no process holds open: their
+    state can never be reused (a restore at that parallelism finds a newer base). Returns those deleted."""
+    base = os.path.join(local_dir, query_id)
+    mine = {os.path.basename(local_state_dir(local_dir, query_id, i, parallelism)) for i in range(parallelism)}
+    names = os.listdir(base) if os.path.isdir(base) else []
+    return [name for name in names if name.startswith("subtask-") and name not in mine
+            and remove_if_unused(os.path.join(base, name))]
 
 
 @dataclass
@@ -228,7 +243,7 @@ class Subtask:
 
     def _lmdb_dir(self, plan: SubtaskPlan) -> str:
         assert self.config.local_dir
-        return os.path.join(self.config.local_dir, plan.query_id, f"subtask-{self.index}-{self.parallelism}")
+        return local_state_dir(self.config.local_dir, plan.query_id, self.index, self.parallelism)
 
     def _new_table(self, plan: SubtaskPlan) -> StateTable:
         if self.config.table == "heap":

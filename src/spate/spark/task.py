@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from spate.checkpoint.protocol import SubtaskPlan
 from spate.runtime.processor import Row
-from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig
+from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, remove_other_parallelisms
 from spate.spark.settings import SpateSettings, executor_local_dir
 
 KG_COLUMN = "__spate_kg"
@@ -75,6 +75,7 @@ class WorkerSubtasks:
         if run is None or run[0] != spec.run_id:
             self.evict(plan.query_id)
             run = self._runs[plan.query_id] = (spec.run_id, {})
+            _remove_stale_local_state(spec, plan)
         subtasks = run[1]
         key = (plan.index, plan.parallelism)
         if key not in subtasks:
@@ -91,6 +92,13 @@ class WorkerSubtasks:
         """Close every subtask (the worker is going away)."""
         for query_id in list(self._runs):
             self.evict(query_id)
+
+
+def _remove_stale_local_state(spec: TaskSpec, plan: SubtaskPlan) -> None:
+    """A new run at a new parallelism: this executor's local copies of the old subtasks are of no use."""
+    config = spec.subtask_config()
+    if config.table == "lmdb" and config.local_dir:
+        remove_other_parallelisms(config.local_dir, plan.query_id, plan.parallelism)
 
 
 WORKER_SUBTASKS = WorkerSubtasks()  # the one registry of this Python worker, living as long as the worker
