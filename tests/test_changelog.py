@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -657,4 +658,43 @@ def test_materialization_follows_the_log_length_not_only_the_timer(tmp_path):
     assert lengths[-1] < 12
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, changelog=cfg) as r:
         r.run(src)
+    assert counts(root) == expected_counts(src)
+
+
+def _hopping(runner: LocalRunner) -> None:
+    """The subtasks behave as on Spark, whose Python workers are not sticky: no background materialization."""
+    for sub in runner.subtasks:
+        sub.config = dataclasses.replace(sub.config, sticky=False)
+
+
+def test_non_sticky_subtasks_materialize_within_the_batch_that_references_it(tmp_path):
+    from test_checkpoints import Count, batches, counts, expected_counts
+
+    root, src = str(tmp_path / "c"), batches(12)
+    cfg = ChangelogConfig(materialization_interval_ms=10**12, materialize_after_change_sets=3, upload=NOW)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, changelog=cfg) as r:
+        _hopping(r)
+        results = r.run(src, until=10)
+    lengths = [max(len(st.changelog) for st in res.checkpoint.subtasks) for res in results]
+    assert max(lengths) <= 3 + 1, f"the log is materialized in the batch that reaches the bound: {lengths}"
+    assert any(st.keyed for st in results[-1].checkpoint.subtasks), "checkpoints reference the materializations"
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=3, changelog=cfg) as r:
+        r.run(src)
+    assert counts(root) == expected_counts(src)
+
+
+def test_a_failing_materialization_is_retried_after_a_back_off_not_every_batch(tmp_path, monkeypatch):
+    from test_checkpoints import Count, batches, counts, expected_counts
+
+    import spate.changelog.state as changelog_state
+
+    def unavailable(*args, **kwargs):  # fault injection: the storage refuses materializations for a while
+        raise OSError("storage unavailable")
+
+    monkeypatch.setattr(changelog_state, "write_key_groups", unavailable)
+    root, src = str(tmp_path / "c"), batches(10)
+    cfg = ChangelogConfig(materialization_interval_ms=10**12, materialize_after_change_sets=1,
+                          max_materialization_failures=2, upload=NOW)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=1, changelog=cfg) as r:
+        r.run(src)  # a long log would otherwise retry (and fail) every batch, exceeding the limit
     assert counts(root) == expected_counts(src)

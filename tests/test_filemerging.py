@@ -515,3 +515,27 @@ def test_nothing_is_written_after_the_manager_closed(tmp_path):
     manager.close()
     with pytest.raises(CheckpointError, match="closed"):
         out.write(b"after")
+
+
+def test_a_worker_never_appends_to_a_file_a_new_drivers_cleanup_deleted(tmp_path):
+    """Spark's Python workers outlive a driver: a pooled file written for an attempt of checkpoint 1 that never
+    completed is an orphan to the next driver, which deletes it; that driver's checkpoint 1 (the same id) must
+    not be appended to it (the segment would land in a deleted file)."""
+    root, src = str(tmp_path / "c"), batches(4)
+
+    def fail_after_first_subtask(step, batch_id):
+        if (step, batch_id) == ("after_subtask_0", 1):
+            raise RuntimeError("the driver dies")
+
+    first = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, file_merging="within",
+                        fault_injector=fail_after_first_subtask)
+    first.run(src, until=1)
+    with pytest.raises(RuntimeError):
+        first.run_batch(1, src[1])  # subtask 0 wrote its files for checkpoint 1 into the worker's pooled file
+    # the first driver is gone, but not this process's file-merging manager (it is the worker's, not the driver's)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, file_merging="within") as second:
+        second.run(src)
+    storage = CheckpointStorage(root)
+    for n in list_complete_checkpoints(storage):
+        assert verify_checkpoint(storage, load_checkpoint(storage, n)) == [], f"checkpoint {n}"
+    assert counts(root) == expected_counts(src)

@@ -16,11 +16,12 @@ def _campaign(capsys, tmp_path, *args: str) -> tuple[int, dict]:
 
 
 def test_a_short_campaign_kills_at_many_steps_and_finds_no_divergence(capsys, tmp_path):
-    code, result = _campaign(capsys, tmp_path, "--seed", "7", "--trials", "4", "--kills-per-trial", "4")
+    code, result = _campaign(capsys, tmp_path, "--seed", "7", "--trials", "4", "--kills-per-trial", "4",
+                             "--random-share", "0")  # kills at protocol steps only: random-time kills may miss
     assert result["problems"] == [] and code == 0
     assert result["campaign"] == "crash" and result["trials"] == 4
     assert result["divergences"] == 0 and result["failed_restarts"] == 0
-    assert result["kills"] >= 8 and result["restarts"] >= result["kills"]
+    assert result["kills"] >= 6 and result["restarts"] >= result["kills"]
     steps = set(result["kills_by_step"]) - {RANDOM_TIME}
     assert len(steps) >= 4 and steps <= set(STEPS)
     assert sum(result["kills_by_step"].values()) == result["kills"]

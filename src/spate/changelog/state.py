@@ -127,6 +127,7 @@ class ChangelogKeyedState:
         self._failures = 0
         self._next_due_ms: int | None = None
         self._log_since_materialization = (0, 0)  # change sets and bytes a checkpoint lists since then
+        self._retry_after = 0.0  # monotonic time before which no materialization starts (after a failure)
         self.last_materialization: dict[str, Any] = {}
         self._unreferenced_materialization: tuple[FileRef, SegmentWriter] | None = None  # not yet in a checkpoint
 
@@ -216,25 +217,40 @@ class ChangelogKeyedState:
 
     # -- materialization --------------------------------------------------------------------------------
     def maybe_materialize(self, backend: KeyedStateBackend, now_ms: int) -> bool:
-        """Start a background materialization if one is due (staggered per subtask) and none is running."""
-        interval = self.config.materialization_interval_ms
-        if self._next_due_ms is None:
-            stagger = zlib.crc32(f"{self.index}/{self.parallelism}".encode()) % interval
-            self._next_due_ms = now_ms + interval + stagger
+        """Start a background materialization if one is due and none is running."""
         self._collect_materialization()
-        if self._running is not None or not (now_ms >= self._next_due_ms or self._log_is_long()):
+        if self._running is not None or not self._due(now_ms):
             return False
-        self._next_due_ms = now_ms + interval
-        sqn = self.writer.next_sequence_number()
-        if sqn == self.materialized_to and not self.restored_changelog:
-            return False  # nothing changed since the last materialization
-        self.start_materialization(backend, sqn)
+        self.start_materialization(backend, self.writer.next_sequence_number())
         return True
 
-    def _log_is_long(self) -> bool:
-        """Whether the change sets a checkpoint lists since the last materialization reached a bound."""
+    def materialize_if_due(self, backend: KeyedStateBackend, now_ms: int, referenced_by: int) -> bool:
+        """Materialize now, within the batch, if due: for a subtask whose next batch may run in another
+        process (Spark's Python workers), where a background materialization would finish in a process that
+        no longer serves the subtask and be thrown away."""
+        self._collect_materialization(wait=True)
+        if not self._due(now_ms):
+            return False
+        self.start_materialization(backend, self.writer.next_sequence_number(), referenced_by)
+        self._collect_materialization(wait=True)  # applied, or a failure counted (and retried later)
+        return True
+
+    def _due(self, now_ms: int) -> bool:
+        """The timer fired, or the log since the last materialization reached a bound (both staggered per
+        subtask, so subtasks do not all write their state in one batch; the bound not while backing off after
+        a failure), and something changed since."""
+        interval = self.config.materialization_interval_ms
+        stagger = zlib.crc32(f"{self.index}/{self.parallelism}".encode())
+        if self._next_due_ms is None:
+            self._next_due_ms = now_ms + interval + stagger % interval
         change_sets, size = self._log_since_materialization
-        return change_sets >= self.config.materialize_after_change_sets or size >= self.config.materialize_after_bytes
+        most = self.config.materialize_after_change_sets
+        long_log = (change_sets >= most + stagger % max(1, most // 4) or size >= self.config.materialize_after_bytes) \
+            and time.monotonic() >= self._retry_after  # a long log stays long: after a failure, back off
+        if not (now_ms >= self._next_due_ms or long_log):
+            return False
+        self._next_due_ms = now_ms + interval
+        return self.writer.next_sequence_number() != self.materialized_to or bool(self.restored_changelog)
 
     def start_materialization(self, backend: KeyedStateBackend, sqn: int, referenced_by: int | None = None) -> None:
         """Materialize in the background; checkpoint ``referenced_by`` (default: the next one) references it."""
@@ -261,13 +277,20 @@ class ChangelogKeyedState:
         try:
             handle = run.future.result()
         except Exception as e:  # noqa: BLE001 - tolerated up to a limit
-            self._failures += 1
-            log.warning("materialization of subtask %d failed (%d in a row): %s", self.index, self._failures, e)
-            if self._failures > self.config.max_materialization_failures:
-                raise CheckpointError(f"materialization of subtask {self.index} failed {self._failures} times in a "
-                                      f"row (limit {self.config.max_materialization_failures}): {e}") from e
+            self._materialization_failed(e)
             return
         self._apply(run, handle)
+
+    def _materialization_failed(self, error: Exception) -> None:
+        """Count a failed materialization; retry after a back-off (not at once: a long log stays long), and
+        give up after ``max_materialization_failures`` in a row."""
+        self._failures += 1
+        log.warning("materialization of subtask %d failed (%d in a row): %s", self.index, self._failures, error)
+        if self._failures > self.config.max_materialization_failures:
+            raise CheckpointError(f"materialization of subtask {self.index} failed {self._failures} times in a "
+                                  f"row (limit {self.config.max_materialization_failures}): {error}") from error
+        self._retry_after = time.monotonic() + min(self.config.materialization_interval_ms / 1000,
+                                                   2.0 ** self._failures)
 
     def _apply(self, run: _Materialization, handle: KeyGroupsHandle | None) -> None:
         self._drop_unreferenced_materialization()

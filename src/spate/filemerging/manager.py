@@ -48,6 +48,7 @@ class PhysicalFile:
     def __init__(self, storage: CheckpointStorage, path: str, checkpoint_id: int) -> None:
         self.path = path
         self.created_in = checkpoint_id
+        self.created_epoch = 0  # the driver epoch whose plan was current when it was created
         self.size = 0
         self.closed = False
         self.revoked = False  # the coordinator no longer grants it: appends must stop
@@ -197,6 +198,7 @@ class FileMergingManager:
         self._first_checkpoint: int | None = None
         self.coordinator_owns = False  # a checkpoint completed after this manager started writing
         self.current_checkpoint = -1  # the newest checkpoint a plan arrived for
+        self.current_epoch = 0  # the newest driver epoch a plan arrived from
         self.closed = False
         self._named: set[str] = set()  # files an ack named: a checkpoint that completed may reference them
         self.lock = threading.Lock()
@@ -231,20 +233,26 @@ class FileMergingManager:
         with naming_disk_full(self.storage.path(path), checkpoint_id):
             f = PhysicalFile(self.storage, path, checkpoint_id)
         with self.lock:
+            f.created_epoch = self.current_epoch
             self._files[f.path] = f
             self._created.append(f.path)
         return f
 
     # -- the checkpoint protocol ------------------------------------------------------------------------
-    def begin(self, checkpoint_id: int, completed: int | None, granted: Collection[str] | None = None) -> None:
-        """A plan for ``checkpoint_id`` arrived, based on the latest completed checkpoint ``completed``.
+    def begin(self, checkpoint_id: int, completed: int | None, granted: Collection[str] | None = None,
+              epoch: int = 0) -> None:
+        """A plan for ``checkpoint_id`` of driver epoch ``epoch`` arrived, based on the latest completed
+        checkpoint ``completed``.
 
         Within-checkpoint pools of earlier checkpoints close (they completed or were aborted). Files created
-        before ``checkpoint_id`` that the coordinator no longer grants (``granted``: None = all) are closed."""
+        before ``checkpoint_id``, or under an older driver (whose restart may have deleted them as orphans,
+        for the same checkpoint id), that the coordinator does not grant (``granted``: None = all) are
+        closed."""
         if completed is not None:
             self.checkpoint_completed(completed)
         with self.lock:
             self.current_checkpoint = max(self.current_checkpoint, checkpoint_id)
+            self.current_epoch = max(self.current_epoch, epoch)
             pools = list(self._pools.items())
         for key, pool in pools:
             if key[2] != -1 and key[2] < checkpoint_id:
@@ -253,7 +261,7 @@ class FileMergingManager:
                     self._pools.pop(key, None)
             elif granted is not None:
                 for f in pool.files():
-                    if f.created_in < checkpoint_id and f.path not in granted:
+                    if (f.created_in < checkpoint_id or f.created_epoch < epoch) and f.path not in granted:
                         pool.revoke(f)
 
     def checkpoint_completed(self, checkpoint_id: int) -> None:

@@ -70,6 +70,7 @@ class SubtaskConfig:
 
     table: str = "heap"
     local_dir: str | None = None
+    sticky: bool = True  # a subtask's next batch runs in this process (False on Spark: Python workers hop)
     allow_pickle: bool = False
     compress: bool = False
     key_types: Any = None
@@ -156,7 +157,8 @@ class Subtask:
         if manager is not None:
             self._give_up_unsynced(manager)
             same_root = plan.base_uri == plan.checkpoint_uri and not plan.base_is_savepoint
-            manager.begin(plan.checkpoint_id, plan.base_checkpoint_id if same_root else None, plan.open_files)
+            manager.begin(plan.checkpoint_id, plan.base_checkpoint_id if same_root else None, plan.open_files,
+                          plan.epoch)
         lmdb = self._lmdb()
         if lmdb is not None:
             lmdb.lock()
@@ -360,6 +362,8 @@ class Subtask:
                  and (fix is None or not any(fix.needed(h) for h in plan.keyed)))
         clog_finish = None
         keyed_handles: list = []
+        if self.clog is not None and not self.config.sticky:
+            self.clog.materialize_if_due(keyed, plan.processing_time_ms, plan.checkpoint_id)
         if self.clog is not None:
             clog_finish = self.clog.start_snapshot(plan.checkpoint_id, keyed, fix)
         elif reuse:
@@ -431,7 +435,7 @@ class Subtask:
         if self.config.stage_outputs:
             stats["staged"] = True
         stats.update(clog_stats)
-        if self.clog is not None and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
+        if self.clog is not None and self.config.sticky and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
             stats["materialization_started"] = True
         self.restored_from = None
         return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, changelog, op_handle, staged,

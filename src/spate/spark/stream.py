@@ -110,7 +110,8 @@ class StatefulStream:
     def start(self, sink: Sink | None = None, *, trigger: dict[str, Any] | None = None,
               spark_checkpoint: str | None = None, query_name: str | None = None) -> Any:
         """Start the query. ``sink(outputs_df, batch_id)`` runs after each batch's checkpoint completed (at
-        least once per batch id, so an idempotent sink gets exactly once). ``trigger`` is passed to
+        least once per batch id, so an idempotent sink gets exactly once); ``outputs_df`` reads the batch's
+        staged outputs and is valid during the call only, like ``foreachBatch``'s own. ``trigger`` is passed to
         ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``). Returns the ``StreamingQuery``.
 
         First checks that executors can import spate (:func:`check_executor_python`), before touching the
@@ -153,12 +154,10 @@ class StatefulStream:
                                              replayed=True))
             return
         plans = coord.begin(batch_id)
-        group = f"spate-{self.run_id}-{batch_id}"
-        sc = self.spark.sparkContext
+        jobs = _JobCounter(self.spark.sparkContext)  # the query's own job group: stop() cancels these jobs
         try:  # the batch's one Spark job: run every subtask, collect the acks
-            sc.setJobGroup(group, f"spate: batch {batch_id}, {len(plans)} subtasks")
             acks = [SubtaskAck.from_dict(json.loads(r[0])) for r in self._run_subtasks(batch_df, plans).collect()]
-            sc.setJobGroup(f"{group}-sink", f"spate: batch {batch_id}, sink")
+            spark_jobs = jobs.since()
             cp_started = time.perf_counter()
             for ack in acks:
                 coord.acknowledge(ack)
@@ -173,7 +172,7 @@ class StatefulStream:
             coord.mark_delivered(batch_id)
         restored = [i for i, st in enumerate(meta.subtasks) if st.stats.get("restored_from") is not None]
         self.metrics.append(BatchMetrics(batch_id, rows, (time.perf_counter() - started) * 1000, checkpoint_ms,
-                                         restored, spark_jobs=len(sc.statusTracker().getJobIdsForGroup(group))))
+                                         restored, spark_jobs=spark_jobs))
 
     def _run_subtasks(self, batch_df: Any, plans: list[Any]) -> Any:
         from pyspark.sql import functions as F
@@ -235,6 +234,20 @@ class StatefulStream:
                 "batch_ms_p99": percentile([m.batch_ms for m in done], 99),
                 "checkpoint_ms_p50": percentile([m.checkpoint_ms for m in done], 50),
                 "checkpoint_ms_p99": percentile([m.checkpoint_ms for m in done], 99)}
+
+
+class _JobCounter:
+    """Spark jobs started in this thread's job group (Spark's streaming query sets it per batch) since now."""
+
+    def __init__(self, sc: Any) -> None:
+        self.sc, self.group = sc, sc.getLocalProperty("spark.jobGroup.id")
+        self.before = self._jobs()
+
+    def _jobs(self) -> set[int]:
+        return set(self.sc.statusTracker().getJobIdsForGroup(self.group)) if self.group else set()
+
+    def since(self) -> int:
+        return len(self._jobs() - self.before)
 
 
 def transform_with_state(df: Any, key: str | Sequence[str], processor: Any, output_schema: Any, *,

@@ -55,7 +55,7 @@ class TaskSpec:
         return SubtaskConfig(table=s.table, local_dir=local_dir, allow_pickle=s.allow_pickle,
                              event_time_column=s.event_time_column, stage_outputs=self.stage_outputs,
                              changelog=s.changelog_config, file_merging=s.file_merging_config,
-                             output_schema=self.output_schema)
+                             output_schema=self.output_schema, sticky=False)
 
 
 class WorkerSubtasks:
@@ -107,9 +107,10 @@ WORKER_SUBTASKS = WorkerSubtasks()  # the one registry of this Python worker, li
 def run_partition(spec: TaskSpec, batches: Iterable[pa.RecordBatch],
                   subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> Iterator[pa.RecordBatch]:
     """Run the batch of the one subtask whose rows make up this task's partition (``mapInArrow``)."""
-    table = pa.Table.from_batches(list(batches))
-    if table.num_rows:
-        yield from run_subtask(spec, table, subtasks).to_batches()
+    received = list(batches)
+    if not received:
+        raise RuntimeError("a spate task got an empty partition: Spark did not keep one subtask per partition")
+    yield from run_subtask(spec, pa.Table.from_batches(received), subtasks).to_batches()
 
 
 def run_subtask(spec: TaskSpec, table: pa.Table, subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> pa.Table:

@@ -321,7 +321,11 @@ def remove_if_unused(path: str) -> bool:
     if not os.path.exists(lock):
         shutil.rmtree(path, ignore_errors=True)
         return True
-    fd = os.open(lock, os.O_RDWR)
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:  # another process removed it meanwhile
+        shutil.rmtree(path, ignore_errors=True)
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
