@@ -57,6 +57,11 @@ class ChangelogConfig:
             raise ValueError("materialize_after_change_sets and materialize_after_bytes must be > 0")
 
 
+def _log_length(change_sets: list[ChangeSetHandle]) -> tuple[int, int]:
+    """How many change sets, and how many bytes of them, a log holds."""
+    return len(change_sets), sum(n for h in change_sets for _o, n in h.offsets.values())
+
+
 def scheduler_for(storage: CheckpointStorage, config: UploadConfig,
                   segments: Callable[[int], SegmentWriter] | None = None,
                   worker_id: str | None = None) -> BatchingUploadScheduler:
@@ -135,6 +140,7 @@ class ChangelogKeyedState:
         """Record what the state was restored from: it is part of every checkpoint until the next
         materialization (the new log starts at sequence number 0)."""
         self.materialized, self.restored_changelog = list(materialized), list(changelog)
+        self._log_since_materialization = _log_length(changelog)  # a long restored log materializes soon
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def begin(self, checkpoint_id: int) -> None:
@@ -177,7 +183,7 @@ class ChangelogKeyedState:
             self._included[checkpoint_id] = span
             stats = self._stats((time.perf_counter() - started) * 1000, handles)
             log = restored + [h.with_states(states) for h in handles]
-            self._log_since_materialization = (len(log), sum(n for h in log for _o, n in h.offsets.values()))
+            self._log_since_materialization = _log_length(log)
             return materialized, log, stats
 
         return finish
