@@ -114,8 +114,9 @@ def _runner(root: str, rng: random.Random, local_dir: str) -> LocalRunner:
 def run_driver(root: str, start_at: float, seed: int, pause_s: float, local_dir: str) -> DriverReport:
     """One racing driver (runs in a child process): wait until ``start_at``, start, run until fenced."""
     report, rng = DriverReport(), random.Random(seed)
-    while time.time() < start_at:
-        pass  # spin: the two drivers' starts must meet within microseconds
+    time.sleep(max(0.0, start_at - time.time() - 0.02))
+    while time.time() < start_at:  # the last 20 ms spinning: the drivers' starts must meet within microseconds
+        continue
     try:
         with _runner(root, rng, local_dir) as r:
             report.epoch = r.coordinator.query.epoch if r.coordinator.query else None
