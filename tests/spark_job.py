@@ -9,13 +9,25 @@ batch's outputs to OUT/batch-<id>.json (overwriting: an idempotent sink). FAULT 
 - ``driver-dies-mid-batch:<batch>``: the driver process dies after the acks, before the checkpoint completes.
 - ``driver-dies-after-checkpoint:<batch>``: the driver dies after checkpoint <batch> completed, inside the
   sink, before Spark wrote its commit log.
+- ``stall:<batch>``: every task of batch <batch> waits (bounded) in its first key until OUT/go exists, after
+  writing OUT/stalled-<pid of its Python worker>, so a test can kill an executor while the batch runs.
+
+Options: ``--master spark://...`` runs the driver against a standalone cluster
+(:func:`spate.spark.standalone.standalone_session`) instead of ``local[2,3]``; ``--settings JSON`` overrides the
+stream's settings (default ``{"local_dir": "OUT/local"}``; ``"local_dir": null`` keeps lmdb state on each
+executor's own local disk); ``--spark-checkpoint DIR`` is Spark's own checkpoint location,
+``--spark-checkpoint-cache DIR`` the driver-local base directory of it for roots Hadoop cannot open;
+``--max-files N`` is the file source's ``maxFilesPerTrigger`` (default 1, 0: no limit).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,10 +40,13 @@ CLICKS = ValueStateDescriptor("clicks", default=0)
 
 
 class CountClicks(Processor):
-    """Running click count per user; ``fail_marker`` makes the first attempt of ``fail_batch`` raise."""
+    """Running click count per user; ``fail_marker`` makes the first attempt of ``fail_batch`` raise;
+    ``stall_dir`` makes the tasks of ``stall_batch`` wait for ``<stall_dir>/go``."""
 
-    def __init__(self, fail_batch: int | None = None, fail_marker: str | None = None) -> None:
+    def __init__(self, fail_batch: int | None = None, fail_marker: str | None = None,
+                 stall_batch: int | None = None, stall_dir: str | None = None) -> None:
         self.fail_batch, self.fail_marker = fail_batch, fail_marker
+        self.stall_batch, self.stall_dir = stall_batch, stall_dir
 
     def open(self, ctx):
         self.clicks = ctx.state(CLICKS)
@@ -41,6 +56,8 @@ class CountClicks(Processor):
         if ctx.batch_id == self.fail_batch and self.fail_marker and not os.path.exists(self.fail_marker):
             open(self.fail_marker, "w").close()
             raise RuntimeError(f"injected task failure in batch {ctx.batch_id}")
+        if ctx.batch_id == self.stall_batch and self.stall_dir:
+            self._stall()
         total = self.clicks.value() + len(rows)
         self.clicks.update(total)
         yield {"user": key, "clicks": total, "batch": ctx.batch_id}
@@ -48,21 +65,45 @@ class CountClicks(Processor):
     def end_batch(self, ctx):
         self.seen.add(ctx.batch_id)
 
+    def _stall(self, timeout_s: float = 120.0) -> None:
+        go = os.path.join(self.stall_dir, "go")
+        if os.path.exists(go):
+            return
+        open(os.path.join(self.stall_dir, f"stalled-{os.getpid()}"), "w").close()
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(go):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"stalled task: {go} did not appear within {timeout_s} s")
+            time.sleep(0.05)
 
-def main(source: str, root: str, out: str, parallelism: int, fault: str = "") -> None:
-    ensure_java_home()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+def session(master: str | None):
+    if master:
+        from spate.spark.standalone import QUICK_JVM_OPTIONS, standalone_session
+
+        aws = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+               if k in os.environ}  # an S3 checkpoint root: executors need the credentials too
+        return standalone_session(master, "spate-job", executor_env=aws, jvm_options=QUICK_JVM_OPTIONS)
     from pyspark.sql import SparkSession
 
+    spark = (SparkSession.builder.master("local[2,3]").appName("spate-job")  # 3 attempts per task
+             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
+             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(source: str, root: str, out: str, parallelism: int, fault: str = "", master: str | None = None,
+         settings: dict | None = None, spark_checkpoint: str | None = None, max_files: int = 1,
+         spark_checkpoint_cache: str | None = None) -> None:
+    ensure_java_home()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from spate.checkpoint.coordinator import Coordinator
     from spate.spark.stream import StatefulStream
 
     kind, _, at = fault.partition(":")
     fault_batch = int(at) if at else None
-    spark = (SparkSession.builder.master("local[2,3]").appName("spate-job")  # 3 attempts per task
-             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session(master)
     if kind == "driver-dies-mid-batch":
         real_complete = Coordinator.complete
 
@@ -72,11 +113,13 @@ def main(source: str, root: str, out: str, parallelism: int, fault: str = "") ->
             return real_complete(self, checkpoint_id)
 
         Coordinator.complete = complete  # type: ignore[method-assign]
-    processor = CountClicks(fault_batch, os.path.join(out, "failed-once")) if kind == "task-fails-once" else \
-        CountClicks()
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
+    processor = (CountClicks(fault_batch, os.path.join(out, "failed-once")) if kind == "task-fails-once" else
+                 CountClicks(stall_batch=fault_batch, stall_dir=out) if kind == "stall" else CountClicks())
+    reader = spark.readStream.schema(SCHEMA)
+    df = (reader.option("maxFilesPerTrigger", max_files) if max_files else reader).json(source)
+    overrides = {"local_dir": os.path.join(out, "local"), **(settings or {})}
     stream = StatefulStream(df, "user", processor, OUTPUT_SCHEMA, checkpoint_root=root, parallelism=parallelism,
-                            local_dir=os.path.join(out, "local"))
+                            **overrides)
     os.makedirs(out, exist_ok=True)
 
     def sink(outputs, batch_id):
@@ -86,14 +129,29 @@ def main(source: str, root: str, out: str, parallelism: int, fault: str = "") ->
         if kind == "driver-dies-after-checkpoint" and batch_id == fault_batch:
             os._exit(17)
 
-    query = stream.start(sink, trigger={"availableNow": True})
+    query = stream.start(sink, trigger={"availableNow": True}, spark_checkpoint=spark_checkpoint,
+                         spark_checkpoint_cache=spark_checkpoint_cache)
     query.awaitTermination()
     stream.close()
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump({**stream.summary(), "redelivered": stream.redelivered,
-                   "replayed": [m.batch_id for m in stream.metrics if m.replayed]}, f)
+                   "replayed": [m.batch_id for m in stream.metrics if m.replayed],
+                   "app_id": spark.sparkContext.applicationId,
+                   "metrics": [dataclasses.asdict(m) for m in stream.metrics]}, f, default=str)
     spark.stop()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name in ("source", "root", "out"):
+        parser.add_argument(name)
+    parser.add_argument("parallelism", type=int)
+    parser.add_argument("fault", nargs="?", default="")
+    parser.add_argument("--master")
+    parser.add_argument("--settings", type=json.loads, default={})
+    parser.add_argument("--spark-checkpoint")
+    parser.add_argument("--spark-checkpoint-cache")
+    parser.add_argument("--max-files", type=int, default=1)
+    a = parser.parse_args()
+    main(a.source, a.root, a.out, a.parallelism, a.fault, a.master, a.settings, a.spark_checkpoint, a.max_files,
+         a.spark_checkpoint_cache)

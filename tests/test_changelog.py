@@ -20,7 +20,7 @@ from spate import (
     load_checkpoint,
 )
 from spate.changelog.changeset import ChangeSet
-from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, scheduler_for
+from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import (
     BatchingUploadScheduler,
     ChangelogFileRegistry,
@@ -32,7 +32,7 @@ from spate.changelog.writer import ChangelogWriter
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.protocol import SubtaskAck
 from spate.errors import CheckpointError
-from spate.filemerging.segments import FileRef, WholeFileWriter
+from spate.segments import FileRef, WholeFileWriter
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.timers import EVENT_TIME
@@ -399,7 +399,7 @@ def test_hanging_upload_is_hedged(tmp_path):
     cfg = ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0, timeout_s=0.05, max_attempts=3))
     root = str(tmp_path)
     with LocalRunner(_count_job(), key="k", checkpoint_root=root, changelog=cfg) as r:
-        s = scheduler_for(CheckpointStorage(root), cfg.upload)
+        s = r.services.scheduler
         real = s.write_segment
         calls: list = []
 
@@ -426,7 +426,7 @@ def test_failing_upload_fails_the_checkpoint_and_the_next_one_succeeds(tmp_path)
     cfg = ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0, max_attempts=2, next_attempt_delay_s=0.0))
     root = str(tmp_path)
     with LocalRunner(_count_job(), key="k", checkpoint_root=root, changelog=cfg) as r:
-        s = scheduler_for(CheckpointStorage(root), cfg.upload)
+        s = r.services.scheduler
         real = s.write_segment
         failures = [2]
 

@@ -24,8 +24,8 @@ from spate import (
 )
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.filemerging.registry import FileRegistry
-from spate.filemerging.segments import FileRef
 from spate.fs import random_name
+from spate.segments import FileRef
 
 COUNT = ValueStateDescriptor("count", default=0)
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from spate import LocalRunner, Processor, ValueStateDescriptor
+from spate import Coordinator, LocalRunner, Processor, ValueStateDescriptor
 from spate.cli import main
 
 PICKLED = ValueStateDescriptor("blob", serializer="pickle")
@@ -53,6 +53,41 @@ def test_list_and_show(root, capsys):
     assert code == 0 and "checkpoint 0" in out and "keyed" in out and "operator" in out
     code, out = run(capsys, "checkpoints", "show", root, "--json")
     assert json.loads(out)["metadata"]["checkpoint_id"] == 1
+
+
+def test_show_says_per_subtask_where_it_ran_and_how_its_state_got_to_the_base(tmp_path, capsys, monkeypatch):
+    """lmdb with the changelog: batches 0-1 keep their state on local disk; a heap runner (another machine) runs
+    batch 2; the lmdb runner comes back and catches its copy (at 1) up to 2 by replaying one change set."""
+    path, local = str(tmp_path / "ckpt"), str(tmp_path / "local")
+    acknowledge = Coordinator.acknowledge
+
+    def on_an_executor(self, ack):  # as the Spark transport does
+        ack.executor = f"{ack.index + 1}@10.0.0.{ack.index + 1}"
+        return acknowledge(self, ack)
+
+    monkeypatch.setattr(Coordinator, "acknowledge", on_an_executor)
+    src = [[{"k": "a"}, {"k": "b"}, {"k": "c"}]] * 4
+    kw = dict(key="k", checkpoint_root=path, parallelism=2, changelog=True, allow_pickle=True)
+    with LocalRunner(Job, table="lmdb", local_dir=local, **kw) as r:
+        r.run(src, until=2)
+    with LocalRunner(Job, table="heap", **kw) as r:
+        r.run(src, until=3)
+    with LocalRunner(Job, table="lmdb", local_dir=local, **kw) as r:
+        r.run(src)
+    expected = {1: "reused", 2: "restored", 3: "caught_up"}
+    for n, recovery in expected.items():
+        code, out = run(capsys, "checkpoints", "show", path, "--checkpoint", str(n), "--json")
+        subtasks = json.loads(out)["subtasks"]
+        assert code == 0 and [s["recovery"] for s in subtasks] == [recovery] * 2, n
+        assert [s["executor"] for s in subtasks] == ["1@10.0.0.1", "2@10.0.0.2"]
+        assert sum(s["rows"] for s in subtasks) == 3
+    caught_up = subtasks
+    assert [(s["caught_up_from"], s["restored_from"]) for s in caught_up] == [(1, 2)] * 2
+    assert all(s["restore_bytes"] > 0 and s["restore_ms"] > 0 for s in caught_up)
+    code, out = run(capsys, "checkpoints", "show", path)
+    assert code == 0 and "caught up 1 -> 2" in out and "2@10.0.0.2" in out
+    code, out = run(capsys, "checkpoints", "show", path, "--checkpoint", "2")
+    assert "restored from 1" in out and "1@10.0.0.1" in out
 
 
 def test_dump_keyed_operator_and_timers(root, capsys):

@@ -19,10 +19,10 @@ from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import FileMergingManager, subtask_dir
 from spate.filemerging.registry import FileRegistry
-from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, random_name
 from spate.keygroups import compile_key_hasher
 from spate.layout import is_marker
+from spate.segments import FileRef
 
 MB = 1 << 20
 
@@ -147,6 +147,27 @@ def test_scenario_12_across_checkpoints_files_survive_while_shared(tmp_path):
         meta = load_checkpoint(storage)
         assert len(meta.segments()) > len(meta.files()) or meta.subtasks[0].keyed[0].file_offset > 0
     assert counts(root) == {"a": 1, "b": 1, "c": 1, "d": 1}
+
+
+def test_a_plan_grants_only_its_subtasks_files_and_a_shared_worker_keeps_appending(tmp_path):
+    """Each plan lists only the open files of its own shared directory and of workers (small plans at high
+    parallelism), and one worker serving every subtask keeps appending to each subtask's file: a plan of
+    subtask i does not revoke subtask j's files."""
+    root, p = str(tmp_path), 3
+    cfg = FileMergingConfig("across", max_space_amplification=0)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=p, file_merging=cfg) as r:
+        r.run_batch(0, [{"k": k} for k in "abcdefgh"])
+        files = [_files(root, subtask_dir(i, p)) for i in range(p)]
+        for n in range(1, 4):
+            r.run_batch(n, [{"k": k} for k in "abcdefgh"])
+        r.coordinator.drain()
+        assert [_files(root, subtask_dir(i, p)) for i in range(p)] == files
+        plans = r.coordinator.begin(4)
+        granted = r.coordinator.registry.open_files
+        for plan in plans:
+            assert all(f.startswith((subtask_dir(plan.index, p) + "/", "taskowned/")) for f in plan.open_files)
+        assert {f for plan in plans for f in plan.open_files} == set(granted)
+        r.coordinator.abort(4)
 
 
 # -- scenario 13: space-amplification control ---------------------------------------------------------------

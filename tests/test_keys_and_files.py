@@ -226,6 +226,65 @@ def test_version_1_frames_still_read():
         read_single_frame(v1_frame(FrameKind.METADATA, payload)[:-1] + b"?", "/old")
 
 
+class _DocumentedJob(Processor):
+    """The job of docs/formats.md's layout and metadata examples."""
+
+    def open(self, ctx):
+        self.count = ctx.state(ValueStateDescriptor("count", default=0))
+        self.offsets = ctx.get_list_state("offsets")
+
+    def process(self, key, rows, ctx):
+        self.count.update(self.count.value() + len(rows))
+        yield {"k": key, "count": self.count.value()}
+
+    def end_batch(self, ctx):
+        self.offsets.update([0, 1])
+
+
+def _anonymous(obj: Any, key: str = "") -> Any:
+    """Random names and timings replaced: what a run of the documented job always writes."""
+    if isinstance(obj, dict):
+        return {k: _anonymous(v, k) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_anonymous(v) for v in obj]
+    if isinstance(obj, str):
+        return re.sub(r"[0-9a-f]{32}", "<hex32>", obj)
+    return None if key.endswith("_ms") and key != "timestamp_ms" and obj else obj
+
+
+def test_documented_metadata_example_is_what_a_checkpoint_writes(tmp_path):
+    root = str(tmp_path / "c")
+    with LocalRunner(_DocumentedJob, key="k", checkpoint_root=root, parallelism=2, sink=lambda rows, n: None,
+                     clock=lambda: 1732147200000) as r:
+        r.run([[{"k": "d"}, {"k": "c"}, {"k": "a"}, {"k": "b"}], [{"k": "d"}, {"k": "a"}]])
+    doc = (Path(__file__).parent.parent / "docs" / "formats.md").read_text()
+    example = re.search(r"Real example \(`chk-1/_metadata`.*?```json\n(.*?)\n```", doc, re.S).group(1)  # type: ignore[union-attr]
+    documented = json.loads(example.replace(",\n  ...]}", "]}"))
+    real = json.loads(read_single_frame(CheckpointStorage(root).read("chk-1/_metadata"), "m", FrameKind.METADATA))
+    real["subtasks"] = real["subtasks"][:1]  # the example omits the second subtask
+    assert json.dumps(_anonymous(documented)) == json.dumps(_anonymous(real))
+
+
+def test_metadata_of_version_2_is_read_with_the_typed_fields_from_its_stats(tmp_path):
+    """Before format 3 the ack's facts were statistics: they move out of ``stats`` when read."""
+    subtask = {"keyed": [], "operator": None, "outputs": None}
+    old = {"format_version": 2, "checkpoint_id": 4, "query_id": "q", "epoch": 1, "parallelism": 2,
+           "max_parallelism": 128, "timestamp_ms": 0, "subtasks": [
+               {**subtask, "stats": {"rows": 3, "snapshot_ms": 0.5, "reused": False, "restored_from": None,
+                                     "staged": True}},
+               {**subtask, "stats": {"rows": 2, "restored_from": 3, "restore_ms": 12.5}}]}
+    storage = CheckpointStorage(str(tmp_path))
+    storage.write("chk-4/_metadata", frame(FrameKind.METADATA, json.dumps(old).encode()))
+    first, second = load_checkpoint(storage, 4).subtasks
+    assert (first.rows, first.staged, first.recovery, first.restored_from) == (3, True, "unknown", None)
+    assert first.stats == {"snapshot_ms": 0.5, "reused": False}
+    assert (second.rows, second.staged, second.recovery, second.restored_from, second.restore_ms,
+            second.restore_bytes, second.executor) == (2, False, "restored", 3, 12.5, 0, None)
+    assert second.stats == {}
+    again = json.loads(json.dumps(load_checkpoint(storage, 4).to_dict()))
+    assert again["format_version"] == 3 and again["subtasks"][1]["recovery"] == "restored"
+
+
 def documented_frames() -> list[bytes]:
     """The hex examples of docs/formats.md's Frames section."""
     text = (Path(__file__).parent.parent / "docs" / "formats.md").read_text()

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spate.checkpoint.assignment import assign_operator_state
-from spate.filemerging.segments import WholeFileWriter
 from spate.fs import CheckpointStorage
+from spate.segments import WholeFileWriter
 from spate.snapshot.operator import read_operator_piece, write_operator_snapshot
 from spate.state.operator import OperatorStateBackend, RestoredOperatorState
 

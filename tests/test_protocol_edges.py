@@ -16,6 +16,7 @@ from spate import (
     ValueStateDescriptor,
 )
 from spate.keygroups import compile_key_hasher
+from spate.runtime.services import WorkerServices
 from spate.runtime.subtask import Subtask, SubtaskConfig, processor_factory
 
 
@@ -37,7 +38,8 @@ def test_a_resent_ack_never_deletes_the_accepted_files(tmp_path):
     coord = Coordinator(str(tmp_path), 1)
     coord.start()
     plan = coord.begin(0, 0)[0]
-    ack = Subtask(0, 1, processor_factory(C), SubtaskConfig()).run(plan, _rows(coord, ["x"])).ack
+    ack = Subtask(0, 1, processor_factory(C), SubtaskConfig(), WorkerServices(coord.storage.uri)).run(
+        plan, _rows(coord, ["x"])).ack
     assert coord.acknowledge(ack) and not coord.acknowledge(copy.deepcopy(ack))
     coord.complete(0)
     coord.drain()
@@ -48,13 +50,14 @@ def test_a_rejected_attempt_does_not_reuse_its_deleted_files(tmp_path):
     root = str(tmp_path)
     coord = Coordinator(root, 1)
     coord.start()
-    a, b = (Subtask(0, 1, processor_factory(C), SubtaskConfig()) for _ in range(2))
+    a, b = (Subtask(0, 1, processor_factory(C), SubtaskConfig(), WorkerServices(root)) for _ in range(2))
     plan = coord.begin(0, 0)[0]
     accepted, rejected = b.run(plan, _rows(coord, ["x"])), a.run(plan, _rows(coord, ["x"]))
     assert coord.acknowledge(accepted.ack) and not coord.acknowledge(rejected.ack)
     coord.complete(0)
     again = a.run(coord.begin(1, 0)[0], [])
-    assert not again.ack.stats["reused"]
+    assert again.ack.recovery == "restored", "its live state is not the accepted attempt's"
+    assert again.ack.keyed == accepted.ack.keyed, "a snapshot it reuses is the accepted one"
     coord.acknowledge(again.ack)
     meta = coord.complete(1)
     assert all(CheckpointStorage(root).exists(p) for p in meta.files())

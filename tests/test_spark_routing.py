@@ -1,4 +1,4 @@
-"""Routing subtask i to Spark partition i, and the task's own plan (no JVM needed)."""
+"""Routing subtask i to Spark partition i, placement, and the task's own input (no JVM needed)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import json
 import pyarrow as pa
 import pytest
 
-from spate.checkpoint.protocol import SubtaskPlan
+from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.keygroups import spark_hash
+from spate.spark.placement import ExecutorId, Placement, _executor_in, this_executor
 from spate.spark.routing import routing_values
-from spate.spark.task import HEARTBEAT_COLUMN, KG_COLUMN, PLAN_COLUMN, SUBTASK_COLUMN, _plan_of
+from spate.spark.task import HEARTBEAT_COLUMN, KG_COLUMN, SUBTASK_COLUMN, _check_rows_belong, run_partition
 
 
 @pytest.mark.parametrize("parallelism", [1, 2, 3, 5, 50, 777])
@@ -20,17 +21,46 @@ def test_routing_value_of_subtask_i_hashes_to_partition_i(parallelism):
     assert len(set(values)) == parallelism
 
 
-def _partition(plans: list, subtasks: list[int]) -> pa.Table:
+def _partition(subtasks: list[int]) -> pa.Table:
     return pa.table({SUBTASK_COLUMN: subtasks, KG_COLUMN: [None] * len(subtasks),
-                     HEARTBEAT_COLUMN: [p is not None for p in plans],
-                     PLAN_COLUMN: [json.dumps(p.to_dict()) if p else None for p in plans]})
+                     HEARTBEAT_COLUMN: [True] + [False] * (len(subtasks) - 1)})
 
 
-def test_a_task_reads_its_plan_from_its_heartbeat_row_and_refuses_foreign_rows():
-    plan = SubtaskPlan(checkpoint_id=3, index=1, parallelism=2, max_parallelism=8, query_id="q", epoch=1,
-                       checkpoint_uri="/tmp/x")
-    assert _plan_of(_partition([None, plan], [1, 1])).index == 1
-    with pytest.raises(RuntimeError, match="2 subtask plans"):
-        _plan_of(_partition([plan, plan], [1, 1]))
+_PLAN = SubtaskPlan(checkpoint_id=3, index=1, parallelism=2, max_parallelism=8, query_id="q", epoch=1,
+                    checkpoint_uri="/tmp/x")
+
+
+def test_a_task_refuses_rows_of_another_subtask():
+    _check_rows_belong(_PLAN, _partition([1, 1]))
     with pytest.raises(RuntimeError, match=r"rows of subtasks \[0\]"):
-        _plan_of(_partition([plan, None], [1, 0]))
+        _check_rows_belong(_PLAN, _partition([1, 0]))
+
+
+def test_a_task_needs_exactly_its_rows_and_its_plan():
+    with pytest.raises(RuntimeError, match="3 items instead of its rows and its plan"):
+        next(run_partition(None, [b"a", b"b", b"c"]))  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="1 items"):
+        next(run_partition(None, [json.dumps(_PLAN.to_dict()).encode()]))  # type: ignore[arg-type]
+
+
+def test_executor_identity_is_read_from_the_executor_jvm_command_line():
+    args = ["java", "-cp", "x", "org.apache.spark.executor.CoarseGrainedExecutorBackend", "--driver-url", "u",
+            "--executor-id", "7", "--hostname", "10.0.0.3", "--cores", "1"]
+    found = _executor_in(args)
+    assert found == ExecutorId("10.0.0.3", "7")
+    assert found.location == "executor_10.0.0.3_7"
+    assert ExecutorId.parse(str(found)) == found
+    assert _executor_in(["java", "org.apache.spark.deploy.SparkSubmit", "pyspark-shell"]) is None
+    assert this_executor() is None  # pytest is no executor's Python worker
+
+
+def test_placement_prefers_the_executor_each_subtask_last_ran_on():
+    placement = Placement()
+    assert placement.locations(2) == [[], []]
+    placement.record(2, [SubtaskAck(3, 0, 1, executor="1@h1"), SubtaskAck(3, 1, 1, executor=None)])
+    assert placement.locations(2) == [["executor_h1_1"], []]
+    placement.record(2, [SubtaskAck(4, 0, 1, executor="2@h2"), SubtaskAck(4, 1, 1, executor="1@h1")])
+    assert placement.locations(2) == [["executor_h2_2"], ["executor_h1_1"]]
+    assert placement.locations(3) == [[], [], []]  # another parallelism: other subtasks, no known places
+    placement.record(3, [SubtaskAck(5, 2, 1, executor="1@h1")])
+    assert placement.locations(3) == [[], [], ["executor_h1_1"]]

@@ -213,3 +213,20 @@ def test_one_job_and_exactly_one_task_per_subtask_whatever_aqe_and_shuffle_parti
         assert [st.stats["spark_partition"] for st in meta.subtasks] == list(range(5)), f"checkpoint {n}"
     assert state(root) == dict(Counter(r["user"] for b in batches for r in b))
     assert [m.spark_jobs for m in stream.metrics] == [1, 1, 1], "one Spark job per micro-batch (the sink's apart)"
+
+
+def test_a_stream_starts_from_a_savepoint_of_a_local_runner(spark, tmp_path):
+    """One settings object and one driver loop: ``restore_from`` works on Spark as on LocalRunner. A savepoint
+    taken by a LocalRunner after 3 batches (at parallelism 2) seeds a stream on a new root (parallelism 3),
+    whose batch ids start at 0 again; the state continues the counts."""
+    from spate import LocalRunner
+
+    batches = clicks(6)
+    with LocalRunner(CountClicks, key="user", checkpoint_root=str(tmp_path / "local"), parallelism=2) as runner:
+        runner.run(batches[:3])
+        savepoint = runner.savepoint(str(tmp_path / "sp"))
+    source, root = str(tmp_path / "in"), str(tmp_path / "ckpt")
+    write_files(source, batches[3:])
+    stream, _ = run_stream(spark, source, root, 3, {}, restore_from=savepoint)
+    assert [m.batch_id for m in stream.metrics] == [0, 1, 2]
+    assert state(root) == dict(Counter(r["user"] for b in batches for r in b))

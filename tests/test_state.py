@@ -19,8 +19,8 @@ from spate import (
     ValueStateDescriptor,
 )
 from spate.errors import SpateError
-from spate.filemerging.segments import WholeFileWriter
 from spate.fs import CheckpointStorage
+from spate.segments import WholeFileWriter
 from spate.snapshot.keyed import restore_keyed_snapshot, write_keyed_snapshot
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend

@@ -23,6 +23,7 @@ from spate.checkpoint.inspect import (
     operator_state_elements,
     operator_state_names,
     physical_files,
+    subtask_recoveries,
     verify_checkpoint,
     verify_root_files,
 )
@@ -60,8 +61,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     storage = open_root(args.root)
     meta = load_checkpoint(storage, args.checkpoint)
     files = physical_files(storage, meta)
+    recoveries = subtask_recoveries(meta)
     if args.json:
-        _print_json({"summary": checkpoint_summary(meta), "files": files, "metadata": meta.to_dict()})
+        _print_json({"summary": checkpoint_summary(meta), "subtasks": recoveries, "files": files,
+                     "metadata": meta.to_dict()})
         return 0
     s = checkpoint_summary(meta)
     print(f"checkpoint {meta.checkpoint_id} of query {meta.query_id} (epoch {meta.epoch})")
@@ -69,6 +72,9 @@ def cmd_show(args: argparse.Namespace) -> int:
           f"{s['files']} files, {human_bytes(s['state_bytes'])}, watermark {meta.watermark_ms}")
     print(f"  keyed states: {keyed_state_names(meta) or '-'}")
     print(f"  operator states: {operator_state_names(meta) or '-'}\n")
+    print(format_table([_recovery_row(r) for r in recoveries],
+                       title="subtasks: where each ran, how its state got to the batch's base checkpoint"))
+    print()
     rows = []
     for i, st in enumerate(meta.subtasks):
         for h in st.keyed:
@@ -97,6 +103,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     print()
     print(format_table(stats, title="subtask statistics"))
     return 0
+
+
+def _recovery_row(r: dict[str, Any]) -> dict[str, Any]:
+    how = {"caught_up": f"caught up {r['caught_up_from']} -> {r['restored_from']}",
+           "restored": f"restored from {r['restored_from']}"}.get(r["recovery"], r["recovery"])
+    return {"subtask": r["subtask"], "executor": r["executor"] or "-", "state": how,
+            "read": human_bytes(r["restore_bytes"]), "restore_ms": round(r["restore_ms"], 1), "rows": r["rows"]}
 
 
 def _at(handle: Any) -> str:
@@ -184,6 +197,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from spate.spark.bench import bench_spark
 
         bench = bench_spark
+    elif args.name == "cluster":
+        from spate.spark.cluster_bench import bench_cluster
+
+        bench = bench_cluster
     return run_bench(args.name, quick=args.quick, as_json=args.json, out_dir=args.out, bench=bench)
 
 
@@ -233,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=cmd_dump)
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write PNG plots, --json)")
-    bench.add_argument("name", choices=["state", "changelog", "filemerging", "spark"], help="which benchmark")
+    bench.add_argument("name", choices=["state", "changelog", "filemerging", "spark", "cluster"],
+                       help="which benchmark (cluster: starts a standalone Spark cluster on 127.0.0.1)")
     bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
     bench.add_argument("--json", action="store_true", help='print {"bench": NAME, "results": [...]}')
     bench.add_argument("--out", default="bench-out", help="directory for PNG plots (default bench-out)")

@@ -117,7 +117,7 @@ def _summarize(source: list[list[dict]], results: list[BatchResult], root: str, 
     checks, problems = verify_clicks(source, root, last_output)
     rows = sum(map(len, source))
     first_after = results[stop_at].checkpoint.subtasks if len(results) > stop_at else []
-    restore_ms = max((st.stats.get("restore_ms", 0.0) for st in first_after), default=0.0)
+    restore_ms = max((st.restore_ms for st in first_after), default=0.0)
     return {
         "batches": len(results), "rows": rows, "users": len(want_clicks), "rows_per_s": round(rows / elapsed),
         "batch_ms_p50": percentile([r.batch_ms for r in results], 50),

@@ -17,7 +17,7 @@ from typing import Any
 
 from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.metadata import METADATA_FILE
-from spate.fs import CheckpointStorage, FileCounts, storage_for
+from spate.fs import CheckpointStorage, FileCounts
 from spate.layout import is_marker
 from spate.report import format_table, human_bytes, percentile, progress
 from spate.runtime.local import LocalRunner
@@ -79,9 +79,8 @@ def _run(batches: list[list[dict]], workdir: str) -> list[dict[str, Any]]:
                 amps[v].append(runner.coordinator.registry.stats().amplification)
         for runner in runners.values():
             runner.coordinator.drain()
-        coordinator_counts = {v: r.coordinator.storage.counts for v, r in runners.items()}
-    return [_figures(v, roots[v], len(batches), cp_ms[v], amps[v], [storage_for(roots[v]).counts,
-                                                                    coordinator_counts[v]]) for v in VARIANTS]
+        counts = {v: [r.services.storage.counts, r.coordinator.storage.counts] for v, r in runners.items()}
+    return [_figures(v, roots[v], len(batches), cp_ms[v], amps[v], counts[v]) for v in VARIANTS]
 
 
 def _figures(variant: str, root: str, checkpoints: int, cp_ms: list[float], amps: list[float],

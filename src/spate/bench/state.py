@@ -12,10 +12,10 @@ from typing import Any
 
 import lmdb
 
-from spate.filemerging.segments import WholeFileWriter
 from spate.fs import CheckpointStorage
 from spate.keygroups import key_groups
 from spate.report import format_table, progress
+from spate.segments import WholeFileWriter
 from spate.serde import MSGPACK
 from spate.snapshot.keyed import restore_keyed_snapshot, write_keyed_snapshot
 from spate.state.descriptors import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor

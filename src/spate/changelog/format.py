@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import msgpack
 
 from spate.changelog.changeset import ChangeSet
-from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, FrameKind, frame, read_span_frames
+from spate.segments import FileRef
 from spate.snapshot.handles import ChangeSetHandle
 
 Offsets = dict[int, tuple[int, int]]

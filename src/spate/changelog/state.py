@@ -7,11 +7,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import threading
 import time
 import zlib
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +20,8 @@ from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
 from spate.changelog.writer import ChangelogWriter
 from spate.errors import CheckpointError
-from spate.filemerging.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.fs import CheckpointStorage, random_name
+from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import expiry_filters, gc_paused, restore_keyed_snapshot, sid_remap, write_key_groups
 from spate.state.keyed import KeyedStateBackend
@@ -30,9 +29,6 @@ from spate.state.table import StateTable
 
 log = logging.getLogger(__name__)
 Relocate = Callable[[Any], Any]
-_materializers = ThreadPoolExecutor(2, thread_name_prefix="spate-materialize")
-_schedulers: dict[tuple[str, UploadConfig, str | None], BatchingUploadScheduler] = {}
-_schedulers_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -62,27 +58,6 @@ def _log_length(change_sets: list[ChangeSetHandle]) -> tuple[int, int]:
     return len(change_sets), sum(n for h in change_sets for _o, n in h.offsets.values())
 
 
-def scheduler_for(storage: CheckpointStorage, config: UploadConfig,
-                  segments: Callable[[int], SegmentWriter] | None = None,
-                  worker_id: str | None = None) -> BatchingUploadScheduler:
-    """The upload scheduler of this process for a checkpoint root (shared by its subtasks); with file merging,
-    one per worker's file-merging manager (``worker_id``), writing change files through ``segments``."""
-    with _schedulers_lock:
-        key = (storage.uri, config, worker_id)
-        scheduler = _schedulers.get(key)
-        if scheduler is None:
-            scheduler = _schedulers[key] = BatchingUploadScheduler(storage, config, segments)
-        return scheduler
-
-
-def drop_scheduler(storage: CheckpointStorage, config: UploadConfig, worker_id: str) -> None:
-    """Close the scheduler of a file-merging manager that is closing."""
-    with _schedulers_lock:
-        scheduler = _schedulers.pop((storage.uri, config, worker_id), None)
-    if scheduler is not None:
-        scheduler.close()
-
-
 def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, materialized: list[KeyGroupsHandle],
                         changelog: list[ChangeSetHandle], context: str) -> None:
     """Materialized snapshots, then every change set in order, keeping only the backend's key groups.
@@ -109,17 +84,24 @@ class _Materialization:
 
 
 class ChangelogKeyedState:
-    """The changelog side of a subtask's keyed state: writer, materialized handles, materialization."""
+    """The changelog side of a subtask's keyed state: writer, materialized handles, materialization.
+
+    A worker's subtasks share its upload ``scheduler`` (their uploads batch into one file) and its
+    ``materializers`` (the threads that write materializations), both owned by the worker's services
+    (:class:`spate.runtime.services.WorkerServices`). Without them (tests, tools) it makes and closes its own."""
 
     def __init__(self, inner: StateTable, storage: CheckpointStorage, config: ChangelogConfig, index: int,
                  parallelism: int, scheduler: BatchingUploadScheduler | None = None,
-                 materialized: Callable[[int], SegmentWriter] | None = None) -> None:
+                 materialized: Callable[[int], SegmentWriter] | None = None,
+                 materializers: Executor | None = None) -> None:
         self.config = config
         self.storage = storage
         self.index, self.parallelism = index, parallelism
+        self._owns_services = scheduler is None, materializers is None
+        self._materializers: Executor = materializers or ThreadPoolExecutor(1, thread_name_prefix="spate-materialize")
         self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}",
-                                      scheduler or scheduler_for(storage, config.upload), config.preemptive_threshold,
-                                      config.coalesce)
+                                      scheduler or BatchingUploadScheduler(storage, config.upload),
+                                      config.preemptive_threshold, config.coalesce)
         self._materialized_writer = materialized or functools.partial(
             WholeFileWriter, storage, f"shared/subtask-{index}-{parallelism}", ".kg")
         self.checkpoint_id = 0  # the checkpoint being taken (or next to be)
@@ -273,7 +255,7 @@ class ChangelogKeyedState:
             finally:
                 view_cm.__exit__(None, None, None)
 
-        self._running = _Materialization(sqn, time.perf_counter(), _materializers.submit(work), out)
+        self._running = _Materialization(sqn, time.perf_counter(), self._materializers.submit(work), out)
 
     def _collect_materialization(self, wait: bool = False) -> None:
         run = self._running
@@ -340,3 +322,8 @@ class ChangelogKeyedState:
             # (if it did not, orphan cleanup removes them on the next start)
             self.writer.confirm(*span)
         self.writer.close()
+        owns_scheduler, owns_materializers = self._owns_services
+        if owns_scheduler:
+            self.writer.scheduler.close()
+        if owns_materializers:
+            self._materializers.shutdown(wait=True)

@@ -17,8 +17,8 @@ from typing import Any, Generic, TypeVar
 from spate.changelog.changeset import ChangeSet
 from spate.changelog.format import change_set_handles, encode_change_file
 from spate.errors import CheckpointError
-from spate.filemerging.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.fs import CheckpointStorage
+from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +55,7 @@ from spate.errors import (
     MissingFileError,
     naming_disk_full,
 )
-from spate.filemerging.manager import subtask_dir, worker_dir
+from spate.filemerging.manager import in_grant_scope, subtask_dir, worker_dir
 from spate.filemerging.registry import FileRegistry
 from spate.fs import CheckpointStorage, FrameKind, frame, join_uri
 from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
@@ -109,6 +109,12 @@ def _discover(storage: CheckpointStorage, epochs: EpochState, retained: int) -> 
             found.append(meta)
     found.reverse()
     return _Discovery(found, found[-1].checkpoint_id if found else -1)
+
+
+def _referenced(paths: list[str], handles: list[Any]) -> list[str]:
+    """The ``paths`` that ``handles`` reference (a plan needs no others)."""
+    used = {h.path for h in handles}
+    return [path for path in paths if path in used]
 
 
 def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
@@ -362,7 +368,9 @@ class Coordinator:
             raise CheckpointError("Coordinator.start() must be called before begin()")
         if self._pending is not None:
             self.abort(self._pending.checkpoint_id, "superseded by a new checkpoint")
-        if self.base is not None and checkpoint_id <= self.base.checkpoint_id:
+        restored_elsewhere = self._base_storage is not None and self._base_storage is not self.storage
+        if self.base is not None and not restored_elsewhere and checkpoint_id <= self.base.checkpoint_id:
+            # a base restored from another root (restore_from): this root's ids start anew, as Spark's batch ids
             raise CheckpointError(f"checkpoint {checkpoint_id} is not newer than the latest complete "
                                   f"checkpoint {self.base.checkpoint_id}")
         now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
@@ -383,8 +391,9 @@ class Coordinator:
             base_uri=self._base_storage.uri if base and self._base_storage else None,
             base_is_savepoint=bool(base and base.is_savepoint), keyed=keyed[i], changelog=changelog[i],
             operator=operator[i],
-            processing_time_ms=now, watermark_ms=base.watermark_ms if base else None, open_files=open_files,
-            non_reusable=non_reusable) for i in range(p)]
+            processing_time_ms=now, watermark_ms=base.watermark_ms if base else None,
+            open_files=[f for f in open_files if in_grant_scope(f, subtask_dir(i, p))],
+            non_reusable=_referenced(non_reusable, keyed[i] + changelog[i])) for i in range(p)]
 
     def acknowledge(self, ack: SubtaskAck) -> bool:
         """Accept the first ack of each subtask for the pending checkpoint; refuse any other. The files a
@@ -447,7 +456,8 @@ class Coordinator:
         return CheckpointMetadata(
             pending.checkpoint_id, self.query.query_id, self.query.epoch, pending.parallelism,
             self.query.max_parallelism, pending.processing_time_ms,
-            [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog) for a in acks], max_event, watermark)
+            [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog, **a.ack_info()) for a in acks],
+            max_event, watermark)
 
     def _mark_completed(self) -> None:
         """From the first commit of this epoch on, losing every checkpoint of the root is an error. Best
@@ -538,25 +548,16 @@ class Coordinator:
         upto = self._read_delivered()
         out = []
         for m in self.completed:
-            if m.checkpoint_id <= upto or not any(st.stats.get("staged") for st in m.subtasks):
+            if m.checkpoint_id <= upto or not any(st.staged for st in m.subtasks):
                 continue
             if self.storage.exists(delivered_path(m.checkpoint_id)):  # a marker of an older spate
                 continue
             out.append(m)
         return out
 
-    def deliver_staged(self, deliver: Callable[[list[Any], int], None], allow_pickle: bool = False) -> list[int]:
-        """Give ``deliver(rows, batch_id)`` the staged outputs of every complete checkpoint the sink has not
-        confirmed (a crash came between checkpoint and sink), oldest first, marking each as delivered. Same
-        batch ids, so an idempotent sink sees them once. Returns the checkpoint ids delivered."""
-        done = []
-        for meta in self.undelivered():
-            rows = [r for st in meta.subtasks if st.outputs
-                    for r in read_outputs(self.storage, st.outputs, allow_pickle)]
-            deliver(rows, meta.checkpoint_id)
-            self.mark_delivered(meta.checkpoint_id)
-            done.append(meta.checkpoint_id)
-        return done
+    def staged_outputs(self, meta: CheckpointMetadata, allow_pickle: bool = False) -> list[Any]:
+        """The output rows checkpoint ``meta``'s subtasks staged for the sink, in subtask order."""
+        return [r for st in meta.subtasks if st.outputs for r in read_outputs(self.storage, st.outputs, allow_pickle)]
 
     def _read_delivered(self) -> int:
         if self._delivered_upto is None:

@@ -218,6 +218,15 @@ def operator_state_elements(storage: CheckpointStorage, meta: CheckpointMetadata
     return out
 
 
+def subtask_recoveries(meta: CheckpointMetadata) -> list[dict[str, Any]]:
+    """Per subtask of a checkpoint: where it ran (``executor``), how its state got to the base (``recovery``:
+    reused, caught_up, restored, new; ``unknown`` in metadata of older versions), from which checkpoints, what
+    that read from checkpoint storage and how long it took, and the input rows it processed."""
+    return [{"subtask": i, "executor": st.executor, "recovery": st.recovery, "caught_up_from": st.caught_up_from,
+             "restored_from": st.restored_from, "restore_bytes": st.restore_bytes, "restore_ms": st.restore_ms,
+             "rows": st.rows} for i, st in enumerate(meta.subtasks)]
+
+
 def checkpoint_summary(meta: CheckpointMetadata) -> dict[str, Any]:
     """Figures of one checkpoint for tables and JSON (``files``: physical files; ``segments``: the logical
     files in them)."""
@@ -229,5 +238,6 @@ def checkpoint_summary(meta: CheckpointMetadata) -> dict[str, Any]:
 
 
 __all__ = ["load_checkpoint", "verify_checkpoint", "verify_root_files", "describe_error", "physical_files",
-           "keyed_state_entries", "operator_state_elements", "checkpoint_summary", "keyed_state_names",
+           "keyed_state_entries", "operator_state_elements", "checkpoint_summary", "subtask_recoveries",
+           "keyed_state_names",
            "operator_state_names", "StateEntry"]

@@ -6,13 +6,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from spate.checkpoint.ackinfo import ACK_INFO_FIELDS, AckInfo, ack_info_from_stats
 from spate.errors import CorruptFileError
-from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
+from spate.segments import FileRef
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle
 from spate.snapshot.outputs import OutputsHandle
 
-METADATA_FORMAT_VERSION = 2  # 2: handles may be segments of merged files (``file_offset``, ``file_size``)
+# 2: handles may be segments of merged files (``file_offset``, ``file_size``); 3: typed per-subtask ack facts
+# (``rows``, ``staged``, ``recovery``, ...) instead of statistics an older reader would misread
+METADATA_FORMAT_VERSION = 3
 QUERY_FILE = "_query"
 METADATA_FILE = "_metadata"
 DELIVERED_FILE = "_delivered"
@@ -36,8 +39,9 @@ def staged_dir(checkpoint_id: int) -> str:
 
 
 @dataclass
-class SubtaskState:
-    """The handles of one subtask in a checkpoint, and its statistics."""
+class SubtaskState(AckInfo):
+    """The handles of one subtask in a checkpoint, the typed facts of its ack (:class:`AckInfo`) and its
+    free-form statistics."""
 
     keyed: list[KeyGroupsHandle] = field(default_factory=list)
     operator: OperatorStateHandle | None = None
@@ -48,15 +52,18 @@ class SubtaskState:
     def to_dict(self) -> dict[str, Any]:
         return {"keyed": [h.to_dict() for h in self.keyed], "changelog": [h.to_dict() for h in self.changelog],
                 "operator": self.operator.to_dict() if self.operator else None,
-                "outputs": self.outputs.to_dict() if self.outputs else None, "stats": self.stats}
+                "outputs": self.outputs.to_dict() if self.outputs else None, **self.ack_info(), "stats": self.stats}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> SubtaskState:
         op, outputs = data.get("operator"), data.get("outputs")
+        stats = dict(data.get("stats", {}))
+        info = {n: data[n] for n in ACK_INFO_FIELDS if n in data} if "recovery" in data else \
+            ack_info_from_stats(stats)  # metadata format < 3
         return SubtaskState([KeyGroupsHandle.from_dict(h) for h in data["keyed"]],
                             OperatorStateHandle.from_dict(op) if op else None,
-                            OutputsHandle.from_dict(outputs) if outputs else None, data.get("stats", {}),
-                            [ChangeSetHandle.from_dict(h) for h in data.get("changelog", [])])
+                            OutputsHandle.from_dict(outputs) if outputs else None, stats,
+                            [ChangeSetHandle.from_dict(h) for h in data.get("changelog", [])], **info)
 
 
 @dataclass
@@ -99,7 +106,8 @@ class CheckpointMetadata:
         return sum(ref.length for ref in self.segments())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format_version": self.format_version, "checkpoint_id": self.checkpoint_id,
+        """The current format (``format_version`` is what was read; a re-written copy has the current one)."""
+        return {"format_version": METADATA_FORMAT_VERSION, "checkpoint_id": self.checkpoint_id,
                 "query_id": self.query_id, "epoch": self.epoch, "parallelism": self.parallelism,
                 "max_parallelism": self.max_parallelism, "timestamp_ms": self.timestamp_ms,
                 "max_event_time_ms": self.max_event_time_ms, "watermark_ms": self.watermark_ms,

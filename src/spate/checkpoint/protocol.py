@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from spate.filemerging.segments import FileRef
+from spate.checkpoint.ackinfo import AckInfo
 from spate.keygroups import key_group_range
+from spate.segments import FileRef
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
 from spate.snapshot.outputs import OutputsHandle
 
@@ -64,9 +65,11 @@ class SubtaskPlan:
 
 
 @dataclass
-class SubtaskAck:
-    """A subtask's part of checkpoint ``checkpoint_id``: its state handles, and the physical files its worker
-    wrote (``files``: path → [size, still open]; ``worker``: the worker's id with file merging)."""
+class SubtaskAck(AckInfo):
+    """A subtask's part of checkpoint ``checkpoint_id``: its state handles, the physical files its worker
+    wrote (``files``: path → [size, still open]; ``worker``: the worker's id with file merging), the typed
+    facts of :class:`AckInfo` (``executor``: where the subtask ran and its state now lives; on Spark
+    ``'<id>@<host>'``) and free-form ``stats``."""
 
     checkpoint_id: int
     index: int

@@ -1,11 +1,12 @@
 """The worker side of file merging: physical files, their pools, and what a worker tells the coordinator.
 
-One :class:`FileMergingManager` per worker process and checkpoint root. Shared state (keyed snapshots,
-materializations) is merged per subtask under ``shared/subtask-<i>-<P>/``; private state (operator state,
-staged outputs) and change files per worker under ``taskowned/<worker-id>/``, in separate physical files:
-private state dies with its checkpoint's retention, change sets only after the next materialization, and
-mixing lifetimes in one file would leave it half dead for long. Physical files get random names and are
-created exclusively, so nothing is ever overwritten.
+One :class:`FileMergingManager` per worker process and checkpoint root, owned by the worker's services
+(:class:`spate.runtime.services.WorkerServices`). Shared state (keyed snapshots, materializations) is merged
+per subtask under ``shared/subtask-<i>-<P>/``; private state (operator state, staged outputs) and change files
+per worker under ``taskowned/<worker-id>/``, in separate physical files: private state dies with its
+checkpoint's retention, change sets only after the next materialization, and mixing lifetimes in one file
+would leave it half dead for long. Physical files get random names and are created exclusively, so nothing is
+ever overwritten.
 
 The coordinator decides when a physical file can go: no live segment references it and it is not in use.
 A worker reports each file as in use while it is open for appends or holds a segment not yet settled: written
@@ -24,8 +25,8 @@ from collections.abc import Collection, Iterable
 
 from spate.errors import CheckpointError, naming_disk_full
 from spate.filemerging.config import FileMergingConfig
-from spate.filemerging.segments import FileRef
 from spate.fs import CheckpointStorage, random_name
+from spate.segments import FileRef
 
 SUFFIX = ".seg"
 
@@ -38,6 +39,12 @@ def subtask_dir(index: int, parallelism: int) -> str:
 def worker_dir(worker_id: str) -> str:
     """Directory of a worker process's private state and change files."""
     return f"taskowned/{worker_id}"
+
+
+def in_grant_scope(path: str, subtask_directory: str) -> bool:
+    """Whether a plan for the subtask owning ``subtask_directory`` grants or revokes ``path``: the subtask's
+    own shared files and every worker's private files (the worker that will run the subtask is not known)."""
+    return path.startswith((subtask_directory + "/", "taskowned/"))
 
 
 class PhysicalFile:
@@ -240,14 +247,15 @@ class FileMergingManager:
 
     # -- the checkpoint protocol ------------------------------------------------------------------------
     def begin(self, checkpoint_id: int, completed: int | None, granted: Collection[str] | None = None,
-              epoch: int = 0) -> None:
+              epoch: int = 0, scope: str | None = None) -> None:
         """A plan for ``checkpoint_id`` of driver epoch ``epoch`` arrived, based on the latest completed
         checkpoint ``completed``.
 
         Within-checkpoint pools of earlier checkpoints close (they completed or were aborted). Files created
         before ``checkpoint_id``, or under an older driver (whose restart may have deleted them as orphans,
         for the same checkpoint id), that the coordinator does not grant (``granted``: None = all) are
-        closed."""
+        closed. A subtask's plan grants only files of its own shared directory ``scope`` and workers' files:
+        files of other subtasks' directories are then left alone."""
         if completed is not None:
             self.checkpoint_completed(completed)
         with self.lock:
@@ -261,7 +269,8 @@ class FileMergingManager:
                     self._pools.pop(key, None)
             elif granted is not None:
                 for f in pool.files():
-                    if (f.created_in < checkpoint_id or f.created_epoch < epoch) and f.path not in granted:
+                    if (f.created_in < checkpoint_id or f.created_epoch < epoch) and f.path not in granted \
+                            and (scope is None or in_grant_scope(f.path, scope)):
                         pool.revoke(f)
 
     def checkpoint_completed(self, checkpoint_id: int) -> None:
@@ -338,25 +347,3 @@ class FileMergingManager:
                     self.storage.delete_dir(self.worker_dir)
         self._created = []
 
-
-_managers: dict[tuple[str, FileMergingConfig], FileMergingManager] = {}
-_managers_lock = threading.Lock()
-
-
-def manager_for(storage: CheckpointStorage, config: FileMergingConfig) -> FileMergingManager:
-    """This process's manager for a checkpoint root (its subtasks share the worker directory and pools)."""
-    with _managers_lock:
-        key = (storage.uri, config)
-        manager = _managers.get(key)
-        if manager is None:
-            manager = _managers[key] = FileMergingManager(storage, config)
-        return manager
-
-
-def close_manager(uri: str, config: FileMergingConfig) -> FileMergingManager | None:
-    """Close this process's manager for ``uri`` (a later one gets a new worker directory)."""
-    with _managers_lock:
-        manager = _managers.pop((uri, config), None)
-    if manager is not None:
-        manager.close()
-    return manager

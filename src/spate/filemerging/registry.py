@@ -15,7 +15,7 @@ import posixpath
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from spate.filemerging.segments import FileRef
+from spate.segments import FileRef
 
 FORGET_DELETED_AFTER = 64
 

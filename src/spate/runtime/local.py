@@ -10,27 +10,26 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from spate.changelog.state import ChangelogConfig, drop_scheduler
-from spate.checkpoint.coordinator import DEFAULT_RETAINED, Coordinator
+from spate.changelog.state import ChangelogConfig
+from spate.checkpoint.ackinfo import RESTORED
+from spate.checkpoint.coordinator import DEFAULT_RETAINED
 from spate.checkpoint.metadata import CheckpointMetadata
-from spate.filemerging.config import FileMergingConfig, resolve_file_merging
-from spate.filemerging.manager import close_manager, manager_for
+from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.filemerging.config import FileMergingConfig
 from spate.keygroups import compile_key_hasher
+from spate.runtime.driver import DriverLoop
 from spate.runtime.keys import KeyCheck
+from spate.runtime.localstate import remove_other_parallelisms
 from spate.runtime.processor import Processor, Row
-from spate.runtime.subtask import (
-    ProcessorFactory,
-    Subtask,
-    SubtaskConfig,
-    processor_factory,
-    remove_other_parallelisms,
-)
+from spate.runtime.services import WorkerServices
+from spate.runtime.settings import SpateSettings
+from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, processor_factory
 
 KeySpec = str | Sequence[str] | Callable[[Row], Any]
 Sink = Callable[[list[Row], int], None]
@@ -115,11 +114,13 @@ class LocalRunner:
         self._sink = sink
         self._clock = clock or (lambda: int(time.time() * 1000))
         self._fault = fault_injector or (lambda step, batch_id: None)
-        merging = resolve_file_merging(file_merging)
-        self.coordinator = Coordinator(checkpoint_root, parallelism, max_parallelism=max_parallelism,
-                                       retained=retained, restore_from=restore_from,
-                                       watermark_delay_ms=watermark_delay_ms if event_time_column else None,
-                                       max_space_amplification=merging.max_space_amplification if merging else 0)
+        self.settings = SpateSettings(checkpoint_root=checkpoint_root, parallelism=parallelism,
+                                      max_parallelism=max_parallelism, table=table, local_dir=local_dir,
+                                      changelog=changelog, file_merging=file_merging, retained=retained,
+                                      event_time_column=event_time_column, watermark_delay_ms=watermark_delay_ms,
+                                      allow_pickle=allow_pickle, restore_from=restore_from)
+        merging = self.settings.file_merging_config
+        self.coordinator = self.settings.coordinator()
         self.coordinator.start()
         self._temp_local_dir = None
         if table == "lmdb" and local_dir is None:
@@ -127,11 +128,16 @@ class LocalRunner:
         self.config = SubtaskConfig(table=table, local_dir=local_dir, allow_pickle=allow_pickle, compress=compress,
                                     key_types=key_types, event_time_column=event_time_column,
                                     stage_outputs=sink is not None, output_serializer=output_serializer,
-                                    changelog=ChangelogConfig() if changelog is True else (changelog or None),
-                                    file_merging=merging, output_schema=output_schema)
+                                    changelog=self.settings.changelog_config, file_merging=merging,
+                                    output_schema=output_schema)
         self.parallelism = parallelism
-        self.subtasks = [Subtask(i, parallelism, self._factory, self.config) for i in range(parallelism)]
+        # this runner is the worker process of its subtasks: it owns their services
+        self.services = WorkerServices(self.coordinator.storage.uri, self.config.file_merging, self.config.changelog)
+        self.subtasks = [Subtask(i, parallelism, self._factory, self.config, self.services)
+                         for i in range(parallelism)]
         self._remove_other_parallelism_local_state()
+        self._loop = DriverLoop(self.coordinator, self._redeliver if sink is not None else None,
+                                lambda step, batch_id: self._fault(step, batch_id))
         self.redelivered = self._deliver_staged()
 
     def _remove_other_parallelism_local_state(self) -> None:
@@ -144,9 +150,12 @@ class LocalRunner:
     def _deliver_staged(self) -> list[int]:
         """Give the sink the staged outputs of complete checkpoints it has not confirmed (a crash came
         between checkpoint completion and delivery). Same batch ids, so an idempotent sink sees them once."""
-        if self._sink is None:
-            return []
-        return self.coordinator.deliver_staged(self._sink, self.config.allow_pickle)
+        return self._loop.redeliver()
+
+    def _redeliver(self, meta: CheckpointMetadata) -> None:
+        """The sink gets a complete checkpoint's outputs, read from where its subtasks staged them."""
+        assert self._sink is not None
+        self._sink(self.coordinator.staged_outputs(meta, self.config.allow_pickle), meta.checkpoint_id)
 
     @property
     def max_parallelism(self) -> int:
@@ -163,48 +172,36 @@ class LocalRunner:
         return [self.run_batch(n, source[n]) for n in range(self.next_batch_id, end)]
 
     def run_batch(self, batch_id: int, rows: Sequence[Row]) -> BatchResult:
-        """One micro-batch = one checkpoint. If processing or the checkpoint fails, the checkpoint is aborted
-        and the error raised. If the sink fails, the checkpoint stays complete; the batch's staged outputs
-        are given to the sink again before the next batch starts (or by the next runner)."""
+        """One micro-batch = one checkpoint (:class:`DriverLoop`). If processing or the checkpoint fails, the
+        checkpoint is aborted and the error raised. If the sink fails, the checkpoint stays complete; the
+        batch's staged outputs are given to the sink again before the next batch starts (or by the next
+        runner)."""
         self._deliver_staged()
         started = time.perf_counter()
-        coord = self.coordinator
         routed = self._route(rows)  # before the checkpoint begins: a bad key fails the batch with nothing to undo
-        plans = coord.begin(batch_id, self._clock())
-        self._fault("after_begin", batch_id)
         outputs: list[Row] = []
-        restored = []
-        try:
+        all_started = [0.0]
+
+        def run_subtasks(plans: list[SubtaskPlan]) -> Iterator[SubtaskAck]:
             # every subtask processes and starts its snapshot before any waits: their changelog uploads share
             # the persist delay and one file, as parallel tasks of one worker would
-            pending = [(plan, self.subtasks[plan.index].start(plan, routed[plan.index])) for plan in plans]
-            waited = time.perf_counter()
-            for plan, finish in pending:
+            pending = [self.subtasks[plan.index].start(plan, routed[plan.index]) for plan in plans]
+            all_started[0] = time.perf_counter()
+            for finish in pending:
                 result = finish()
-                if result.ack.stats.get("restored_from") is not None:
-                    restored.append(plan.index)
-                self._fault(f"after_subtask_{plan.index}", batch_id)
-                coord.acknowledge(result.ack)
                 outputs.extend(result.rows)
-            self._fault("after_acks", batch_id)
-            waited_ms = (time.perf_counter() - waited) * 1000
-            cp_started = time.perf_counter()
-            meta = coord.complete(batch_id)
-        except BaseException as e:
-            coord.fail(batch_id, e)
-            raise
+                yield result.ack
+
+        done = self._loop.run_batch(batch_id, run_subtasks, self._clock(),
+                                    deliver=(lambda meta: self._sink(outputs, meta.checkpoint_id))
+                                    if self._sink is not None else None,
+                                    on_complete=lambda _: self.services.checkpoint_completed(batch_id))
+        meta = done.checkpoint
         # the checkpoint's cost: starting every subtask's snapshot (one after another here), waiting until all
         # are durable, and the commit
-        checkpoint_ms = (time.perf_counter() - cp_started) * 1000 + waited_ms + sum(
+        checkpoint_ms = done.commit_ms + (done.acked_at - all_started[0]) * 1000 + sum(
             st.stats.get("snapshot_start_ms", 0.0) for st in meta.subtasks)
-        if self.config.file_merging is not None:
-            manager_for(coord.storage, self.config.file_merging).checkpoint_completed(batch_id)
-        self._fault("after_complete", batch_id)
-        if self._sink is not None:
-            self._sink(outputs, batch_id)
-            self._fault("after_sink_before_mark", batch_id)
-            coord.mark_delivered(batch_id)
-        self._fault("after_sink", batch_id)
+        restored = [i for i, st in enumerate(meta.subtasks) if st.recovery == RESTORED]
         return BatchResult(batch_id, outputs, meta, (time.perf_counter() - started) * 1000, checkpoint_ms,
                            restored)
 
@@ -231,15 +228,8 @@ class LocalRunner:
         to reuse; a temporary one is deleted."""
         for s in self.subtasks:
             s.close()
-        merging, changelog = self.config.file_merging, self.config.changelog
-        if merging is not None:
-            storage = self.coordinator.storage
-            manager = manager_for(storage, merging)
-            if changelog is not None:  # pending uploads first: they write through the manager
-                drop_scheduler(storage, changelog.upload, manager.worker_id)
-            if self.coordinator.latest is not None:
-                manager.checkpoint_completed(self.coordinator.latest.checkpoint_id)
-            close_manager(storage.uri, merging)
+        latest = self.coordinator.latest
+        self.services.close(latest.checkpoint_id if latest is not None else None)
         self.coordinator.close()
         if self._temp_local_dir is not None:
             shutil.rmtree(self._temp_local_dir, ignore_errors=True)

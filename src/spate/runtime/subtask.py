@@ -1,9 +1,11 @@
 """One subtask: open or restore its state for a plan, process a batch, snapshot, acknowledge.
 
 Transport-agnostic: the in-process runner calls it directly; the Spark transport calls it inside a Python
-worker. Live state is tagged with the checkpoint it reflects and reused when the plan's base matches;
-otherwise it is restored from checkpoint storage (keyed state by key-group intersection, operator state
-by the FLIP-8 pieces the coordinator assigned).
+worker. Live state is tagged with the checkpoint it reflects and exactly which state that is; it is reused when
+that is the plan's base, a local lmdb copy of an earlier checkpoint of the base's lineage is caught up by
+replaying the change sets since (:mod:`spate.runtime.recovery`), and otherwise the state is restored from
+checkpoint storage (keyed state by key-group intersection, operator state by the FLIP-8 pieces the
+coordinator assigned).
 """
 
 from __future__ import annotations
@@ -11,23 +13,33 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_keyed_state, scheduler_for
+from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_keyed_state
+from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, REUSED
 from spate.checkpoint.metadata import checkpoint_dir, staged_dir
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.filemerging.config import FileMergingConfig
-from spate.filemerging.manager import FileMergingManager, manager_for, subtask_dir
-from spate.filemerging.segments import FileRef, SegmentWriter, WholeFileWriter
-from spate.fs import storage_for
+from spate.filemerging.manager import FileMergingManager, subtask_dir
 from spate.keygroups import normalize_key
+from spate.runtime.localstate import local_state_dir
 from spate.runtime.outputs import OutputCheck
 from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
+from spate.runtime.recovery import (
+    LINEAGE_META,
+    Lineage,
+    Recovery,
+    bytes_to_read,
+    catch_up_start,
+    full_restore,
+    recovery_kind,
+)
+from spate.runtime.services import WorkerServices
+from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.serde import check_pickle_allowed, resolve_serializer
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import write_keyed_snapshot
@@ -37,7 +49,7 @@ from spate.snapshot.relocate import H, relocate
 from spate.snapshot.verify import verify_handles
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
-from spate.state.lmdb_table import LmdbTable, remove_if_unused
+from spate.state.lmdb_table import LmdbTable
 from spate.state.operator import OperatorStateBackend, RestoredOperatorState
 from spate.state.table import StateTable
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
@@ -47,21 +59,6 @@ TABLE_KINDS = ("heap", "lmdb")
 _TAG = "checkpoint"
 _DIRTY = b"dirty"
 _EMPTY = -1  # tag of state that reflects "no checkpoint yet"
-
-
-def local_state_dir(local_dir: str, query_id: str, index: int, parallelism: int) -> str:
-    """The lmdb directory of subtask ``index`` of ``parallelism`` of a query under ``local_dir``."""
-    return os.path.join(local_dir, query_id, f"subtask-{index}-{parallelism}")
-
-
-def remove_other_parallelisms(local_dir: str, query_id: str, parallelism: int) -> list[str]:
-    """Delete the query's local lmdb directories of another parallelism that no process holds open: their
-    state can never be reused (a restore at that parallelism finds a newer base). Returns those deleted."""
-    base = os.path.join(local_dir, query_id)
-    mine = {os.path.basename(local_state_dir(local_dir, query_id, i, parallelism)) for i in range(parallelism)}
-    names = os.listdir(base) if os.path.isdir(base) else []
-    return [name for name in names if name.startswith("subtask-") and name not in mine
-            and remove_if_unused(os.path.join(base, name))]
 
 
 @dataclass
@@ -108,23 +105,28 @@ class BatchOutput:
 
 
 class Subtask:
-    """Subtask ``index`` of ``parallelism``: owns the key groups ``key_group_range(maxP, P, index)``."""
+    """Subtask ``index`` of ``parallelism``: owns the key groups ``key_group_range(maxP, P, index)``.
 
-    def __init__(self, index: int, parallelism: int, factory: ProcessorFactory, config: SubtaskConfig) -> None:
+    ``services`` are its worker's services for the checkpoint root (storage, file merging, changelog uploads
+    and materializations), made for ``config``; the worker owns and closes them, the subtask only uses them."""
+
+    def __init__(self, index: int, parallelism: int, factory: ProcessorFactory, config: SubtaskConfig,
+                 services: WorkerServices) -> None:
+        _check_services(config, services)
         self.index, self.parallelism = index, parallelism
         self.factory = factory
         self.config = config
+        self.services = services
         self.keyed: KeyedStateBackend | None = None
         self.operator: OperatorStateBackend | None = None
         self.processor: Processor | None = None
         self.ctx: Context | None = None
         self._tag: int | None = None  # checkpoint the live state reflects; None = unknown/dirty
+        self._lineage: Lineage | None = None  # exactly which state that is (see spate.runtime.recovery)
         self._handles: tuple[int, list] | None = None  # (checkpoint, keyed handles) equal to the live state
-        self.restored_from: int | None = None
-        self.restore_ms = 0.0
+        self.recovery = Recovery(NEW)  # how the state of the current batch got to its plan's base
         self.clog: ChangelogKeyedState | None = None
         self._unsynced: list[FileRef] = []  # segments this attempt wrote that no ack named yet (file merging)
-        self._checkpoint_uri: str | None = None
         self._verified_local: set[str] = set()  # lmdb directories this process checked against their digest
 
     # -- the batch ------------------------------------------------------------------------------------
@@ -145,28 +147,27 @@ class Subtask:
         if (plan.index, plan.parallelism) != (self.index, self.parallelism):
             raise ValueError(f"plan for subtask {plan.index}/{plan.parallelism} given to subtask "
                              f"{self.index}/{self.parallelism}")
-
-    def _merging(self, plan: SubtaskPlan) -> FileMergingManager | None:
-        cfg = self.config.file_merging
-        return manager_for(storage_for(plan.checkpoint_uri), cfg) if cfg is not None else None
+        if plan.checkpoint_uri != self.services.uri:
+            raise ValueError(f"plan for checkpoint root {plan.checkpoint_uri} given to a subtask serving "
+                             f"{self.services.uri}")
 
     def _prepare(self, plan: SubtaskPlan) -> None:
-        base = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
-        self._checkpoint_uri = plan.checkpoint_uri
-        manager = self._merging(plan)
+        manager = self.services.merging
         if manager is not None:
             self._give_up_unsynced(manager)
             same_root = plan.base_uri == plan.checkpoint_uri and not plan.base_is_savepoint
             manager.begin(plan.checkpoint_id, plan.base_checkpoint_id if same_root else None, plan.open_files,
-                          plan.epoch)
+                          plan.epoch, scope=subtask_dir(plan.index, plan.parallelism))
+        self.recovery = Recovery(REUSED)
         lmdb = self._lmdb()
         if lmdb is not None:
             lmdb.lock()
-            if self._tag != base:  # another process moved this subtask's local state on: reopen it from disk
-                self._drop_live_state(plan, destroy=False)
-        if self.keyed is None and self.config.table == "lmdb":
-            self._open_local_lmdb(plan)
-        if self.keyed is None or self._tag != base or plan.base_is_savepoint:
+        live = self._live_at_base(plan)
+        if not live and lmdb is not None:  # e.g. another process moved this subtask's local state on
+            self._drop_live_state(plan, destroy=False)
+        if not live and self.config.table == "lmdb":
+            live = self._open_local_lmdb(plan)
+        if not live:
             self._restore(plan)
         elif self.clog is not None and plan.base_checkpoint_id is not None:
             self.clog.checkpoint_completed(plan.base_checkpoint_id)
@@ -175,20 +176,63 @@ class Subtask:
             self.clog.begin(plan.checkpoint_id)
         self._mark_dirty()
 
-    def _open_local_lmdb(self, plan: SubtaskPlan) -> None:
-        """Reopen this subtask's lmdb directory if its tag says it reflects the plan's base checkpoint
-        (local recovery: keyed state is not downloaded; operator state, being small, always is)."""
-        base = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
+    def _live_at_base(self, plan: SubtaskPlan) -> bool:
+        """Whether the state this object holds is exactly the plan's base: tagged with it, of its lineage (not
+        an attempt whose ack was not the one accepted), and for lmdb not moved on by another process since."""
+        if self.keyed is None or plan.base_is_savepoint:
+            return False
+        if plan.base_checkpoint_id is None:
+            return self._tag == _EMPTY
+        if self._tag != plan.base_checkpoint_id or catch_up_start(self._tag, self._lineage, plan) != len(
+                plan.changelog):
+            return False
+        lmdb = self._lmdb()
+        return lmdb is None or _read_tag(lmdb) == (self._tag, self._lineage)
+
+    def _open_local_lmdb(self, plan: SubtaskPlan) -> bool:
+        """Take over this subtask's lmdb directory if its tag shows the state of a completed checkpoint that
+        leads to the plan's base, replaying the change sets since (see :mod:`spate.runtime.recovery`): local
+        recovery, keyed state is not downloaded (operator state, being small, always is). Otherwise delete it.
+        Returns whether the state is at the base now."""
+        started = time.perf_counter()
         table = LmdbTable(self._lmdb_dir(plan))
-        tag = table.get_meta(_TAG)
-        if tag is None or tag == _DIRTY or int(tag) != base or plan.base_is_savepoint or not self._intact(table):
+        tag = _read_tag(table)
+        start = catch_up_start(*tag, plan) if tag is not None else None
+        if start is None or not self._intact(table):
             table.destroy()
-            return
-        self._install(plan, self._with_changelog(plan, table), self._read_operator_state(plan))
+            return False
+        assert tag is not None and plan.base_checkpoint_id is not None
+        state = self._with_changelog(plan, table)
+        replay = plan.changelog[start:]
+        try:
+            if replay:
+                self._catch_up(plan, state, replay)
+            self._install(plan, state, self._read_operator_state(plan))
+        except BaseException:
+            self.close()  # the directory is not left locked by this process: a retry opens it afresh
+            state.close()
+            raise
         if self.clog is not None:
-            self.clog.restored(plan.keyed, plan.changelog)  # local state equals them: nothing to replay
-            self._replace_damaged_handles(plan)
-        self._tag, self._handles = base, None
+            self.clog.restored(plan.keyed, plan.changelog)
+            self._replace_damaged_handles(plan, [*plan.keyed, *plan.changelog[:start]])
+        self._tag, self._handles = plan.base_checkpoint_id, None
+        self._lineage = Lineage.of(plan.key_groups, plan.keyed, plan.changelog)
+        kind = recovery_kind(tag[0], start, plan)
+        caught_up = kind == CAUGHT_UP
+        self.recovery = Recovery(kind, plan.base_checkpoint_id if caught_up else None, tag[0] if caught_up else None,
+                                 bytes_to_read(replay, plan.operator), (time.perf_counter() - started) * 1000,
+                                 len(replay))
+        return True
+
+    def _catch_up(self, plan: SubtaskPlan, table: StateTable, change_sets: list[ChangeSetHandle]) -> None:
+        """Replay ``change_sets`` (the base's change sets the local copy lacks) into it. Untagged meanwhile: a
+        copy left half caught up is never trusted."""
+        assert plan.base_checkpoint_id is not None and plan.base_uri is not None
+        table.put_meta(_TAG, _DIRTY)
+        table.commit()
+        restore_keyed_state(self._keyed_backend(plan, table), self.services.storage_of(plan.base_uri), [],
+                            change_sets, self._restore_context(plan))
+        _write_tag(table, plan.base_checkpoint_id, Lineage.of(plan.key_groups, plan.keyed, plan.changelog))
 
     def _intact(self, table: LmdbTable) -> bool:
         """Whether the local table still holds exactly what it held at its last commit. Checked once per
@@ -204,13 +248,12 @@ class Subtask:
                         "from checkpoint storage", self.index, table.path, problem)
         return problem is None
 
-    def _replace_damaged_handles(self, plan: SubtaskPlan) -> None:
-        """The reused state is carried on with the handles it was restored from: check their files (once per
-        process), and if one is damaged materialize the intact local state now, so that no new checkpoint
-        references the damaged file."""
+    def _replace_damaged_handles(self, plan: SubtaskPlan, carried: list[KeyGroupsHandle | ChangeSetHandle]) -> None:
+        """The reused state is carried on with the handles it was restored from: check the files of those not
+        read to get here (``carried``; once per process), and if one is damaged materialize the intact local
+        state now, so that no new checkpoint references the damaged file."""
         assert self.clog is not None and self.keyed is not None and plan.base_uri is not None
-        problems = verify_handles(storage_for(plan.base_uri), [*plan.keyed, *plan.changelog],
-                                  self._restore_context(plan))
+        problems = verify_handles(self.services.storage_of(plan.base_uri), carried, self._restore_context(plan))
         if problems:
             log.warning("subtask %d: checkpoint files its local state references are damaged (%s); materializing "
                         "the local state anew instead of referencing them", self.index, "; ".join(problems))
@@ -233,7 +276,7 @@ class Subtask:
         if plan.base_checkpoint_id is None:
             return restored
         assert plan.base_uri is not None
-        storage = storage_for(plan.base_uri)
+        storage = self.services.storage_of(plan.base_uri)
         for piece in plan.operator:
             elems = read_operator_piece(storage, piece, self._restore_context(plan))
             state = restored.setdefault(piece.name, RestoredOperatorState(piece.mode, piece.serializer, []))
@@ -259,12 +302,11 @@ class Subtask:
         cfg = self.config.changelog
         if cfg is None:
             return table
-        storage, manager = storage_for(plan.checkpoint_uri), self._merging(plan)
-        scheduler = materialized = None
+        manager, materialized = self.services.merging, None
         if manager is not None:
-            scheduler = scheduler_for(storage, cfg.upload, manager.changelog_writer, manager.worker_id)
             materialized = functools.partial(manager.shared_writer, self.index, self.parallelism)
-        self.clog = ChangelogKeyedState(table, storage, cfg, self.index, self.parallelism, scheduler, materialized)
+        self.clog = ChangelogKeyedState(table, self.services.storage, cfg, self.index, self.parallelism,
+                                        self.services.scheduler, materialized, self.services.materializers)
         return self.clog.table
 
     def _drop_live_state(self, plan: SubtaskPlan, destroy: bool) -> None:
@@ -282,7 +324,7 @@ class Subtask:
         if plan.base_checkpoint_id is not None:
             # keyed state first, so the processor's open() is checked against the restored state registry
             backend = self._keyed_backend(plan, table)
-            restore_keyed_state(backend, storage_for(plan.base_uri),  # type: ignore[arg-type]
+            restore_keyed_state(backend, self.services.storage_of(plan.base_uri),  # type: ignore[arg-type]
                                 plan.keyed, plan.changelog, self._restore_context(plan))
             if self.clog is not None:
                 if plan.base_uri == plan.checkpoint_uri:
@@ -291,9 +333,9 @@ class Subtask:
                     self.clog.materialize_now(backend)
         self._install(plan, table, restored_ops)
         assert self.keyed is not None
-        self.restore_ms = (time.perf_counter() - started) * 1000
-        self.restored_from = plan.base_checkpoint_id
+        self.recovery = full_restore(plan, (time.perf_counter() - started) * 1000)
         self._tag = _EMPTY if plan.base_checkpoint_id is None else plan.base_checkpoint_id
+        self._lineage = Lineage.of(plan.key_groups, plan.keyed, plan.changelog)
         # the restored handles describe the state only if there is no changelog part to them
         reusable = plan.base_checkpoint_id is not None and not plan.base_is_savepoint and not plan.changelog
         self._handles = (plan.base_checkpoint_id, list(plan.keyed)) if reusable else None  # type: ignore[assignment]
@@ -351,7 +393,7 @@ class Subtask:
         keyed, operator = self.keyed, self.operator
         assert keyed is not None and operator is not None
         started = time.perf_counter()
-        manager = self._merging(plan)
+        manager = self.services.merging
         keyed_out, op_out, staged_out = self._writers(plan, manager)
         new_files: list[FileRef] = []
         fix = self._relocator(plan, manager, keyed_out)
@@ -388,7 +430,7 @@ class Subtask:
         if manager is not None:
             private = _Recording(manager.private_writer(cp), self._unsynced)
             return _Recording(manager.shared_writer(self.index, self.parallelism, cp), self._unsynced), private, private
-        storage = storage_for(plan.checkpoint_uri)
+        storage = self.services.storage
         return (WholeFileWriter(storage, subtask_dir(self.index, self.parallelism), ".kg", cp),
                 WholeFileWriter(storage, checkpoint_dir(cp), ".op", cp),
                 WholeFileWriter(storage, staged_dir(cp), ".out", cp))
@@ -397,7 +439,7 @@ class Subtask:
                    out: SegmentWriter) -> Relocator | None:
         if manager is None:
             return None
-        return Relocator(storage_for(plan.checkpoint_uri), out, plan.non_reusable,
+        return Relocator(self.services.storage, out, plan.non_reusable,
                          (subtask_dir(self.index, self.parallelism), manager.worker_dir))
 
     def _acknowledge(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]], start_ms: float,
@@ -411,7 +453,7 @@ class Subtask:
         clog_stats: dict = {}
         if clog_finish is not None:
             keyed_handles, changelog, clog_stats = clog_finish()
-        manager = self._merging(plan)
+        manager = self.services.merging
         if manager is not None:
             refs = [h.segment for h in (*keyed_handles, *changelog, *(x for x in (op_handle, staged) if x))]
             manager.sync(refs, plan.checkpoint_id)
@@ -419,27 +461,26 @@ class Subtask:
             files = manager.report(plan.checkpoint_id)
         else:
             files = {ref.path: [ref.length, False] for ref in new_files}
-        keyed.table.put_meta(_TAG, str(plan.checkpoint_id).encode())
-        keyed.table.commit()
+        self._lineage = Lineage.of(plan.key_groups, keyed_handles, changelog)  # the ack describes the state
+        _write_tag(keyed.table, plan.checkpoint_id, self._lineage)
         keyed.dirty = False
         self._tag = plan.checkpoint_id
         self._handles = (plan.checkpoint_id, keyed_handles)
         finish_ms = (time.perf_counter() - started) * 1000
-        stats = {"rows": len(rows), "snapshot_ms": round(start_ms + finish_ms, 3),
-                 "snapshot_start_ms": round(start_ms, 3),
-                 "keyed_bytes": sum(h.state_bytes for h in keyed_handles), "reused": reuse,
-                 "operator_bytes": op_handle.size if op_handle else 0,
-                 "restored_from": self.restored_from}
-        if self.restored_from is not None:
-            stats["restore_ms"] = round(self.restore_ms, 3)
-        if self.config.stage_outputs:
-            stats["staged"] = True
+        stats = {"snapshot_ms": round(start_ms + finish_ms, 3), "snapshot_start_ms": round(start_ms, 3),
+                 "keyed_bytes": sum(h.state_bytes for h in keyed_handles), "snapshot_reused": reuse,
+                 "operator_bytes": op_handle.size if op_handle else 0}
+        if self.recovery.replayed:
+            stats["replayed_change_sets"] = self.recovery.replayed
         stats.update(clog_stats)
         if self.clog is not None and self.config.sticky and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
             stats["materialization_started"] = True
-        self.restored_from = None
+        r = self.recovery
         return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, changelog, op_handle, staged,
-                          files, self._max_event_time(rows), stats, manager.worker_id if manager else None)
+                          files, self._max_event_time(rows), stats, manager.worker_id if manager else None,
+                          rows=len(rows), staged=self.config.stage_outputs, recovery=r.kind,
+                          restored_from=r.restored_from, caught_up_from=r.caught_up_from,
+                          restore_bytes=r.restore_bytes, restore_ms=round(r.restore_ms, 3))
 
     def _max_event_time(self, rows: Sequence[tuple[int, Any, Row]]) -> int | None:
         col = self.config.event_time_column
@@ -457,8 +498,8 @@ class Subtask:
 
     def close(self, destroy: bool = False) -> None:
         """Close the processor and the table (``destroy`` also deletes local state)."""
-        if self._unsynced and self.config.file_merging is not None and self._checkpoint_uri is not None:
-            self._give_up_unsynced(manager_for(storage_for(self._checkpoint_uri), self.config.file_merging))
+        if self._unsynced and self.services.merging is not None:
+            self._give_up_unsynced(self.services.merging)
         if self.processor is not None:
             self.processor.close()
         if self.clog is not None:
@@ -470,7 +511,37 @@ class Subtask:
             else:
                 self.keyed.table.close()
         self.keyed = self.operator = self.processor = self.ctx = None
-        self._tag, self._handles = None, None
+        self._tag, self._handles, self._lineage = None, None, None
+
+
+def _read_tag(table: LmdbTable) -> tuple[int, Lineage | None] | None:
+    """(checkpoint, lineage) a local table's state was committed as (None: unknown or changed since)."""
+    raw = table.committed_meta(_TAG)
+    if raw is None or raw == _DIRTY:
+        return None
+    try:
+        checkpoint_id = int(raw)
+    except ValueError:
+        return None
+    return checkpoint_id, Lineage.from_bytes(table.committed_meta(LINEAGE_META))
+
+
+def _write_tag(table: StateTable, checkpoint_id: int, lineage: Lineage) -> None:
+    """Commit the table as the state of ``checkpoint_id`` with ``lineage``, in one transaction."""
+    table.put_meta(_TAG, str(checkpoint_id).encode())
+    table.put_meta(LINEAGE_META, lineage.to_bytes())
+    table.commit()
+
+
+def _check_services(config: SubtaskConfig, services: WorkerServices) -> None:
+    """The services must have been made for ``config``: a scheduler iff the changelog is on, a file-merging
+    manager iff merging is on."""
+    for name, wanted, made in (("the changelog", config.changelog, services.scheduler),
+                               ("file merging", config.file_merging, services.merging)):
+        if (wanted is None) != (made is None):
+            raise ValueError(f"the worker services of {services.uri} were made with {name} "
+                             f"{'off' if made is None else 'on'}, the subtask has it "
+                             f"{'off' if wanted is None else 'on'}")
 
 
 class _Recording:

@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from spate.filemerging.segments import FileRef
+from spate.segments import FileRef
 
 
 class _KeyGroupIndexed:

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 import msgpack
 
 from spate.errors import CorruptFileError
-from spate.filemerging.segments import SegmentWriter
 from spate.fs import CheckpointStorage, FrameKind, frame, read_span_frames
+from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyGroupsHandle
 from spate.state.descriptors import MAP
 from spate.state.keyed import KeyedStateBackend, StateMeta

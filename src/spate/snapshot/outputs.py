@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spate.filemerging.segments import FileRef, SegmentWriter
 from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
+from spate.segments import FileRef, SegmentWriter
 from spate.serde import Serializer, encode, serializer_by_name
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from spate.filemerging.segments import SegmentWriter
 from spate.fs import CheckpointStorage, iter_frames
+from spate.segments import SegmentWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 
 H = TypeVar("H", KeyGroupsHandle, ChangeSetHandle)

@@ -1,116 +1,18 @@
-"""Settings of a stateful stream on Spark, from arguments or the Spark conf (``spark.spate.*``)."""
+"""Settings of a stateful stream on Spark: the query's :class:`SpateSettings` (``spark.spate.*`` in the Spark
+conf), and where executors keep local state."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
-from spate.changelog.state import ChangelogConfig
-from spate.filemerging.config import FileMergingConfig, resolve_file_merging
-from spate.runtime.subtask import TABLE_KINDS
-
-CONF_PREFIX = "spark.spate."
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value not in ("true", "false"):
-        raise ValueError(f"expected true or false, got {text!r}")
-    return value == "true"
-
-
-# Spark conf key (after ``spark.spate.``) → (field, parser)
-_CONF: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "checkpointRoot": ("checkpoint_root", str),
-    "parallelism": ("parallelism", int),
-    "maxParallelism": ("max_parallelism", int),
-    "table": ("table", str),
-    "localDir": ("local_dir", str),
-    "changelog": ("changelog", _bool),
-    "fileMerging": ("file_merging", str),
-    "retained": ("retained", int),
-    "eventTimeColumn": ("event_time_column", str),
-    "watermarkDelayMs": ("watermark_delay_ms", int),
-    "allowPickle": ("allow_pickle", _bool),
-}
-
-
-@dataclass(frozen=True)
-class SpateSettings:
-    """Where and how spate keeps a stream's state.
-
-    Args:
-        checkpoint_root: spate's checkpoint root (path or URI); Spark's own checkpoint goes to
-            ``<root>/_spark`` unless given.
-        parallelism: number of subtasks, independent of ``spark.sql.shuffle.partitions``; may change on every
-            restart (up to the max parallelism).
-        max_parallelism: number of key groups, fixed for the life of the root (default from the parallelism).
-        table: live state on executors: ``"lmdb"`` (executor-local disk, reused across batches) or ``"heap"``.
-        local_dir: executor-local directory for lmdb state (default: each executor's own Spark local dir,
-            else its temp dir; see :func:`executor_local_dir`).
-        changelog: incremental checkpoints (FLIP-158): ``True``/``False`` or a :class:`ChangelogConfig`.
-        file_merging: ``"off"``, ``"within"``, ``"across"`` or a :class:`FileMergingConfig` (FLIP-306).
-        retained: complete checkpoints kept.
-        event_time_column / watermark_delay_ms: event time; watermark = max event time seen − delay.
-        allow_pickle: allow pickled state values (only for trusted checkpoints).
-    """
-
-    checkpoint_root: str = ""
-    parallelism: int = 2
-    max_parallelism: int | None = None
-    table: str = "lmdb"
-    local_dir: str | None = None
-    changelog: bool | ChangelogConfig = True
-    file_merging: bool | str | FileMergingConfig = "across"
-    retained: int = 3
-    event_time_column: str | None = None
-    watermark_delay_ms: int = 0
-    allow_pickle: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.checkpoint_root:
-            raise ValueError("a stateful stream needs checkpoint_root (or spark.spate.checkpointRoot): where spate "
-                             "keeps its checkpoints")
-        if self.parallelism < 1:
-            raise ValueError(f"parallelism must be >= 1, got {self.parallelism}")
-        if self.table not in TABLE_KINDS:
-            raise ValueError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
-
-    @staticmethod
-    def from_conf(conf: Mapping[str, str], **overrides: Any) -> SpateSettings:
-        """Settings from ``spark.spate.*`` entries of ``conf``; keyword arguments (not None) win."""
-        values: dict[str, Any] = {}
-        for key, text in conf.items():
-            if not key.startswith(CONF_PREFIX):
-                continue
-            name = key[len(CONF_PREFIX):]
-            if name not in _CONF:
-                raise ValueError(f"unknown setting {key}; known: {sorted(CONF_PREFIX + k for k in _CONF)}")
-            field, parse = _CONF[name]
-            try:
-                values[field] = parse(text)
-            except ValueError as e:
-                raise ValueError(f"{key}={text!r}: {e}") from e
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return SpateSettings(**values)
-
-    def replace(self, **changes: Any) -> SpateSettings:
-        return dataclasses.replace(self, **changes)
-
-    @property
-    def changelog_config(self) -> ChangelogConfig | None:
-        return ChangelogConfig() if self.changelog is True else (self.changelog or None)
-
-    @property
-    def file_merging_config(self) -> FileMergingConfig | None:
-        return resolve_file_merging(self.file_merging)
+from spate.runtime.settings import CONF_PREFIX, SpateSettings
 
 
 def executor_local_dir() -> str:
     """Where executors keep lmdb state when no local_dir is set: Spark's local dir, else the temp dir."""
     base = (os.environ.get("SPARK_LOCAL_DIRS") or tempfile.gettempdir()).split(",")[0]
     return os.path.join(base, "spate-local")
+
+
+__all__ = ["CONF_PREFIX", "SpateSettings", "executor_local_dir"]

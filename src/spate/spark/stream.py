@@ -1,50 +1,50 @@
 """``StatefulStream``: a spate processor over a streaming DataFrame, started as a real ``StreamingQuery``.
 
 Per micro-batch (``foreachBatch(df, n)`` on the driver): the coordinator plans checkpoint n; the JVM computes
-every row's key group with Spark's ``hash()`` and its subtask; one heartbeat row per subtask, carrying the
-subtask's plan, is added so every subtask runs; ``repartition(P)`` on a routing value sends subtask i's rows to
-partition i (:mod:`spate.spark.routing`: exactly P tasks, whatever AQE and ``spark.sql.shuffle.partitions``
-say) and ``mapInArrow`` runs each subtask once (``spate.spark.task``); the small acks
-come back to the driver, the coordinator completes checkpoint n, and only then does the sink get the batch's
-outputs (already staged in the checkpoint: a crash before the sink finished re-delivers them with the same
-batch id). A batch Spark replays after checkpoint n completed is not processed again.
+every row's key group with Spark's ``hash()`` and its subtask; one heartbeat row per subtask is added so every
+subtask runs; ``repartition(P)`` on a routing value sends subtask i's rows to partition i
+(:mod:`spate.spark.routing`: exactly P tasks, whatever AQE and ``spark.sql.shuffle.partitions`` say); each
+partition is zipped with its subtask's plan, preferring the executor that holds the subtask's state
+(:mod:`spate.spark.placement`), and a Python task runs the subtask once (:mod:`spate.spark.task`); the small
+acks come back to the driver in the same job, the coordinator completes checkpoint n, and only then does the
+sink get the batch's outputs (already staged in the checkpoint: a crash before the sink finished re-delivers
+them with the same batch id). A batch Spark replays after checkpoint n completed is not processed again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spate.checkpoint.ackinfo import CAUGHT_UP, RESTORED, REUSED, AckInfo
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
-from spate.checkpoint.protocol import SubtaskAck
-from spate.fs import join_uri
+from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.report import percentile
+from spate.runtime.driver import DriverLoop
 from spate.runtime.processor import Processor
 from spate.runtime.subtask import ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
+from spate.spark.placement import Placement, placed_batch
 from spate.spark.routing import routing_values
 from spate.spark.settings import SpateSettings
-from spate.spark.staged import staged_outputs_frame
-from spate.spark.task import (
-    ACK_COLUMN,
-    HEARTBEAT_COLUMN,
-    KG_COLUMN,
-    PLAN_COLUMN,
-    ROUTE_COLUMN,
-    SUBTASK_COLUMN,
-    TaskSpec,
-    run_partition,
+from spate.spark.spark_checkpoint import (
+    SPARK_CHECKPOINT_DIR,  # noqa: F401  (re-exported)
+    SparkCheckpoint,
+    check_locations,
+    open_spark_checkpoint,
 )
+from spate.spark.staged import staged_outputs_frame
+from spate.spark.task import HEARTBEAT_COLUMN, KG_COLUMN, ROUTE_COLUMN, SUBTASK_COLUMN, TaskSpec, run_partition
 
 log = logging.getLogger(__name__)
-SPARK_CHECKPOINT_DIR = "_spark"  # Spark's own checkpoint (offsets, commits) under spate's root
 Sink = Callable[[Any, int], None]
 
 
@@ -59,6 +59,9 @@ class BatchMetrics:
     restored_subtasks: list[int] = field(default_factory=list)
     replayed: bool = False  # a batch Spark ran again after spate's checkpoint completed: only re-delivered
     spark_jobs: int = 0  # Spark jobs spate ran for the batch (the sink's own jobs not counted)
+    spark_tasks: int = 0  # tasks of the stage that ran the subtasks
+    plan_bytes_max: int = 0  # the largest plan a task received
+    subtasks: list[AckInfo] = field(default_factory=list)  # per subtask: executor, recovery, restore bytes and ms
 
 
 class StatefulStream:
@@ -105,30 +108,39 @@ class StatefulStream:
         self.run_id = ""  # one per start(): executors never reuse subtasks (processors) of another run
         self.metrics: list[BatchMetrics] = []
         self.redelivered: list[int] = []
+        self.placement = Placement()  # where each subtask's state lives, learned from the acks
+        self._loop: DriverLoop | None = None
 
     # -- starting --------------------------------------------------------------------------------------
     def start(self, sink: Sink | None = None, *, trigger: dict[str, Any] | None = None,
-              spark_checkpoint: str | None = None, query_name: str | None = None) -> Any:
+              spark_checkpoint: str | None = None, query_name: str | None = None,
+              spark_checkpoint_cache: str | None = None) -> Any:
         """Start the query. ``sink(outputs_df, batch_id)`` runs after each batch's checkpoint completed (at
         least once per batch id, so an idempotent sink gets exactly once); ``outputs_df`` reads the batch's
         staged outputs and is valid during the call only, like ``foreachBatch``'s own. ``trigger`` is passed to
         ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``). Returns the ``StreamingQuery``.
 
-        First checks that executors can import spate (:func:`check_executor_python`), before touching the
-        checkpoint root."""
-        check_executor_python(self.spark)
+        Spark's own checkpoint is ``spark_checkpoint`` if given (a location Hadoop opens), else
+        ``<checkpoint_root>/_spark`` for a local, ``file://`` or ``hdfs://`` root, else (``s3://`` and other
+        ``pyarrow.fs`` URIs) a driver-local directory under ``spark_checkpoint_cache`` (default
+        ``~/.spate/spark-checkpoints``) that spate copies to ``<checkpoint_root>/_spark`` every batch and restores
+        from it on start (:mod:`spate.spark.spark_checkpoint`).
+
+        First checks the locations and that executors can import spate (:func:`check_executor_python`), before
+        touching the checkpoint root."""
         s = self.settings
+        check_locations(self.spark, s.checkpoint_root, spark_checkpoint, spark_checkpoint_cache)
+        check_executor_python(self.spark)
         self.sink = sink
         self.run_id = uuid.uuid4().hex
-        self.coordinator = Coordinator(s.checkpoint_root, s.parallelism, max_parallelism=s.max_parallelism,
-                                       retained=s.retained,
-                                       watermark_delay_ms=s.watermark_delay_ms if s.event_time_column else None,
-                                       max_space_amplification=(s.file_merging_config.max_space_amplification
-                                                                if s.file_merging_config else 0))
+        self.coordinator = s.coordinator()
         self.coordinator.start()
+        self._loop = DriverLoop(self.coordinator, self._deliver if sink is not None else None)
+        self.spark_checkpoint: SparkCheckpoint = open_spark_checkpoint(self.spark, self.coordinator,
+                                                                       spark_checkpoint, spark_checkpoint_cache)
         self._deliver_staged()
         writer = self.df.writeStream.foreachBatch(self._process_batch).option(
-            "checkpointLocation", spark_checkpoint or join_uri(s.checkpoint_root, SPARK_CHECKPOINT_DIR))
+            "checkpointLocation", self.spark_checkpoint.location)
         if trigger:
             writer = writer.trigger(**trigger)
         if query_name:
@@ -142,41 +154,46 @@ class StatefulStream:
 
     # -- one micro-batch (driver) -----------------------------------------------------------------------
     def _process_batch(self, batch_df: Any, batch_id: int) -> None:
-        coord = self.coordinator
-        assert coord is not None
+        assert self._loop is not None
         started = time.perf_counter()
+        self.spark_checkpoint.sync()  # Spark's offsets of batch n reach the root before checkpoint n can complete
         self._deliver_staged()
-        latest = coord.latest
-        if latest is not None and batch_id <= latest.checkpoint_id:
-            log.info("batch %d is covered by complete checkpoint %d: not processed again", batch_id,
-                     latest.checkpoint_id)
+        if self._loop.covered(batch_id):
+            log.info("batch %d is covered by a complete checkpoint: not processed again", batch_id)
             self.metrics.append(BatchMetrics(batch_id, 0, (time.perf_counter() - started) * 1000, 0.0,
                                              replayed=True))
             return
-        plans = coord.begin(batch_id)
         jobs = _JobCounter(self.spark.sparkContext)  # the query's own job group: stop() cancels these jobs
-        try:  # the batch's one Spark job: run every subtask, collect the acks
-            acks = [SubtaskAck.from_dict(json.loads(r[0])) for r in self._run_subtasks(batch_df, plans).collect()]
-            spark_jobs = jobs.since()
-            cp_started = time.perf_counter()
-            for ack in acks:
-                coord.acknowledge(ack)
-            meta = coord.complete(batch_id)
-        except BaseException as e:
-            coord.fail(batch_id, e)
-            raise
-        checkpoint_ms = (time.perf_counter() - cp_started) * 1000
-        rows = sum(st.stats.get("rows", 0) for st in meta.subtasks)
-        if self.sink is not None:
-            self.sink(self._staged_outputs(meta), batch_id)
-            coord.mark_delivered(batch_id)
-        restored = [i for i, st in enumerate(meta.subtasks) if st.stats.get("restored_from") is not None]
-        self.metrics.append(BatchMetrics(batch_id, rows, (time.perf_counter() - started) * 1000, checkpoint_ms,
-                                         restored, spark_jobs=spark_jobs))
+        sent: list[bytes] = []
+        spark: dict[str, int] = {}
 
-    def _run_subtasks(self, batch_df: Any, plans: list[Any]) -> Any:
+        def run_subtasks(plans: list[SubtaskPlan]) -> list[SubtaskAck]:  # the batch's one Spark job
+            sent.extend(json.dumps(plan.to_dict()).encode() for plan in plans)
+            acks = self._run_subtasks(batch_df, batch_id, sent)
+            spark.update(jobs=jobs.since(), tasks=jobs.last_stage_tasks())
+            return acks
+
+        done = self._loop.run_batch(batch_id, run_subtasks,
+                                    on_complete=lambda d: self.placement.record(self.settings.parallelism, d.acks))
+        meta = done.checkpoint
+        log.info("checkpoint %d: %s", batch_id, "; ".join(
+            f"subtask {i} {st.recovery} on {st.executor or '?'} ({st.restore_bytes} B, {st.restore_ms:.0f} ms)"
+            for i, st in enumerate(meta.subtasks)))
+        restored = [i for i, st in enumerate(meta.subtasks) if st.recovery == RESTORED]
+        self.metrics.append(BatchMetrics(batch_id, sum(st.rows for st in meta.subtasks),
+                                         (time.perf_counter() - started) * 1000, done.commit_ms, restored,
+                                         spark_jobs=spark["jobs"], spark_tasks=spark["tasks"],
+                                         plan_bytes_max=max(map(len, sent)),
+                                         subtasks=[AckInfo(**st.ack_info()) for st in meta.subtasks]))
+
+    def _run_subtasks(self, batch_df: Any, batch_id: int, plans: list[bytes]) -> list[SubtaskAck]:
+        """The batch's one Spark job: route every row to its subtask's partition, run each subtask where its
+        state lives (:mod:`spate.spark.placement`), collect the acks."""
+        from pyspark.rdd import RDD
+        from pyspark.serializers import NoOpSerializer
         from pyspark.sql import functions as F
-        from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import BooleanType, IntegerType
 
         s, coord = self.settings, self.coordinator
         assert coord is not None
@@ -184,38 +201,41 @@ class StatefulStream:
         kg = F.pmod(F.hash(*[F.col(c) for c in self.key_columns]), F.lit(max_p))
         rows = batch_df.select(*[F.col(c) for c in batch_df.columns], kg.cast("int").alias(KG_COLUMN),
                                F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
-                               F.lit(False).alias(HEARTBEAT_COLUMN), F.lit(None).cast(StringType()).alias(PLAN_COLUMN))
+                               F.lit(False).alias(HEARTBEAT_COLUMN))
         # The batch's own session (the stream's clone): adaptive execution would run the shuffle stage as a job
         # of its own, and has nothing to adapt in this plan (an explicit partition count, no joins).
         session = batch_df.sparkSession
         session.conf.set("spark.sql.adaptive.enabled", "false")
-        plan_rows = session.createDataFrame([(plan.index, json.dumps(plan.to_dict())) for plan in plans],
-                                            f"{SUBTASK_COLUMN} int, {PLAN_COLUMN} string")
-        heartbeat = plan_rows.select(
+        heartbeat = session.range(p).select(
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in batch_df.schema.fields],
-            F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col(SUBTASK_COLUMN),
-            F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN), F.col(PLAN_COLUMN))
+            F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col("id").cast(IntegerType()).alias(SUBTASK_COLUMN),
+            F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN))
         route = F.element_at(F.array(*[F.lit(v) for v in routing_values(p)]), F.col(SUBTASK_COLUMN) + 1)
+        routed = rows.unionByName(heartbeat).withColumn(ROUTE_COLUMN, route.cast("int")).repartition(p, ROUTE_COLUMN)
         spec = TaskSpec(self.run_id, self.factory, s, self.sink is not None, self.key_columns,
-                        self.arrow_output_schema)
+                        self.arrow_output_schema, to_arrow_schema(routed.schema, timezone="UTC"))
 
-        def task(batches: Any) -> Any:
-            return run_partition(spec, batches)
+        def task(items: Any) -> Any:
+            return run_partition(spec, items)
 
-        routed = rows.unionByName(heartbeat).withColumn(ROUTE_COLUMN, route.cast("int"))
-        return routed.repartition(p, ROUTE_COLUMN).mapInArrow(task, StructType([StructField(ACK_COLUMN,
-                                                                                            StringType())]))
+        locations = self.placement.locations(p)
+        placed = placed_batch(routed, plans, locations)
+        sc = self.spark.sparkContext
+        note = (f"spate checkpoint {batch_id}: {p} subtasks, {sum(map(bool, locations))} placed where "
+                "their state is")
+        with _job_description(sc, note):
+            acks = RDD(placed, sc, NoOpSerializer()).mapPartitions(task).collect()
+        return [SubtaskAck.from_dict(json.loads(a)) for a in acks]
 
     def _deliver_staged(self) -> None:
         """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and
         sink): give them to the sink again, with their batch ids."""
-        coord = self.coordinator
-        if self.sink is None or coord is None:
-            return
-        for meta in coord.undelivered():
-            self.sink(self._staged_outputs(meta), meta.checkpoint_id)
-            coord.mark_delivered(meta.checkpoint_id)
-            self.redelivered.append(meta.checkpoint_id)
+        if self._loop is not None:
+            self.redelivered.extend(self._loop.redeliver())
+
+    def _deliver(self, meta: CheckpointMetadata) -> None:
+        assert self.sink is not None
+        self.sink(self._staged_outputs(meta), meta.checkpoint_id)
 
     def _staged_outputs(self, meta: CheckpointMetadata) -> Any:
         """The sink's DataFrame of checkpoint ``meta``: its outputs, read from checkpoint storage."""
@@ -225,15 +245,34 @@ class StatefulStream:
 
     # -- figures ----------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Rows/s and batch/checkpoint durations over the processed batches."""
+        """Rows/s, batch/checkpoint durations, and where subtasks found their state (``local_reuse``: the
+        fraction of subtask-batches that ran on their local state, live or caught up) over the processed
+        batches."""
         done = [m for m in self.metrics if not m.replayed]
         total_ms = sum(m.batch_ms for m in done)
+        runs = [r for m in done for r in m.subtasks]
         return {"batches": len(done), "rows": sum(m.rows for m in done),
+                "local_reuse": round(sum(r.recovery in (REUSED, CAUGHT_UP) for r in runs) / len(runs), 3)
+                if runs else None,
+                "caught_up": sum(r.recovery == CAUGHT_UP for r in runs),
+                "restored": sum(r.recovery == RESTORED for r in runs),
+                "restore_bytes": sum(r.restore_bytes for r in runs),
                 "rows_per_s": round(sum(m.rows for m in done) / (total_ms / 1000)) if total_ms else 0,
                 "batch_ms_p50": percentile([m.batch_ms for m in done], 50),
                 "batch_ms_p99": percentile([m.batch_ms for m in done], 99),
                 "checkpoint_ms_p50": percentile([m.checkpoint_ms for m in done], 50),
                 "checkpoint_ms_p99": percentile([m.checkpoint_ms for m in done], 99)}
+
+
+@contextlib.contextmanager
+def _job_description(sc: Any, note: str) -> Iterator[None]:
+    """Spark's job description of the batch (shown in the Spark UI) with ``note`` added, for spate's job."""
+    before = sc.getLocalProperty("spark.job.description")
+    sc.setJobDescription(f"{before} | {note}" if before else note)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty("spark.job.description", before)
 
 
 class _JobCounter:
@@ -247,7 +286,18 @@ class _JobCounter:
         return set(self.sc.statusTracker().getJobIdsForGroup(self.group)) if self.group else set()
 
     def since(self) -> int:
-        return len(self._jobs() - self.before)
+        return len(self._new_jobs())
+
+    def _new_jobs(self) -> set[int]:
+        return self._jobs() - self.before
+
+    def last_stage_tasks(self) -> int:
+        """Tasks of the last stage of the newest job started since (spate's subtask stage), 0 if unknown."""
+        tracker = self.sc.statusTracker()
+        jobs = sorted(self._new_jobs())
+        info = tracker.getJobInfo(jobs[-1]) if jobs else None
+        stage = tracker.getStageInfo(max(info.stageIds)) if info is not None and info.stageIds else None
+        return stage.numTasks if stage is not None else 0
 
 
 def transform_with_state(df: Any, key: str | Sequence[str], processor: Any, output_schema: Any, *,

@@ -1,35 +1,37 @@
-"""What runs in a Spark Python worker: one call per subtask and micro-batch (one ``mapInArrow`` partition:
-partition i holds subtask i's rows and its heartbeat row, which carries the subtask's plan, so a task receives
-its own plan only).
+"""What runs in a Spark Python worker: one call per subtask and micro-batch (partition i of the batch's
+placed input, :mod:`spate.spark.placement`, holds subtask i's rows, its heartbeat row and its plan, so a task
+receives its own plan only, and runs where the subtask's state lives).
 
 The subtask's live state stays in this process between batches (and its lmdb state on executor-local disk),
 but Python workers are not sticky: the next batch of a subtask may run in another worker, which then takes
 the lmdb state over (it is unlocked between batches and tagged with the checkpoint it reflects) or restores
-it from checkpoint storage. Returned: one row carrying the subtask's ack; the batch's outputs are staged in
+it from checkpoint storage. Returned: the subtask's ack; the batch's outputs are staged in
 checkpoint storage, where the sink reads them once the checkpoint completed (:mod:`spate.spark.staged`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from spate.checkpoint.protocol import SubtaskPlan
+from spate.runtime.localstate import remove_idle_copies, remove_other_parallelisms
 from spate.runtime.processor import Row
-from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, remove_other_parallelisms
+from spate.runtime.services import WorkerServices
+from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig
+from spate.spark.placement import this_executor
 from spate.spark.settings import SpateSettings, executor_local_dir
 
 KG_COLUMN = "__spate_kg"
 SUBTASK_COLUMN = "__spate_subtask"
 HEARTBEAT_COLUMN = "__spate_heartbeat"
-PLAN_COLUMN = "__spate_plan"  # the subtask's plan (JSON), on its heartbeat row only
 ROUTE_COLUMN = "__spate_route"  # the value whose hash sends the row to its subtask's partition
-ACK_COLUMN = "__spate_ack"
-_ENGINE_COLUMNS = (KG_COLUMN, SUBTASK_COLUMN, HEARTBEAT_COLUMN, PLAN_COLUMN, ROUTE_COLUMN)
+_ENGINE_COLUMNS = (KG_COLUMN, SUBTASK_COLUMN, HEARTBEAT_COLUMN, ROUTE_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class TaskSpec:
     stage_outputs: bool
     key_columns: tuple[str, ...]
     output_schema: pa.Schema
+    input_schema: pa.Schema  # of the routed rows, as Spark writes them to Arrow
 
     def subtask_config(self) -> SubtaskConfig:
         """The subtasks' settings on this executor: lmdb state without a ``local_dir`` goes to this
@@ -58,86 +61,181 @@ class TaskSpec:
                              output_schema=self.output_schema, sticky=False)
 
 
-class WorkerSubtasks:
-    """The subtasks this Python worker keeps between batches, per query, for one run of each query.
+@dataclass
+class _Served:
+    """A subtask this worker keeps open, and when it last ran here: the worker's batch count and the clock."""
 
-    A plan of another run of a query evicts (closes) the subtasks this worker kept from the query's earlier
-    run before any of the new run's subtasks opens, so a restarted query never runs an old processor and
-    never opens lmdb state that an evicted subtask still holds open.
-    """
+    subtask: Subtask
+    batch: int
+    time: float
 
-    def __init__(self) -> None:
-        self._runs: dict[str, tuple[str, dict[tuple[int, int], Subtask]]] = {}  # query id -> (run id, subtasks)
 
-    def get(self, spec: TaskSpec, plan: SubtaskPlan) -> Subtask:
-        """The subtask that runs ``plan`` in ``spec``'s run, kept from an earlier batch of the run or new."""
-        run = self._runs.get(plan.query_id)
-        if run is None or run[0] != spec.run_id:
-            self.evict(plan.query_id)
-            run = self._runs[plan.query_id] = (spec.run_id, {})
-            _remove_stale_local_state(spec, plan)
-        subtasks = run[1]
+class _Run:
+    """What this worker keeps for one run of one query (one checkpoint root): the run's worker services and the
+    subtasks it served, closed when they stayed idle for the grace period of the run's settings."""
+
+    def __init__(self, spec: TaskSpec, plan: SubtaskPlan) -> None:
+        self.run_id, self.query_id = spec.run_id, plan.query_id
+        self.settings, self.config = spec.settings, spec.subtask_config()
+        self.services = WorkerServices(plan.checkpoint_uri, self.config.file_merging, self.config.changelog)
+        self.served: dict[tuple[int, int], _Served] = {}
+        self.latest = -1  # the newest checkpoint a plan of the run brought
+        self.parallelism: int | None = None
+
+    def advance(self, plan: SubtaskPlan) -> bool:
+        """Follow the run to ``plan``; True if it brings a newer batch. At a new parallelism the subtasks of
+        the old one are closed and their local copies, of no use any more, deleted."""
+        if plan.parallelism != self.parallelism:
+            self.parallelism = plan.parallelism
+            for key in [k for k in self.served if k[1] != plan.parallelism]:
+                self.served.pop(key).subtask.close()
+            if self._local_dir is not None:
+                remove_other_parallelisms(self._local_dir, self.query_id, plan.parallelism)
+        newer = plan.checkpoint_id > self.latest
+        self.latest = max(self.latest, plan.checkpoint_id)
+        return newer
+
+    def subtask(self, factory: ProcessorFactory, plan: SubtaskPlan, batch: int, now: float) -> Subtask:
+        """The subtask of ``plan``, kept from an earlier batch or new; it runs now."""
         key = (plan.index, plan.parallelism)
-        if key not in subtasks:
-            subtasks[key] = Subtask(plan.index, plan.parallelism, spec.factory, spec.subtask_config())
-        return subtasks[key]
+        served = self.served.get(key)
+        if served is None:
+            subtask = Subtask(plan.index, plan.parallelism, factory, self.config, self.services)
+            served = self.served[key] = _Served(subtask, batch, now)
+        served.batch, served.time = batch, now
+        return served.subtask
 
-    def evict(self, query_id: str) -> None:
-        """Close (without deleting local state) every subtask kept for ``query_id``."""
-        _, subtasks = self._runs.pop(query_id, ("", {}))
-        for subtask in subtasks.values():
-            subtask.close()
+    def evict_idle(self, batch: int, now: float) -> None:
+        """Close the subtasks that did not run here for the grace period (their local copies stay)."""
+        s = self.settings
+        for key, served in list(self.served.items()):
+            if batch - served.batch >= s.evict_idle_after_batches and now - served.time >= s.evict_idle_after_s:
+                del self.served[key]
+                served.subtask.close()
+
+    def remove_idle_copies(self, now: float) -> list[str]:
+        """Delete this executor's local copies of the query that no process holds and none used for the grace
+        period. Returns those deleted."""
+        if self._local_dir is None:
+            return []
+        return remove_idle_copies(self._local_dir, self.query_id, now - self.settings.evict_idle_after_s)
+
+    @property
+    def _local_dir(self) -> str | None:
+        return self.config.local_dir if self.config.table == "lmdb" else None
 
     def close(self) -> None:
-        """Close every subtask (the worker is going away)."""
-        for query_id in list(self._runs):
-            self.evict(query_id)
+        """Close every subtask kept (local copies stay on disk), then the services."""
+        for served in self.served.values():
+            served.subtask.close()
+        self.served.clear()
+        self.services.close()
 
 
-def _remove_stale_local_state(spec: TaskSpec, plan: SubtaskPlan) -> None:
-    """A new run at a new parallelism: this executor's local copies of the old subtasks are of no use."""
-    config = spec.subtask_config()
-    if config.table == "lmdb" and config.local_dir:
-        remove_other_parallelisms(config.local_dir, plan.query_id, plan.parallelism)
+class WorkerSubtasks:
+    """The subtasks this Python worker keeps between batches and their worker services: per checkpoint root,
+    for one run of each query. It owns both, and closes them with :meth:`close`.
+
+    A plan of another run of a query closes what this worker kept from the query's earlier run before any of
+    the new run's subtasks opens, so a restarted query never runs an old processor and never opens lmdb state
+    that a closed subtask still holds open. A subtask not run here for the grace period
+    (:class:`~spate.spark.settings.SpateSettings` ``evict_idle_after_batches`` and ``evict_idle_after_s``) is
+    closed, and with it the services of a root left without subtasks; local copies of the query that no
+    process holds and none used for the grace period are deleted. ``clock`` gives the time in seconds since
+    the epoch (compared with the times local copies were last used).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._runs: dict[str, _Run] = {}  # checkpoint root -> what this worker keeps of the query's run
+        self._batches = 0  # batches (of any query) this worker took part in
+        self._clock = clock
+
+    def get(self, spec: TaskSpec, plan: SubtaskPlan) -> Subtask:
+        """The subtask that runs ``plan`` in ``spec``'s run, kept from an earlier batch of the run or new.
+        The first plan of a batch in this worker also closes idle subtasks and deletes idle local copies."""
+        now = self._clock()
+        run = self._run_of(spec, plan)
+        newer = run.advance(plan)
+        if newer:
+            self._batches += 1
+        subtask = run.subtask(spec.factory, plan, self._batches, now)
+        if newer:
+            self._evict_idle(now)
+            run.remove_idle_copies(now)
+        return subtask
+
+    def served(self, checkpoint_uri: str) -> set[tuple[int, int]]:
+        """(index, parallelism) of the subtasks this worker keeps open for the query at ``checkpoint_uri``."""
+        run = self._runs.get(checkpoint_uri)
+        return set(run.served) if run is not None else set()
+
+    def _run_of(self, spec: TaskSpec, plan: SubtaskPlan) -> _Run:
+        run = self._runs.get(plan.checkpoint_uri)
+        if run is None or run.run_id != spec.run_id:
+            self.evict(plan.checkpoint_uri)
+            run = self._runs[plan.checkpoint_uri] = _Run(spec, plan)
+        return run
+
+    def _evict_idle(self, now: float) -> None:
+        """Close idle subtasks; a run left without any is closed, and its idle local copies deleted."""
+        for uri, run in list(self._runs.items()):
+            run.evict_idle(self._batches, now)
+            if not run.served:
+                self.evict(uri)
+                run.remove_idle_copies(now)
+
+    def evict(self, checkpoint_uri: str) -> None:
+        """Close (without deleting local state) every subtask kept for the query at ``checkpoint_uri``, and its
+        services."""
+        run = self._runs.pop(checkpoint_uri, None)
+        if run is not None:
+            run.close()
+
+    def close(self) -> None:
+        """Close every subtask and service (the worker is going away)."""
+        for uri in list(self._runs):
+            self.evict(uri)
 
 
 WORKER_SUBTASKS = WorkerSubtasks()  # the one registry of this Python worker, living as long as the worker
 
 
-def run_partition(spec: TaskSpec, batches: Iterable[pa.RecordBatch],
-                  subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> Iterator[pa.RecordBatch]:
-    """Run the batch of the one subtask whose rows make up this task's partition (``mapInArrow``)."""
-    received = list(batches)
-    if not received:
-        raise RuntimeError("a spate task got an empty partition: Spark did not keep one subtask per partition")
-    yield from run_subtask(spec, pa.Table.from_batches(received), subtasks).to_batches()
+def run_partition(spec: TaskSpec, items: Iterable[bytes],
+                  subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> Iterator[str]:
+    """Run the one subtask of this task's partition (:func:`spate.spark.placement.placed_batch`): ``items``
+    are its rows as one Arrow record batch and its plan. Yields the subtask's ack (JSON)."""
+    received = list(items)
+    if len(received) != 2:
+        raise RuntimeError(f"a spate task got {len(received)} items instead of its rows and its plan: Spark did "
+                           "not keep one subtask per partition")
+    rows = pa.ipc.read_record_batch(pa.py_buffer(received[0]), spec.input_schema)
+    plan = SubtaskPlan.from_dict(json.loads(received[1]))
+    yield run_subtask(spec, plan, pa.Table.from_batches([rows]), subtasks)
 
 
-def run_subtask(spec: TaskSpec, table: pa.Table, subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> pa.Table:
-    """Run one subtask's batch: ``table`` holds its rows and one heartbeat row carrying its plan (so every
-    subtask runs every batch, and timers fire without input). The outputs were checked against the output
-    schema as the processor produced them (:mod:`spate.runtime.outputs`)."""
-    plan = _plan_of(table)
+def run_subtask(spec: TaskSpec, plan: SubtaskPlan, table: pa.Table,
+                subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> str:
+    """Run one subtask's batch: ``table`` holds its rows and its heartbeat row (so every subtask runs every
+    batch, and timers fire without input). The outputs were checked against the output schema as the
+    processor produced them (:mod:`spate.runtime.outputs`). Returns the ack, which says on which executor
+    the subtask's state now lives."""
+    _check_rows_belong(plan, table)
     subtask = subtasks.get(spec, plan)
     try:
         out = subtask.run(plan, _rows(spec, table))
     finally:
         subtask.release_local_state()
+    executor = this_executor()
+    out.ack.executor = str(executor) if executor is not None else None
     out.ack.stats["spark_partition"] = _partition_id()
-    return pa.table({ACK_COLUMN: pa.array([json.dumps(out.ack.to_dict())], pa.string())})
+    return json.dumps(out.ack.to_dict())
 
 
-def _plan_of(table: pa.Table) -> SubtaskPlan:
-    """The plan on the partition's heartbeat row; every row must belong to that subtask."""
-    plans = [p for p in table.column(PLAN_COLUMN).to_pylist() if p is not None]
-    if len(plans) != 1:
-        raise RuntimeError(f"a spate task got {len(plans)} subtask plans instead of one: Spark did not keep one "
-                           "subtask per partition")
-    plan = SubtaskPlan.from_dict(json.loads(plans[0]))
+def _check_rows_belong(plan: SubtaskPlan, table: pa.Table) -> None:
+    """Every row of the partition must be the plan's subtask's."""
     others = set(table.column(SUBTASK_COLUMN).to_pylist()) - {plan.index}
     if others:
         raise RuntimeError(f"rows of subtasks {sorted(others)} reached the task of subtask {plan.index}")
-    return plan
 
 
 def _partition_id() -> int | None:

@@ -1,11 +1,12 @@
 """``lmdb`` table: key-group-prefixed keys in an LMDB environment on local disk.
 
 Larger than memory, shared safely across processes (an exclusive file lock guards the directory while a
-process uses it; another process may reopen it afterwards), and every read transaction is an O(1) consistent
-snapshot. Writes go into one long write transaction that is committed at checkpoints (and every
-``commit_every`` writes); if the memory map fills, the transaction is replayed into a map twice the size
-instead of failing. Each commit also stores a digest of every entry (kept up to date write by write), so state
-reused from local disk can be checked with :meth:`LmdbTable.verify` before it is trusted.
+process writes it; another process may take it over afterwards; a shared hold, kept while a process has it
+open, keeps :func:`remove_if_unused` away), and every read transaction is an O(1) consistent snapshot. Writes
+go into one long write transaction that is committed at checkpoints (and every ``commit_every`` writes); if
+the memory map fills, the transaction is replayed into a map twice the size instead of failing. Each commit
+also stores a digest of every entry (kept up to date write by write), so state reused from local disk can be
+checked with :meth:`LmdbTable.verify` before it is trusted.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ _MIN_MAP_SIZE = 64 << 20
 _DIGEST_KEY = META_PREFIX + b"digest"
 _MASK64 = (1 << 64) - 1
 _KG = tuple(U16.pack(kg) for kg in range(1 << 15))  # key-group prefixes, precomputed
+_LOCK_FILE = "spate.lock"  # exclusive while a process writes; its mtime is when a process last took it
+_HOLD_FILE = "spate.open"  # shared while a process has the table open
 
 
 class LmdbTable(StateTable):
@@ -39,11 +42,12 @@ class LmdbTable(StateTable):
 
     def __init__(self, path: str, map_size: int = _MIN_MAP_SIZE, commit_every: int = 50_000) -> None:
         self.path = path
-        os.makedirs(path, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(path, "spate.lock"), os.O_CREAT | os.O_RDWR, 0o644)
+        self._hold_fd = _hold(path)
+        self._lock_fd = os.open(os.path.join(path, _LOCK_FILE), os.O_CREAT | os.O_RDWR, 0o644)
         self.locked = self._try_lock()
         if not self.locked:
             os.close(self._lock_fd)
+            os.close(self._hold_fd)
             raise SpateError(f"lmdb state directory {path} is in use by another process; each subtask's "
                              "local state may be open in one process at a time")
         data_file = os.path.join(path, "data.mdb")
@@ -78,9 +82,10 @@ class LmdbTable(StateTable):
     def _try_lock(self) -> bool:
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
         except BlockingIOError:
             return False
+        os.utime(self._lock_fd)  # the time of this use, for :func:`last_used`
+        return True
 
     def unlock(self) -> None:
         """Let another process open and write this state (between two batches); :meth:`lock` before the next
@@ -294,6 +299,11 @@ class LmdbTable(StateTable):
     def put_meta(self, name: str, value: bytes) -> None:
         self._put(META_PREFIX + name.encode(), value)
 
+    def committed_meta(self, name: str) -> bytes | None:
+        """A metadata entry as last committed (by any process), read without starting a write transaction."""
+        with self._env_begin() as txn:
+            return txn.get(META_PREFIX + name.encode())  # type: ignore[no-any-return]
+
     def approx_bytes(self) -> int:
         info, stat = self.env.info(), self.env.stat()
         return (info["last_pgno"] + 1) * stat["psize"]
@@ -305,6 +315,7 @@ class LmdbTable(StateTable):
         self.env.close()
         self.env = None  # type: ignore[assignment]
         os.close(self._lock_fd)
+        os.close(self._hold_fd)
 
     def destroy(self) -> None:
         if self._txn is not None:
@@ -315,25 +326,60 @@ class LmdbTable(StateTable):
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def remove_if_unused(path: str) -> bool:
-    """Delete an lmdb table directory unless a process holds it open; True if it was deleted."""
-    lock = os.path.join(path, "spate.lock")
-    if not os.path.exists(lock):
-        shutil.rmtree(path, ignore_errors=True)
-        return True
+def _hold(path: str) -> int:
+    """Create the table directory ``path`` if needed and take a shared hold on it; returns the hold's file
+    descriptor (closing it lets go). Waits while :func:`remove_if_unused` deletes the directory, then makes it
+    anew."""
+    hold = os.path.join(path, _HOLD_FILE)
+    while True:
+        os.makedirs(path, exist_ok=True)
+        try:
+            fd = os.open(hold, os.O_CREAT | os.O_RDWR, 0o644)
+        except FileNotFoundError:  # deleted between the two calls
+            continue
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if _is_file(fd, hold):
+            return fd
+        os.close(fd)  # deleted while we waited for the hold
+
+
+def _is_file(fd: int, path: str) -> bool:
+    """Whether ``fd`` is (still) the file at ``path``."""
     try:
-        fd = os.open(lock, os.O_RDWR)
-    except FileNotFoundError:  # another process removed it meanwhile
-        shutil.rmtree(path, ignore_errors=True)
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (here.st_dev, here.st_ino)
+
+
+def last_used(path: str) -> float:
+    """When a process last took the table in ``path`` to write it (seconds since the epoch)."""
+    try:
+        return os.stat(os.path.join(path, _LOCK_FILE)).st_mtime
+    except FileNotFoundError:
+        return os.stat(path).st_mtime
+
+
+def remove_if_unused(path: str, idle_since: float | None = None) -> bool:
+    """Delete an lmdb table directory unless a process holds it open or, given ``idle_since``, a process used
+    it after that time (:func:`last_used`); True if it is gone."""
+    try:
+        fd = os.open(os.path.join(path, _HOLD_FILE), os.O_CREAT | os.O_RDWR, 0o644)
+    except FileNotFoundError:  # gone already
         return True
+    except NotADirectoryError:  # not a table
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if idle_since is not None and last_used(path) > idle_since:
+            return False
+        shutil.rmtree(path, ignore_errors=True)
+        return True
     except BlockingIOError:
         return False
     finally:
         os.close(fd)
-    shutil.rmtree(path, ignore_errors=True)
-    return True
 
 
 class _ReadView:

@@ -1,5 +1,9 @@
 """Logical files and the writers that place them: a whole file each (merging off) or a segment of a pooled
-physical file (merging on). Every handle in a checkpoint points at a :class:`FileRef`."""
+physical file (merging on, :mod:`spate.filemerging.manager`). Every handle in a checkpoint points at a
+:class:`FileRef`.
+
+It sits just above :mod:`spate.fs`, below every layer that writes checkpoint files (snapshots, the changelog,
+file merging, the coordinator), so none of them depends on a higher one to name a file."""
 
 from __future__ import annotations
 

@@ -1,0 +1,61 @@
+"""What a subtask reports about its batch besides its state handles: typed fields every ack carries
+(:class:`~spate.checkpoint.protocol.SubtaskAck`) and the checkpoint metadata keeps per subtask
+(:class:`~spate.checkpoint.metadata.SubtaskState`). Free-form figures stay in their ``stats`` dict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+NEW = "new"  # no base checkpoint: the state starts empty
+REUSED = "reused"  # the local state (in memory or on local disk) was at the base checkpoint
+CAUGHT_UP = "caught_up"  # a local copy at an earlier checkpoint replayed the change sets since
+RESTORED = "restored"  # read from checkpoint storage: materialized snapshots, then every change set since
+UNKNOWN = "unknown"  # metadata written by spate before these fields existed, where the stats do not tell
+RECOVERY_KINDS = (NEW, REUSED, CAUGHT_UP, RESTORED)
+
+
+@dataclass(kw_only=True)
+class AckInfo:
+    """Typed facts about one subtask's batch.
+
+    Attributes:
+        rows: input rows the subtask processed.
+        staged: its outputs were staged in the checkpoint for the sink (a sink was configured).
+        recovery: how its state got to the plan's base checkpoint, one of :data:`RECOVERY_KINDS`.
+        restored_from: the base checkpoint whose files it read (``restored`` or ``caught_up``), else None.
+        caught_up_from: with ``caught_up``, the checkpoint its local copy was at; else None.
+        restore_bytes: bytes it read from checkpoint storage to get its state to the base (snapshots, change
+            sets and operator state; 0 when the state was live in the process).
+        restore_ms: how long that took.
+        executor: where it ran (filled in by the transport, e.g. the Spark executor id; None in-process).
+    """
+
+    rows: int = 0
+    staged: bool = False
+    recovery: str = NEW
+    restored_from: int | None = None
+    caught_up_from: int | None = None
+    restore_bytes: int = 0
+    restore_ms: float = 0.0
+    executor: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.recovery not in (*RECOVERY_KINDS, UNKNOWN):
+            raise ValueError(f"recovery must be one of {RECOVERY_KINDS}, got {self.recovery!r}")
+
+    def ack_info(self) -> dict[str, Any]:
+        """The typed fields as a dict (their JSON form)."""
+        return {f.name: getattr(self, f.name) for f in fields(AckInfo)}
+
+
+ACK_INFO_FIELDS = tuple(f.name for f in fields(AckInfo))
+
+
+def ack_info_from_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """The typed fields of metadata written before they existed, moved out of its ``stats`` (which is
+    changed): ``rows``, ``staged``, ``restored_from`` and ``restore_ms`` were statistics then."""
+    restored_from = stats.pop("restored_from", None)
+    return {"rows": stats.pop("rows", 0), "staged": bool(stats.pop("staged", False)),
+            "recovery": RESTORED if restored_from is not None else UNKNOWN, "restored_from": restored_from,
+            "restore_ms": stats.pop("restore_ms", 0.0)}

@@ -1,0 +1,132 @@
+"""How a subtask's state gets to the base checkpoint of its plan: reused, caught up, restored, or new.
+
+A subtask's lmdb table outlives the process that wrote it (on Spark the Python workers of an executor share its
+local disk, and a subtask comes back to an executor after running elsewhere). When a checkpoint's state is
+committed the table is tagged with the checkpoint and with its :class:`Lineage`: the identity of every handle
+the subtask's ack listed. That ack describes the table exactly (its materialized snapshots, then its change
+sets replayed in order), so a copy at checkpoint k reaches the plan's base n by replaying only the plan's
+change sets after its own (:func:`catch_up_start`), when
+
+* k <= n, the base is a checkpoint of this root (not a savepoint) and the key-group range is the plan's;
+* the copy's materialized handles are the plan's (nothing was materialized since k);
+* the copy's change sets are, in order, the first change sets of the plan's list.
+
+A change set is identified by its log, sequence number and key groups. A log belongs to one writer, which is
+never continued after a checkpoint it took part in was aborted, so the change sets of an aborted attempt, of a
+rejected duplicate ack or of a fenced driver's batch are in no completed checkpoint's list. Anything else — no
+lineage (state written by an older spate), a materialization or a re-written file since k, a rescale in
+between — means a full restore.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, RESTORED, REUSED
+from spate.checkpoint.protocol import SubtaskPlan
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStatePiece
+
+LINEAGE_META = "lineage"  # the table-metadata name the lineage is stored under (next to "checkpoint")
+
+
+def _kg_span(offsets: dict[int, tuple[int, int]]) -> tuple[int, int] | tuple[None, None]:
+    """First and last key group of a handle. A handle only ever shrinks by intersection with key-group ranges,
+    so together with the file (or log and sequence number) they say exactly which part of it is meant."""
+    return (min(offsets), max(offsets)) if offsets else (None, None)
+
+
+def keyed_identity(handle: KeyGroupsHandle) -> tuple:
+    return (handle.path, handle.file_offset, *_kg_span(handle.offsets))
+
+
+def change_set_identity(handle: ChangeSetHandle) -> tuple:
+    """Where a change set is stored does not matter (file merging may re-write it): what it holds does."""
+    return (handle.log_id, handle.sqn, *_kg_span(handle.offsets))
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Exactly which state a table holds: its key-group range (start, stop), the identities of the
+    materialized handles and, in replay order, of the change sets that make it up."""
+
+    key_groups: tuple[int, int]
+    keyed: tuple[tuple, ...]
+    changelog: tuple[tuple, ...]
+
+    @staticmethod
+    def of(key_groups: range, keyed: Iterable[KeyGroupsHandle], changelog: Iterable[ChangeSetHandle]) -> Lineage:
+        return Lineage((key_groups.start, key_groups.stop), tuple(keyed_identity(h) for h in keyed),
+                       tuple(change_set_identity(h) for h in changelog))
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"key_groups": self.key_groups, "keyed": self.keyed, "changelog": self.changelog},
+                          separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_bytes(raw: bytes | None) -> Lineage | None:
+        """The lineage stored in a table (None if absent or unreadable: then nothing is trusted)."""
+        if not raw:
+            return None
+        try:
+            data = json.loads(raw)
+            return Lineage(tuple(data["key_groups"]), tuple(tuple(h) for h in data["keyed"]),  # type: ignore[arg-type]
+                           tuple(tuple(c) for c in data["changelog"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def catch_up_start(checkpoint_id: int, lineage: Lineage | None, plan: SubtaskPlan) -> int | None:
+    """For state at completed checkpoint ``checkpoint_id`` with ``lineage``: the index into
+    ``plan.changelog`` from which replaying brings it to the plan's base (``len(plan.changelog)``: it is
+    there already), or None if it cannot be trusted to be an ancestor of the base (restore instead)."""
+    base = plan.base_checkpoint_id
+    if lineage is None or base is None or plan.base_is_savepoint or plan.base_uri != plan.checkpoint_uri:
+        return None
+    kgs = plan.key_groups
+    if checkpoint_id > base or lineage.key_groups != (kgs.start, kgs.stop):
+        return None
+    if lineage.keyed != tuple(keyed_identity(h) for h in plan.keyed):
+        return None
+    known = len(lineage.changelog)
+    if known > len(plan.changelog):
+        return None
+    if tuple(change_set_identity(h) for h in plan.changelog[:known]) != lineage.changelog:
+        return None
+    return known
+
+
+def recovery_kind(checkpoint_id: int, start: int, plan: SubtaskPlan) -> str:
+    """``reused`` when local state is the base's as it is, else ``caught_up``."""
+    return REUSED if checkpoint_id == plan.base_checkpoint_id and start == len(plan.changelog) else CAUGHT_UP
+
+
+def bytes_to_read(handles: Iterable[KeyGroupsHandle | ChangeSetHandle],
+                  pieces: Iterable[OperatorStatePiece] = ()) -> int:
+    """Bytes a restore fetches from checkpoint storage for ``handles`` (one ranged read of each handle's
+    span) and operator state ``pieces``."""
+    return sum(h.span()[1] for h in handles if h.offsets) + sum(p.length for p in pieces)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How the state of a subtask's batch got to the plan's base: ``kind`` is one of
+    :data:`~spate.checkpoint.ackinfo.RECOVERY_KINDS`; ``restored_from`` the base checkpoint whose files were
+    read (restored or caught up); ``caught_up_from`` the checkpoint the local copy was at; ``restore_bytes``
+    and ``restore_ms`` what reading and replaying cost; ``replayed`` the change sets replayed."""
+
+    kind: str
+    restored_from: int | None = None
+    caught_up_from: int | None = None
+    restore_bytes: int = 0
+    restore_ms: float = 0.0
+    replayed: int = 0
+
+
+def full_restore(plan: SubtaskPlan, restore_ms: float) -> Recovery:
+    """A restore from checkpoint storage of everything the plan names (``new`` without a base)."""
+    if plan.base_checkpoint_id is None:
+        return Recovery(NEW)
+    read = bytes_to_read([*plan.keyed, *plan.changelog], plan.operator)
+    return Recovery(RESTORED, plan.base_checkpoint_id, None, read, restore_ms, len(plan.changelog))

@@ -1,0 +1,78 @@
+"""The services a worker process keeps for one checkpoint root, shared by its subtasks of that root.
+
+One :class:`WorkerServices` per (checkpoint root, worker process), owned by whoever owns the worker: a
+:class:`~spate.runtime.local.LocalRunner` makes one and closes it in ``close()``; on Spark the Python worker's
+registry (:class:`spate.spark.task.WorkerSubtasks`) keeps one per root and closes it with the subtasks it
+served. Nothing here is process-wide: closing the services stops every thread they started, and a later owner
+of the same root starts afresh (a new worker directory for merged files).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+from spate.changelog.state import ChangelogConfig
+from spate.changelog.upload import BatchingUploadScheduler
+from spate.filemerging.config import FileMergingConfig
+from spate.filemerging.manager import FileMergingManager
+from spate.fs import CheckpointStorage
+
+MATERIALIZER_THREADS = 2  # materializations of one worker's subtasks that run at once
+
+
+class WorkerServices:
+    """Storage, file-merging manager, changelog upload scheduler and materializer threads of one checkpoint
+    root in one worker process.
+
+    Args:
+        uri: the checkpoint root.
+        file_merging: the file-merging settings (None: merging off, no manager).
+        changelog: the changelog settings (None: changelog off, no scheduler and no materializer threads).
+    """
+
+    def __init__(self, uri: str, file_merging: FileMergingConfig | None = None,
+                 changelog: ChangelogConfig | None = None) -> None:
+        self.storage = CheckpointStorage(uri)
+        self.merging = FileMergingManager(self.storage, file_merging) if file_merging is not None else None
+        self.scheduler: BatchingUploadScheduler | None = None
+        self.materializers: Executor | None = None
+        if changelog is not None:
+            segments = self.merging.changelog_writer if self.merging is not None else None
+            self.scheduler = BatchingUploadScheduler(self.storage, changelog.upload, segments)
+            self.materializers = ThreadPoolExecutor(MATERIALIZER_THREADS, thread_name_prefix="spate-materialize")
+        self._read_only: dict[str, CheckpointStorage] = {}
+        self.closed = False
+
+    @property
+    def uri(self) -> str:
+        return self.storage.uri
+
+    def storage_of(self, uri: str) -> CheckpointStorage:
+        """Storage to read ``uri`` (the root itself, or a savepoint a query was restored from)."""
+        if uri == self.storage.uri:
+            return self.storage
+        storage = self._read_only.get(uri)
+        if storage is None:
+            storage = self._read_only[uri] = CheckpointStorage(uri)
+        return storage
+
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` of this root completed (a driver in this process learned it)."""
+        if self.merging is not None:
+            self.merging.checkpoint_completed(checkpoint_id)
+
+    def close(self, latest_completed: int | None = None) -> None:
+        """Stop every service, after the subtasks using them closed: materializations finish, pending uploads
+        are written (through the file-merging manager, which closes last). ``latest_completed``: the newest
+        checkpoint known complete, so the manager knows the coordinator owns its files."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.materializers is not None:
+            self.materializers.shutdown(wait=True)
+        if self.scheduler is not None:
+            self.scheduler.close()
+        if self.merging is not None:
+            if latest_completed is not None:
+                self.merging.checkpoint_completed(latest_completed)
+            self.merging.close()

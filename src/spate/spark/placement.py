@@ -1,0 +1,149 @@
+"""Placement: a subtask's batch runs on the executor that holds its live state.
+
+Spark's own state store does this with ``StateStoreCoordinator`` and ``StateStoreRDD.getPreferredLocations``.
+From PySpark, without a JVM class of our own, the one RDD whose preferred locations we choose is
+``SparkContext.makeRDD(Seq[(element, locations)])``. So each batch is a zip of two RDDs of P partitions
+(:func:`placed_batch`):
+
+- the batch's rows, routed to partition i for subtask i, as Arrow (``Dataset.toArrowBatchRdd`` with no row
+  limit: one record batch per partition, and every partition holds its subtask's heartbeat row), and
+- subtask i's plan, in partition i of a ``makeRDD`` whose preferred location is the executor that ran
+  subtask i last (``executor_<host>_<id>``, Spark's ``ExecutorCacheTaskLocation``).
+
+A zip's partition prefers its parents' locations, so Spark's delay scheduling applies as for cached blocks:
+subtask i runs on its executor when a slot frees up there within ``spark.locality.wait``, elsewhere after
+that, and at once elsewhere when the executor is gone (the subtask then catches up or restores there). The
+zip and the Python stage over it are one stage of the batch's one job; nothing is cached or shipped twice.
+
+The driver learns where a subtask's state lives from its ack (``SubtaskAck.executor``, found by each
+Python worker from its executor JVM's command line: :func:`this_executor`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from spate.checkpoint.protocol import SubtaskAck
+
+_LOCATION_PREFIX = "executor_"  # Spark's TaskLocation tag for "this executor" (process-local)
+
+
+@dataclass(frozen=True)
+class ExecutorId:
+    """A Spark executor: the host it registered with and its id."""
+
+    host: str
+    executor_id: str
+
+    def __str__(self) -> str:
+        return f"{self.executor_id}@{self.host}"
+
+    @staticmethod
+    def parse(text: str) -> ExecutorId:
+        executor_id, _, host = text.partition("@")
+        if not executor_id or not host:
+            raise ValueError(f"not an executor ('<id>@<host>'): {text!r}")
+        return ExecutorId(host, executor_id)
+
+    @property
+    def location(self) -> str:
+        """The preferred-location string Spark's scheduler reads as this executor."""
+        return f"{_LOCATION_PREFIX}{self.host}_{self.executor_id}"
+
+
+@functools.lru_cache(maxsize=1)
+def this_executor() -> ExecutorId | None:
+    """The executor whose Python worker this is, or None (local mode, or not found).
+
+    Python workers are forked by ``pyspark.daemon``, which the executor JVM starts; every cluster manager
+    starts that JVM with ``--executor-id <id> --hostname <host>`` (standalone, YARN, Kubernetes)."""
+    pid = os.getpid()
+    for _ in range(8):
+        args = _cmdline(pid)
+        if args is None:
+            return None
+        found = _executor_in(args)
+        if found is not None:
+            return found
+        parent = _parent(pid)
+        if parent is None or parent <= 1:
+            return None
+        pid = parent
+    return None
+
+
+def _executor_in(args: list[str]) -> ExecutorId | None:
+    if "--executor-id" not in args or "--hostname" not in args:
+        return None
+    try:
+        return ExecutorId(args[args.index("--hostname") + 1], args[args.index("--executor-id") + 1])
+    except IndexError:
+        return None
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0")]
+    except OSError:
+        return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and parentheses
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Placement:
+    """Driver side: the executor each subtask of the current parallelism last ran on."""
+
+    def __init__(self) -> None:
+        self._parallelism = 0
+        self._executors: dict[int, ExecutorId] = {}
+
+    def record(self, parallelism: int, acks: list[SubtaskAck]) -> None:
+        """The acks of a completed batch: where each subtask's state now lives."""
+        if parallelism != self._parallelism:
+            self._parallelism, self._executors = parallelism, {}
+        for ack in acks:
+            if ack.executor:
+                self._executors[ack.index] = ExecutorId.parse(ack.executor)
+            else:
+                self._executors.pop(ack.index, None)
+
+    def locations(self, parallelism: int) -> list[list[str]]:
+        """Per subtask, its preferred locations (none known: no preference)."""
+        if parallelism != self._parallelism:
+            return [[] for _ in range(parallelism)]
+        return [[e.location] if (e := self._executors.get(i)) else [] for i in range(parallelism)]
+
+    def executor_of(self, index: int) -> ExecutorId | None:
+        return self._executors.get(index)
+
+
+def placed_batch(routed_df: Any, plans: list[bytes], locations: list[list[str]]) -> Any:
+    """The JavaRDD whose partition i yields two byte strings, subtask i's rows as one Arrow record batch and
+    its plan, preferring ``locations[i]``. ``routed_df`` must have exactly ``len(plans)`` partitions, none
+    empty (each holds its subtask's heartbeat row)."""
+    sc = routed_df.sparkSession.sparkContext
+    jvm = sc._jvm
+    rows = routed_df._jdf.toArrowBatchRdd(0, "UTC", False, False)  # 0: no row limit, one batch per partition
+    scala = jvm.scala.jdk.javaapi.CollectionConverters
+    items = jvm.java.util.ArrayList()
+    for plan, where in zip(plans, locations, strict=True):
+        prefs = jvm.java.util.ArrayList()
+        for location in where:
+            prefs.add(location)
+        items.add(jvm.scala.Tuple2(bytearray(plan), scala.asScala(prefs).toList()))
+    byte_array = jvm.scala.reflect.ClassTag.apply(jvm.java.lang.Class.forName("[B"))
+    plan_rdd = sc._jsc.sc().makeRDD(scala.asScala(items).toList(), byte_array)
+    return rows.toJavaRDD().zip(plan_rdd.toJavaRDD())
+
+
+__all__ = ["ExecutorId", "Placement", "placed_batch", "this_executor"]

@@ -1,0 +1,97 @@
+"""The layering of DESIGN.md, enforced: every module under ``src/spate`` imports only modules of its own layer or
+of a more basic one, and nothing imports ``spark/`` except ``spark/`` itself and the CLI. Every import counts,
+also one inside a function (a lazy import is still a dependency)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+# From the most basic up; a module may import its own layer and the layers before it. The first entry of each
+# row is the DESIGN.md layer; the modules DESIGN.md does not name are placed with a reason.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "layout", "objectstore", "report"),  # no spate imports: errors, path rules, S3 calls, tables
+    ("fs",),
+    ("segments",),  # logical files and their writers: used by snapshot/, changelog/, filemerging/, checkpoint/
+    ("serde",),
+    ("keygroups",),
+    ("state",),
+    ("snapshot",),
+    ("changelog",),
+    ("filemerging",),
+    ("checkpoint",),
+    ("runtime",),
+    ("windows",),
+    ("__init__",),  # the public API: re-exports of the layers above
+    ("demo", "driver_races", "model_job", "fuzz"),  # in-process jobs built on the public API (demo, tests, fuzzing)
+    ("spark",),
+    ("bench",),  # DESIGN.md lists it after cli/, but `spate bench` is a CLI command: the CLI imports the benchmarks
+    ("cli",),
+]
+ONLY_IMPORTERS_OF_SPARK = {"spark", "cli"}
+
+# (importing module, imported module) -> why it is allowed although it goes up. Keep this short.
+EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
+def _rank() -> dict[str, int]:
+    return {name: i for i, row in enumerate(LAYERS) for name in row}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> set[str]:
+    """The spate modules ``path`` imports (``from spate.x import y`` names ``spate.x``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import; spate uses absolute imports"
+            found.add(node.module or "")
+    return {name for name in found if name == "spate" or name.startswith("spate.")}
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted((SRC / "spate").rglob("*.py"))}
+
+
+def test_every_module_has_a_layer():
+    rank = _rank()
+    unplaced = sorted(m for m in _modules() if _layer(m) not in rank)
+    assert not unplaced, f"place these in LAYERS (tests/test_layering.py) and DESIGN.md: {unplaced}"
+
+
+def _violations() -> list[str]:
+    rank = _rank()
+    found = []
+    for module, path in _modules().items():
+        mine = _layer(module)
+        for target in sorted(_imports(path)):
+            theirs = _layer(target)
+            if (module, target) in EXCEPTIONS or theirs not in rank or mine not in rank:
+                continue
+            if rank[theirs] > rank[mine]:
+                found.append(f"{module} imports {target}: {mine} must not depend on the higher layer {theirs}")
+            elif theirs == "spark" and mine not in ONLY_IMPORTERS_OF_SPARK:
+                found.append(f"{module} imports {target}: nothing imports spark/ except the CLI")
+    return found
+
+
+def test_imports_follow_the_layers():
+    assert _violations() == []
+    modules = _modules()
+    stale = [pair for pair in EXCEPTIONS if pair[1] not in _imports(modules[pair[0]])]
+    assert not stale, f"no longer imported, drop these exceptions: {stale}"
