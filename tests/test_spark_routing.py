@@ -64,3 +64,12 @@ def test_placement_prefers_the_executor_each_subtask_last_ran_on():
     assert placement.locations(3) == [[], [], []]  # another parallelism: other subtasks, no known places
     placement.record(3, [SubtaskAck(5, 2, 1, executor="1@h1")])
     assert placement.locations(3) == [[], [], ["executor_h1_1"]]
+
+
+def test_placement_forgets_lost_executors_and_spreads_what_one_executor_holds_beyond_its_share():
+    placement = Placement()
+    placement.record(4, [SubtaskAck(1, i, 1, executor="1@h") for i in range(3)] + [SubtaskAck(1, 3, 1, executor="2@h")])
+    assert placement.locations(4, alive={"1", "2"}) == [["executor_h_1"], ["executor_h_1"], [], ["executor_h_2"]]
+    assert placement.locations(4, alive={"1", "2", "3", "4"}) == [["executor_h_1"], [], [], ["executor_h_2"]]
+    assert placement.locations(4, alive={"2", "3"}) == [[], [], [], ["executor_h_2"]]
+    assert placement.locations(4) == [["executor_h_1"]] * 3 + [["executor_h_2"]]  # unknown: keep every preference

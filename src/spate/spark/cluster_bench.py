@@ -210,6 +210,7 @@ def _result(sizes: dict[str, int], batches: int, floor_ms: list[float], spate_ms
                                              / max(1, len(steady))),
             "killed_executor": killed, "recovery_batches": _recovery_batches(after),
             "restore_bytes_after_kill": sum(r.restore_bytes for m in after for r in m.subtasks),
+            "executors_used_last_batch": len({r.executor for r in after[-1].subtasks}) if after else None,
             "batch_ms_p50_cluster": p50, "batch_ms_p50_floor": floor_p50,
             "cluster_vs_floor": round(p50 / floor_p50, 2) if p50 and floor_p50 else None,
             "plan_bytes_per_task": percentile([m.plan_bytes_max for m in steady], 50)}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,14 +118,38 @@ class Placement:
             else:
                 self._executors.pop(ack.index, None)
 
-    def locations(self, parallelism: int) -> list[list[str]]:
-        """Per subtask, its preferred locations (none known: no preference)."""
+    def locations(self, parallelism: int, alive: Collection[str] | None = None) -> list[list[str]]:
+        """Per subtask, its preferred locations (none known: no preference).
+
+        With ``alive`` (the ids of the application's live executors), an executor that is gone is preferred
+        by nobody, and one holding more than its share (``ceil(P / alive executors)``) keeps its preference
+        for the lowest-numbered subtasks only: the others go where Spark has room (e.g. the replacement of a
+        lost executor) and recover there once, instead of queueing behind each other on one executor."""
         if parallelism != self._parallelism:
             return [[] for _ in range(parallelism)]
-        return [[e.location] if (e := self._executors.get(i)) else [] for i in range(parallelism)]
+        share = -(-parallelism // len(alive)) if alive else parallelism
+        kept: dict[ExecutorId, int] = {}
+        out: list[list[str]] = []
+        for i in range(parallelism):
+            e = self._executors.get(i)
+            if e is None or (alive is not None and e.executor_id not in alive) or kept.get(e, 0) >= share:
+                out.append([])
+                continue
+            kept[e] = kept.get(e, 0) + 1
+            out.append([e.location])
+        return out
 
     def executor_of(self, index: int) -> ExecutorId | None:
         return self._executors.get(index)
+
+
+def alive_executors(sc: Any) -> set[str] | None:
+    """The ids of the application's live executors (the driver excluded), or None if Spark does not say."""
+    try:
+        ids = sc._jsc.sc().getExecutorIds()  # noqa: SLF001 - Spark's own list, through the gateway
+        return {str(ids.apply(i)) for i in range(ids.size())}
+    except Exception:  # noqa: BLE001 - another Spark version: place without it
+        return None
 
 
 def placed_batch(routed_df: Any, plans: list[bytes], locations: list[list[str]]) -> Any:
@@ -146,4 +171,4 @@ def placed_batch(routed_df: Any, plans: list[bytes], locations: list[list[str]])
     return rows.toJavaRDD().zip(plan_rdd.toJavaRDD())
 
 
-__all__ = ["ExecutorId", "Placement", "placed_batch", "this_executor"]
+__all__ = ["ExecutorId", "Placement", "alive_executors", "placed_batch", "this_executor"]

@@ -32,7 +32,7 @@ from spate.runtime.processor import Processor
 from spate.runtime.subtask import ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
-from spate.spark.placement import Placement, placed_batch
+from spate.spark.placement import Placement, alive_executors, placed_batch
 from spate.spark.routing import routing_values
 from spate.spark.settings import SpateSettings
 from spate.spark.spark_checkpoint import (
@@ -218,7 +218,7 @@ class StatefulStream:
         def task(items: Any) -> Any:
             return run_partition(spec, items)
 
-        locations = self.placement.locations(p)
+        locations = self.placement.locations(p, alive_executors(self.spark.sparkContext))
         placed = placed_batch(routed, plans, locations)
         sc = self.spark.sparkContext
         note = (f"spate checkpoint {batch_id}: {p} subtasks, {sum(map(bool, locations))} placed where "
