@@ -55,8 +55,8 @@ class KeepLatest(Processor):
 
 def _sizes(quick: bool) -> dict[str, int]:
     if quick:
-        return {"keys": 40_000, "warmup": 2, "steady": 8, "after_kill": 4, "updates": 4_000, "payload": 200}
-    return {"keys": 400_000, "warmup": 4, "steady": 16, "after_kill": 5, "updates": 20_000, "payload": 200}
+        return {"keys": 40_000, "warmup": 2, "steady": 8, "after_kill": 10, "updates": 4_000, "payload": 200}
+    return {"keys": 400_000, "warmup": 4, "steady": 16, "after_kill": 10, "updates": 20_000, "payload": 200}
 
 
 def _generate(directory: str, sizes: dict[str, int], seed: int = 7) -> int:
