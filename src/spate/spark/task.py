@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spate.checkpoint.protocol import SubtaskPlan
 from spate.runtime.localstate import remove_idle_copies, remove_other_parallelisms
@@ -61,6 +62,9 @@ class TaskSpec:
                              output_schema=self.output_schema, sticky=False)
 
 
+IDLE_SCAN_INTERVAL_S = 60.0  # how often a worker lists the executor's local copies for idle ones
+
+
 @dataclass
 class _Served:
     """A subtask this worker keeps open, and when it last ran here: the worker's batch count and the clock."""
@@ -81,6 +85,7 @@ class _Run:
         self.served: dict[tuple[int, int], _Served] = {}
         self.latest = -1  # the newest checkpoint a plan of the run brought
         self.parallelism: int | None = None
+        self._scanned_at = float("-inf")  # when this worker last looked for idle local copies
 
     def advance(self, plan: SubtaskPlan) -> bool:
         """Follow the run to ``plan``; True if it brings a newer batch. At a new parallelism the subtasks of
@@ -115,10 +120,13 @@ class _Run:
 
     def remove_idle_copies(self, now: float) -> list[str]:
         """Delete this executor's local copies of the query that no process holds and none used for the grace
-        period. Returns those deleted."""
-        if self._local_dir is None:
+        period, looking at most once per :data:`IDLE_SCAN_INTERVAL_S` (or grace period, if shorter): not every
+        batch. Returns those deleted."""
+        grace = self.settings.evict_idle_after_s
+        if self._local_dir is None or now - self._scanned_at < min(IDLE_SCAN_INTERVAL_S, grace):
             return []
-        return remove_idle_copies(self._local_dir, self.query_id, now - self.settings.evict_idle_after_s)
+        self._scanned_at = now
+        return remove_idle_copies(self._local_dir, self.query_id, now - grace)
 
     @property
     def _local_dir(self) -> str | None:
@@ -233,7 +241,7 @@ def run_subtask(spec: TaskSpec, plan: SubtaskPlan, table: pa.Table,
 
 def _check_rows_belong(plan: SubtaskPlan, table: pa.Table) -> None:
     """Every row of the partition must be the plan's subtask's."""
-    others = set(table.column(SUBTASK_COLUMN).to_pylist()) - {plan.index}
+    others = set(pc.unique(table.column(SUBTASK_COLUMN)).to_pylist()) - {plan.index}
     if others:
         raise RuntimeError(f"rows of subtasks {sorted(others)} reached the task of subtask {plan.index}")
 
