@@ -23,7 +23,8 @@ from spate import load_checkpoint, verify_checkpoint
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.cli import main as cli
 from spate.fs import CheckpointStorage
-from spate.spark.standalone import QUICK_JVM_OPTIONS, StandaloneCluster, is_running
+from spate.spark.procfs import is_running
+from spate.spark.standalone import QUICK_JVM_OPTIONS, StandaloneCluster
 
 pytestmark = pytest.mark.spark
 JOB = os.path.join(os.path.dirname(__file__), "spark_job.py")

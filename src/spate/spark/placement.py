@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spate.checkpoint.protocol import SubtaskAck
+from spate.spark.procfs import cmdline, parent
 
 _LOCATION_PREFIX = "executor_"  # Spark's TaskLocation tag for "this executor" (process-local)
 
@@ -63,16 +64,12 @@ def this_executor() -> ExecutorId | None:
     starts that JVM with ``--executor-id <id> --hostname <host>`` (standalone, YARN, Kubernetes)."""
     pid = os.getpid()
     for _ in range(8):
-        args = _cmdline(pid)
-        if args is None:
-            return None
-        found = _executor_in(args)
+        found = _executor_in(cmdline(pid))
         if found is not None:
             return found
-        parent = _parent(pid)
-        if parent is None or parent <= 1:
+        pid = parent(pid)
+        if pid <= 1:
             return None
-        pid = parent
     return None
 
 
@@ -82,22 +79,6 @@ def _executor_in(args: list[str]) -> ExecutorId | None:
     try:
         return ExecutorId(args[args.index("--hostname") + 1], args[args.index("--executor-id") + 1])
     except IndexError:
-        return None
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0")]
-    except OSError:
-        return None
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])  # the name may hold spaces and parentheses
-    except (OSError, IndexError, ValueError):
         return None
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spate.spark import procfs
 from spate.spark.java import ensure_java_home
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -188,7 +189,7 @@ class StandaloneCluster:
         for pid in reversed(daemons):  # workers first, the master last
             _signal(pid, signal.SIGTERM)
         _wait_gone(daemons, time.monotonic() + self.stop_timeout_s / 2)
-        leftovers = [p for p in daemons + children if is_running(p)] + self._orphans()
+        leftovers = [p for p in daemons + children if procfs.is_running(p)] + self._orphans()
         for pid in leftovers:
             _signal(pid, signal.SIGKILL)
         still = _wait_gone(leftovers, deadline)
@@ -226,8 +227,8 @@ class StandaloneCluster:
         """Executor JVMs running now, launched by this cluster's workers (found by their command line and their
         working directory, ``<worker work dir>/<app id>/<executor id>``), of ``app_id`` if given."""
         found = []
-        for pid in _pids():
-            cmd = _cmdline(pid)
+        for pid in procfs.pids():
+            cmd = procfs.cmdline(pid)
             if EXECUTOR_CLASS not in cmd:
                 continue
             worker = self._worker_of_cwd(pid)
@@ -245,7 +246,7 @@ class StandaloneCluster:
             if pid in by_pid:
                 return by_pid[pid]
             seen.add(pid)
-            pid = _ppid(pid)
+            pid = procfs.parent(pid)
         return None
 
     def kill_executor(self, executor: ExecutorProcess, timeout_s: float = 15.0) -> None:
@@ -326,7 +327,7 @@ class StandaloneCluster:
 
     def _wait_for(self, ready: Any, deadline: float, what: str) -> None:
         while not ready():
-            dead = [p for p in self.daemon_pids if not is_running(p)]
+            dead = [p for p in self.daemon_pids if not procfs.is_running(p)]
             if dead:
                 raise ClusterError(f"daemon processes {dead} died while waiting for {what}")
             if time.monotonic() > deadline:
@@ -335,16 +336,16 @@ class StandaloneCluster:
 
     def _is_ours(self, pid: int, marker: str = "org.apache.spark.deploy.") -> bool:
         """``pid`` is alive and still one of our processes (guards against PID reuse)."""
-        return is_running(pid) and marker in " ".join(_cmdline(pid)) and (
+        return procfs.is_running(pid) and marker in " ".join(procfs.cmdline(pid)) and (
             pid in self.daemon_pids or self._in_root(pid))
 
     def _in_root(self, pid: int) -> bool:
         """``pid`` runs inside the cluster's root: the cluster started it (nothing else runs there)."""
-        cwd = _cwd(pid)
+        cwd = procfs.cwd(pid)
         return cwd is not None and cwd.is_relative_to(self.root) and pid != os.getpid()
 
     def _worker_of_cwd(self, pid: int) -> int | None:
-        cwd = _cwd(pid)
+        cwd = procfs.cwd(pid)
         for i in range(self.workers):
             if cwd is not None and cwd.is_relative_to(self.worker_work_dir(i)):
                 return i
@@ -352,7 +353,7 @@ class StandaloneCluster:
 
     def _descendants(self) -> list[int]:
         """Every live process below the cluster's daemons (executor JVMs, their Python daemons and workers)."""
-        parents = {p: _ppid(p) for p in _pids() if is_running(p)}
+        parents = {p: procfs.parent(p) for p in procfs.pids() if procfs.is_running(p)}
         ours, found = set(self.daemon_pids), []
         changed = True
         while changed:
@@ -367,7 +368,7 @@ class StandaloneCluster:
     def _orphans(self) -> list[int]:
         """Live processes inside the cluster's root that are not recorded daemons: executors and their Python
         workers whose worker is gone, or a daemon whose start was cut short before its PID was recorded."""
-        return [p for p in _pids() if p not in self.daemon_pids and is_running(p) and self._in_root(p)]
+        return [p for p in procfs.pids() if p not in self.daemon_pids and procfs.is_running(p) and self._in_root(p)]
 
 
 # -- drivers ------------------------------------------------------------------------------------------------------
@@ -419,45 +420,6 @@ def standalone_session(master_url: str, app_name: str = "spate", **kwargs: Any) 
 
 
 # -- /proc helpers (Linux) --------------------------------------------------------------------------------------
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def _cwd(pid: int) -> Path | None:
-    try:
-        return Path(os.readlink(f"/proc/{pid}/cwd"))
-    except OSError:
-        return None
-
-
-def _stat(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return []
-    return text[text.rfind(")") + 2:].split()  # fields after "pid (comm) ": state, ppid, ...
-
-
-def _ppid(pid: int) -> int:
-    fields = _stat(pid)
-    return int(fields[1]) if len(fields) > 1 else 0
-
-
-def is_running(pid: int) -> bool:
-    """``pid`` is a live process (not a zombie)."""
-    fields = _stat(pid)
-    return bool(fields) and fields[0] not in ("Z", "X")  # a zombie has exited; its parent has not reaped it
-
-
 def _arg(cmd: list[str], flag: str) -> str | None:
     return cmd[cmd.index(flag) + 1] if flag in cmd and cmd.index(flag) + 1 < len(cmd) else None
 
@@ -471,7 +433,7 @@ def _wait_gone(pids: Iterable[int], deadline: float) -> list[int]:
     """Wait until none of ``pids`` is alive or ``deadline`` passes; return the ones still alive."""
     pending = list(pids)
     while True:
-        pending = [p for p in pending if is_running(p)]
+        pending = [p for p in pending if procfs.is_running(p)]
         if not pending or time.monotonic() > deadline:
             return pending
         time.sleep(0.1)
