@@ -21,15 +21,16 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from model_job import OPS, Model, ModelJob
 
-from spate import Processor, ValueStateDescriptor, keyed_state_entries
+from spate import Processor, ValueStateDescriptor
 from spate.changelog import state as changelog_state
 from spate.changelog.state import ChangelogConfig, restore_keyed_state
 from spate.changelog.upload import UploadConfig
 from spate.checkpoint.coordinator import Coordinator, list_complete_checkpoints
-from spate.checkpoint.inspect import keyed_state_names, load_checkpoint, verify_checkpoint
+from spate.checkpoint.inspect import load_checkpoint, verify_checkpoint
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.errors import FencedError
 from spate.fs import CheckpointStorage
+from spate.fuzz import checkpointed
 from spate.keygroups import compile_key_hasher, key_group_range
 from spate.runtime.localstate import local_state_dir
 from spate.runtime.recovery import LINEAGE_META
@@ -188,17 +189,7 @@ def _assert_state_is_the_models(root: str, model: Model, now: int) -> None:
         assert verify_checkpoint(storage, load_checkpoint(storage, n)) == [], f"checkpoint {n} is damaged"
     meta = load_checkpoint(storage)
     for name, want in model.checkpointed(now).items():
-        if not want and name not in keyed_state_names(meta) and not name.startswith("timers:"):
-            continue
-        got: dict[Any, Any] = {}
-        for e in keyed_state_entries(storage, meta, name, now_ms=now):
-            if name == "map":
-                got.setdefault(e.key, {})[e.user_key] = e.value
-            elif name.startswith("timers:"):
-                got.setdefault(e.key, set()).add(e.user_key)
-            else:
-                got[e.key] = e.value
-        assert got == want, f"checkpointed state {name!r} differs from the model"
+        assert checkpointed(storage, meta, name, now) == want, f"checkpointed state {name!r} differs from the model"
 
 
 class _Reads:
