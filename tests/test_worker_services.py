@@ -17,7 +17,7 @@ import pytest
 from spate import ChangelogConfig, Coordinator, LocalRunner, Processor, ValueStateDescriptor
 from spate.filemerging.config import FileMergingConfig
 from spate.keygroups import compile_key_hasher
-from spate.runtime.localstate import local_state_dir
+from spate.runtime.localstate import local_state_dir, remove_idle_copies, remove_other_parallelisms
 from spate.runtime.services import WorkerServices
 from spate.runtime.subtask import Subtask, SubtaskConfig
 from spate.spark.settings import SpateSettings
@@ -221,3 +221,19 @@ def test_the_grace_period_is_a_setting():
     assert (SpateSettings("/r").evict_idle_after_batches, SpateSettings("/r").evict_idle_after_s) == (10, 300.0)
     with pytest.raises(ValueError, match="evict_idle_after_batches must be >= 1"):
         SpateSettings("/r", evict_idle_after_batches=0)
+
+
+def test_local_copy_cleanup_follows_no_link_out_of_the_local_dir(tmp_path):
+    """A link named like a copy (or in place of the query's directory) is never followed: what it points to
+    stays, whatever the grace period says."""
+    outside = tmp_path / "outside"
+    (outside / "subtask-0-2").mkdir(parents=True)
+    (outside / "subtask-0-2" / "data.mdb").write_bytes(b"not spate's")
+    local = tmp_path / "local"
+    (local / "q").mkdir(parents=True)
+    os.symlink(outside / "subtask-0-2", local / "q" / "subtask-1-2")
+    os.symlink(outside, local / "q2")
+    assert remove_other_parallelisms(str(local), "q", 3) == []
+    assert remove_idle_copies(str(local), "q", idle_since=float("inf")) == []
+    assert remove_idle_copies(str(local), "q2", idle_since=float("inf")) == []
+    assert (outside / "subtask-0-2" / "data.mdb").read_bytes() == b"not spate's"

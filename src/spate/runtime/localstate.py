@@ -21,9 +21,16 @@ def local_state_dir(local_dir: str, query_id: str, index: int, parallelism: int)
 
 
 def _copies(local_dir: str, query_id: str) -> list[str]:
-    """The names of the query's local copies under ``local_dir``."""
+    """The names of the query's local copies under ``local_dir`` (real directories only: a link is never
+    followed, so nothing outside ``local_dir`` is ever removed)."""
     base = os.path.join(local_dir, query_id)
-    return [n for n in (os.listdir(base) if os.path.isdir(base) else []) if n.startswith(_PREFIX)]
+    if not _real_dir(base):
+        return []
+    return [n for n in os.listdir(base) if n.startswith(_PREFIX) and _real_dir(os.path.join(base, n))]
+
+
+def _real_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
 
 
 def remove_other_parallelisms(local_dir: str, query_id: str, parallelism: int) -> list[str]:
