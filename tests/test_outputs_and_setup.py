@@ -19,7 +19,7 @@ from test_spark_stream import clicks, state, write_files
 from spate import LocalRunner, Processor, ValueStateDescriptor, load_checkpoint
 from spate.errors import OutputError
 from spate.fs import CheckpointStorage
-from spate.runtime.outputs import OutputCheck
+from spate.runtime.outputs import OutputBuffer
 from spate.spark.stream import StatefulStream
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import test modules
@@ -96,13 +96,19 @@ def test_local_runner_without_a_schema_refuses_a_returned_dict_and_tuples(tmp_pa
 def test_values_are_accepted_as_spark_coerces_them():
     schema = pa.schema([("f", pa.float64()), ("d", pa.decimal128(10, 2)), ("i", pa.int32()), ("s", pa.string()),
                         ("l", pa.list_(pa.int64()))])
-    check, out = OutputCheck(Totals(), schema), []
-    check.extend(out, [{"f": 1, "d": 2, "i": None, "s": "x", "l": [1, 2]},
-                       {"f": 1.5, "d": decimal.Decimal("1.25"), "i": 7, "s": "y", "l": None}], "process", "k")
-    assert len(out) == 2
+    good = [{"f": 1, "d": 2, "i": None, "s": "x", "l": [1, 2]},
+            {"f": 1.5, "d": decimal.Decimal("1.25"), "i": 7, "s": "y", "l": None}]
+    buffer = OutputBuffer(Totals(), schema)
+    buffer.extend(good, "process", "k")
+    out = buffer.finish()
+    assert len(out) == 2 and out.table.column("d").to_pylist() == [decimal.Decimal("2.00"), decimal.Decimal("1.25")]
     for field, value in [("f", True), ("d", 1.5), ("i", 2 ** 40), ("i", 1.0), ("s", 1), ("l", [1, "x"])]:
-        with pytest.raises(OutputError, match=f"Totals.process for key 'k' field '{field}'"):
-            check.extend([], [{**out[0], field: value}], "process", "k")
+        buffer = OutputBuffer(Totals(), schema)
+        buffer.extend(good, "process", "k")
+        buffer.extend([{**good[0], field: value}], "process", "j")  # the wrong row, named by its key
+        buffer.extend(good, "process", "l")
+        with pytest.raises(OutputError, match=f"Totals.process for key 'j' field '{field}'"):
+            buffer.finish()
 
 
 # -- Spark ------------------------------------------------------------------------------------------------

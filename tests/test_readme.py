@@ -35,3 +35,8 @@ def test_readme_example_runs(capsys):
 def test_readme_spark_example_runs(spark, capsys):
     run_block(python_block("StatefulStream("), "readme_spark_example")
     assert capsys.readouterr().out.splitlines() == ["0 [Row(user='ann', views=2), Row(user='bob', views=1)]"]
+
+
+def test_readme_batch_processor_example_runs(capsys):
+    run_block(python_block("BatchProcessor"), "readme_batch_example")
+    assert capsys.readouterr().out.splitlines() == ["0 [('ann', 2), ('bob', 1)]", "1 [('ann', 3)]"]

@@ -40,6 +40,7 @@ from spate.errors import (
 from spate.filemerging.config import FileMergingConfig
 from spate.fs import CheckpointStorage
 from spate.keygroups import default_max_parallelism, key_group, key_group_range, subtask_for_key_group
+from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyRows
 from spate.runtime.local import BatchResult, LocalRunner
 from spate.runtime.processor import Context, Processor
 from spate.state.descriptors import (
@@ -55,7 +56,8 @@ from spate.state.descriptors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AggregateFunction", "AggregatingStateDescriptor", "BatchResult", "ChangelogConfig", "CheckpointError",
+    "AggregateFunction", "AggregatingStateDescriptor", "BatchProcessor", "BatchResult", "ChangelogConfig",
+    "CheckpointError", "KeyRows", "KeyedBatch",
     "CheckpointMetadata", "CheckpointStorage", "Context", "Coordinator", "CorruptFileError", "FencedError",
     "FileMergingConfig", "IncompatibleStateError",
     "ListStateDescriptor", "LocalRunner", "MapStateDescriptor", "MissingFileError", "Processor",

@@ -82,6 +82,20 @@ def _packb(obj: Any) -> bytes:
         _free_packers.append(packer)
 
 
+def packb_many(objs: Any) -> list[bytes]:
+    """``_packb`` of each of ``objs``, with one borrowed packer (bulk state writes, keys of a batch)."""
+    packer = _free_packers.pop() if _free_packers else msgpack.Packer(
+        default=_default, strict_types=True, use_bin_type=True)
+    try:
+        pack = packer.pack
+        return [pack(obj) for obj in objs]
+    except BaseException:
+        packer.reset()
+        raise
+    finally:
+        _free_packers.append(packer)
+
+
 def _unpackb(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, strict_map_key=False)
 
@@ -189,6 +203,16 @@ def encode_key(key: Any) -> bytes:
         raise InvalidKeyError(f"unsupported key {short_repr(key)} of type {type(key).__qualname__}: keys must be "
                               "int, str, bytes, bool, float, date, datetime, Decimal, None or tuples of them "
                               "(convert bytearray with bytes())") from e
+
+
+def encode_keys(keys: Any) -> list[bytes]:
+    """:func:`encode_key` of each of ``keys`` (one error names the first bad key)."""
+    try:
+        return packb_many(keys)
+    except Exception:  # noqa: BLE001 - find the key and say what is wrong with it
+        for key in keys:
+            encode_key(key)
+        raise
 
 
 def decode_key(data: bytes) -> Any:

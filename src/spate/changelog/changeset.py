@@ -29,6 +29,25 @@ class ChangeSet:
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
         self._set(kg, primary, PUT, value)
 
+    def put_many(self, entries: list[tuple[int, bytes, bytes]]) -> None:
+        """``put`` of each (key group, primary, value)."""
+        if not self.coalesce:
+            for kg, primary, value in entries:
+                self._set(kg, primary, PUT, value)
+            return
+        groups, size = self._groups, self.size
+        for kg, key, value in entries:
+            group = groups.get(kg)
+            if group is None:
+                group = groups[kg] = {}
+            else:
+                prev = group.pop(key, None)  # re-insert at the end: replay order = order of last change
+                if prev is not None:
+                    size -= len(key) + len(prev[1]) + 3
+            group[key] = (PUT, value)
+            size += len(key) + len(value) + 3
+        self.size = size
+
     def append(self, kg: int, primary: bytes, data: bytes) -> None:
         group = self._groups.get(kg)
         prev = group.get(primary) if group is not None and self.coalesce else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 
 from spate.changelog.writer import ChangelogWriter
@@ -21,6 +21,11 @@ class ChangelogTable(StateTable):
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
         self.inner.put(kg, primary, value)
         self.writer.active.put(kg, primary, value)
+        self.writer.after_append()
+
+    def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
+        self.inner.put_many(entries)
+        self.writer.active.put_many(entries)
         self.writer.after_append()
 
     def append(self, kg: int, primary: bytes, data: bytes) -> None:
@@ -46,6 +51,9 @@ class ChangelogTable(StateTable):
     # -- reads and everything else: the inner table -----------------------------------------------------
     def get(self, kg: int, primary: bytes) -> bytes | None:
         return self.inner.get(kg, primary)
+
+    def get_many(self, kgs: Sequence[int], primaries: Sequence[bytes]) -> list[bytes | None]:
+        return self.inner.get_many(kgs, primaries)
 
     def map_get(self, kg: int, primary: bytes, user_key: bytes) -> bytes | None:
         return self.inner.map_get(kg, primary, user_key)

@@ -1,5 +1,6 @@
-"""A processor's outputs, checked as they are produced, so a wrong row fails its batch before the checkpoint
-can commit (instead of reaching the sink as nulls, or as a dict's keys).
+"""A processor's outputs, checked when its batch is done (column by column; a wrong row is then found and
+named), so a wrong row fails its batch before the checkpoint can commit (instead of reaching the sink as
+nulls, or as a dict's keys), and turned into an Arrow table of the output schema.
 
 A result of ``process``, ``on_timer`` or ``end_batch`` must be an iterable of rows (``None``: no rows); a
 dict *returned* instead of yielded is refused. A row is a dict. With an output schema (a ``pyarrow.Schema``;
@@ -12,9 +13,11 @@ Spark turns mismatched ones into nulls.
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import decimal
-from collections.abc import Callable, Iterable
+import types
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -98,8 +101,89 @@ def _struct_of(fields: list[pa.Field]) -> Accepts:
     return lambda v: isinstance(v, dict) and v.keys() == names and all(ok(v[n]) for n, ok in checks)
 
 
-class OutputCheck:
-    """Checks the rows one processor produces in a batch against ``schema`` (None: rows need only be dicts).
+def _fast_types(t: pa.DataType, nullable: bool) -> frozenset[type]:
+    """Python types whose every value a field of type ``t`` takes without a closer look (ints: range-checked
+    per column)."""
+    is_ = pa.types
+    found: set[type] = {type(None)} if nullable else set()
+    if is_.is_boolean(t):
+        found.add(bool)
+    elif is_.is_integer(t):
+        found.add(int)
+    elif is_.is_floating(t):
+        found |= {int, float}
+    elif is_.is_string(t) or is_.is_large_string(t):
+        found.add(str)
+    elif is_.is_binary(t) or is_.is_large_binary(t):
+        found |= {bytes, bytearray}
+    return frozenset(found)
+
+
+class _Field:
+    """One output field: its name, type, full per-value check and the types that need none."""
+
+    def __init__(self, field: pa.Field) -> None:
+        self.name, self.type = field.name, field.type
+        self.ok = _value_check(field)
+        self.fast = _fast_types(field.type, field.nullable)
+        self.int_range = _bounds(field.type) if pa.types.is_integer(field.type) else None
+
+    def column_ok(self, values: list[Any]) -> bool:
+        """Whether every value of the column is right, checked with few Python operations per value."""
+        if not set(map(type, values)) <= self.fast:
+            return all(map(self.ok, values))
+        if self.int_range is not None:
+            ints = [v for v in values if v is not None]
+            return not ints or (self.int_range[0] <= min(ints) and max(ints) <= self.int_range[1])
+        return True
+
+
+def _bounds(t: pa.DataType) -> tuple[int, int]:
+    bits = t.bit_width
+    return (0, 2 ** bits - 1) if pa.types.is_unsigned_integer(t) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+
+class Outputs:
+    """A subtask's output rows of one batch: as dicts (:attr:`rows`) and, with an output schema, as an Arrow
+    table (:attr:`table`); each form is built from the other on first use."""
+
+    def __init__(self, rows: list[Row] | None = None, table: pa.Table | None = None) -> None:
+        self._rows, self._table = rows, table
+
+    def __len__(self) -> int:
+        return len(self._rows) if self._rows is not None else (self._table.num_rows if self._table else 0)
+
+    @property
+    def rows(self) -> list[Row]:
+        if self._rows is None:
+            self._rows = self._table.to_pylist() if self._table is not None else []
+        return self._rows
+
+    @property
+    def table(self) -> pa.Table | None:
+        """The rows as an Arrow table of the output schema (None without a schema)."""
+        return self._table
+
+
+class ColumnChunk:
+    """Output rows of one result as columns: parts, each a mapping of column name to values (numpy arrays or
+    lists of equal length), as an adapter turns DataFrames into them without a dict per row."""
+
+    def __init__(self, parts: list[Mapping[str, Any]]) -> None:
+        self.parts = parts
+
+    @staticmethod
+    def of(items: Iterable[Any], to_columns: Callable[[Any], Mapping[str, Any]]) -> ColumnChunk:
+        return ColumnChunk([to_columns(item) for item in items])
+
+
+_ROW_CONTAINERS = (list, tuple, types.GeneratorType)  # results that are certainly iterables of rows
+
+
+class OutputBuffer:
+    """Collects the rows one processor produces in a batch and checks them against ``schema`` (None: rows need
+    only be dicts) column by column when the batch is done (:meth:`finish`), so a wrong row fails its batch
+    before the checkpoint. Each result is checked as it comes for being rows at all (not a dict or a scalar).
 
     Args:
         processor: the processor (named in errors).
@@ -110,33 +194,113 @@ class OutputCheck:
         self.processor_name = getattr(processor, "display_name", None) or type(processor).__qualname__
         self.schema = schema
         self.names = frozenset(schema.names) if schema is not None else None
-        self.fields = [(f.name, _value_check(f), f.type) for f in schema] if schema is not None else []
+        self.fields = [_Field(f) for f in schema] if schema is not None else []
+        self.rows: list[Row] = []
+        self._starts: list[int] = []  # rows produced before each result
+        self._origins: list[tuple[str, Any]] = []  # (hook, key) of each result
+        self._tables: list[pa.Table] = []  # columns a BatchProcessor returned, already checked
+        self._chunks: list[tuple[Mapping[str, Any], str, Any]] = []  # (columns, hook, key) of ColumnChunks
 
-    def extend(self, out: list[Row], produced: Iterable[Row] | None, hook: str, key: Any = NO_KEY) -> None:
-        """Append the rows of ``produced`` (a result of ``hook`` for ``key``) to ``out``, checking each."""
+    def extend(self, produced: Iterable[Row] | ColumnChunk | None, hook: str, key: Any = NO_KEY) -> None:
+        """Add the rows of ``produced`` (a result of ``hook`` for ``key``)."""
         if produced is None:
             return
-        if isinstance(produced, (dict, str, bytes)) or not isinstance(produced, Iterable):
+        kind = type(produced)
+        if kind is ColumnChunk:
+            self._chunks.extend((part, hook, key) for part in produced.parts)  # type: ignore[union-attr]
+            return
+        if kind not in _ROW_CONTAINERS and (isinstance(produced, (dict, str, bytes))
+                                            or not isinstance(produced, Iterable)):
             what = "a dict, not rows: yield it (or return a list of dicts)" if isinstance(produced, dict) else \
                 f"{type(produced).__name__} {short_repr(produced)}, not an iterable of rows (dicts)"
             raise self._error(hook, key, f"returned {what}")
-        for row in produced:
-            self._check(row, hook, key)
-            out.append(row)
+        self._starts.append(len(self.rows))
+        self._origins.append((hook, key))
+        self.rows.extend(produced)
 
-    def _check(self, row: Any, hook: str, key: Any) -> None:
-        if not isinstance(row, dict):
-            raise self._error(hook, key, f"produced a {type(row).__name__} row {short_repr(row)}: a row is a dict "
-                                         f"of field name to value{self._fields_hint()}")
-        if self.names is None:
+    def add_columns(self, columns: Any, hook: str) -> None:
+        """Add the rows a ``BatchProcessor`` returned as columns (a table, a record batch or a mapping of
+        name to values), converted to the output schema: only lossless conversions between number types."""
+        if columns is None:
             return
+        table = _as_table(columns, lambda problem: self._error(hook, NO_KEY, problem))
+        if self.schema is None:
+            self.rows.extend(table.to_pylist())
+            return
+        self._tables.append(_conform(table, self.schema, lambda problem: self._error(hook, NO_KEY, problem)))
+
+    def finish(self) -> Outputs:
+        """Check every row collected (an :class:`~spate.errors.OutputError` names the first wrong one) and
+        return them."""
+        rows = self.rows
+        if self.schema is None and self._chunks:
+            rows.extend(pa.table({n: _concat([p[n] for p, _, _ in self._chunks]) for n in self._chunks[0][0]})
+                        .to_pylist())
+        if set(map(type, rows)) - {dict}:
+            self._check_each(rows)
+        if self.schema is None:
+            return Outputs(rows)
+        names = self.names
+        if not all(r.keys() == names for r in rows):
+            self._check_each(rows)
+        columns = []
+        for f in self.fields:
+            values = [r[f.name] for r in rows]
+            if not f.column_ok(values):
+                self._check_each(rows)
+            columns.append(pa.array(values, type=f.type))
+        table = pa.Table.from_arrays(columns, schema=self.schema)
+        if self._tables or self._chunks:
+            chunks = [self._chunk_table()] if self._chunks else []
+            return Outputs(None, pa.concat_tables([table, *self._tables, *chunks]))
+        return Outputs(rows, table)
+
+    def _chunk_table(self) -> pa.Table:
+        """The column chunks as one table of the output schema (numbers converted as Arrow converts pandas)."""
+        assert self.schema is not None
+        for part, hook, key in self._chunks:
+            if part.keys() != self.names:
+                raise self._error(hook, key, self._field_names_problem(dict.fromkeys(part)))
+        columns = []
+        for f in self.schema:
+            values = [part[f.name] for part, _, _ in self._chunks]
+            try:
+                columns.append(pa.array(_concat(values), type=f.type, from_pandas=True))
+            except (pa.ArrowException, TypeError, ValueError) as e:
+                raise self._chunk_error(f, e) from e
+        return pa.Table.from_arrays(columns, schema=self.schema)
+
+    def _chunk_error(self, f: _Field, e: Exception) -> OutputError:
+        """The error naming the first result whose column ``f`` Arrow cannot convert."""
+        for part, hook, key in self._chunks:
+            try:
+                pa.array(part[f.name], type=f.type, from_pandas=True)
+            except (pa.ArrowException, TypeError, ValueError) as err:
+                return self._error(hook, key, f"produced column {f.name!r} that cannot be stored as {f.type} ({err})")
+        return self._error("process", NO_KEY, f"produced column {f.name!r} that cannot be stored as {f.type} ({e})")
+
+    def _check_each(self, rows: list[Row]) -> None:
+        """The slow path: find the first wrong row and raise for it, naming the hook and key that made it."""
+        for i, row in enumerate(rows):
+            problem = self._problem(row)
+            if problem is not None:
+                hook, key = self._origins[bisect.bisect_right(self._starts, i) - 1]
+                raise self._error(hook, key, problem)
+
+    def _problem(self, row: Any) -> str | None:
+        if not isinstance(row, dict):
+            return f"produced a {type(row).__name__} row {short_repr(row)}: a row is a dict of field name to " \
+                   f"value{self._fields_hint()}"
+        if self.names is None:
+            return None
         if row.keys() != self.names:
-            raise self._error(hook, key, self._field_names_problem(row))
-        for name, ok, arrow_type in self.fields:
-            if not ok(row[name]):
-                value = row[name]
-                raise self._error(hook, key, f"field {name!r} = {short_repr(value)} ({type(value).__name__}) "
-                                             f"cannot be stored as {arrow_type} in row {short_repr(row)}")
+            return self._field_names_problem(row)
+        for f in self.fields:
+            if not f.ok(row[f.name]):
+                value = row[f.name]
+                return (f"field {f.name!r} = {short_repr(value)} ({type(value).__name__}) cannot be stored as "
+                        f"{f.type} in row {short_repr(row)}")
+        return None
 
     def _field_names_problem(self, row: Row) -> str:
         assert self.names is not None
@@ -152,3 +316,59 @@ class OutputCheck:
     def _error(self, hook: str, key: Any, problem: str) -> OutputError:
         where = f"{self.processor_name}.{hook}" + ("" if key is NO_KEY else f" for key {short_repr(key)}")
         return OutputError(f"{where} {problem}; the batch fails and its checkpoint is not taken")
+
+
+def _concat(values: list[Any]) -> Any:
+    """One column from the parts' columns (numpy arrays concatenated, anything else as a list)."""
+    import numpy as np
+
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.concatenate(values) if values else np.array([])
+    return [x for v in values for x in v]
+
+
+def _as_table(columns: Any, error: Callable[[str], OutputError]) -> pa.Table:
+    if isinstance(columns, pa.Table):
+        return columns
+    if isinstance(columns, pa.RecordBatch):
+        return pa.Table.from_batches([columns])
+    if isinstance(columns, Mapping):
+        try:
+            return pa.table({name: _column(values) for name, values in columns.items()})
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            raise error(f"returned columns Arrow cannot build a table of ({e})") from e
+    raise error(f"returned {type(columns).__name__}, not columns (a pyarrow Table or RecordBatch, or a mapping "
+                "of column name to values)")
+
+
+def _column(values: Any) -> Any:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)) or hasattr(values, "__array__"):
+        return values
+    return list(values)
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
+def _conform(table: pa.Table, schema: pa.Schema, error: Callable[[str], OutputError]) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns and types: numbers cast without loss, nothing else cast."""
+    names = set(table.column_names)
+    if names != set(schema.names):
+        extra, missing = sorted(names - set(schema.names)), sorted(set(schema.names) - names)
+        what = f"column {extra[0]!r}, which is not in the output schema" if extra else f"no column {missing[0]!r}"
+        raise error(f"returned {what} ({', '.join(schema.names)})")
+    columns = []
+    for f in schema:
+        col = table.column(f.name)
+        if col.type != f.type:
+            if not (_numeric(col.type) and _numeric(f.type)) and not pa.types.is_null(col.type):
+                raise error(f"returned column {f.name!r} of type {col.type}, which cannot be stored as {f.type}")
+            try:
+                col = col.cast(f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise error(f"returned column {f.name!r} with values {f.type} cannot hold ({e})") from e
+        if not f.nullable and col.null_count:
+            raise error(f"returned nulls in column {f.name!r}, which the output schema makes non-nullable")
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=schema)

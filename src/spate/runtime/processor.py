@@ -8,7 +8,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
-from spate.state.descriptors import StateDescriptor
+from spate.state.bulk import BulkValueState
+from spate.state.descriptors import StateDescriptor, ValueStateDescriptor
 from spate.state.keyed import KeyedStateBackend
 from spate.state.operator import BroadcastState, ListOperatorState, OperatorStateBackend
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
@@ -39,6 +40,14 @@ class Context:
     def state(self, descriptor: StateDescriptor) -> Any:
         """The keyed state object of ``descriptor``, scoped to whichever key is being processed."""
         return self._keyed.get_state(descriptor)
+
+    def bulk_state(self, descriptor: ValueStateDescriptor) -> BulkValueState:
+        """Value state of many keys at once (``get_many`` / ``put_many``), for a ``BatchProcessor``: the same
+        state ``state(descriptor)`` gives key by key."""
+        if not isinstance(descriptor, ValueStateDescriptor):
+            raise TypeError(f"bulk_state supports value state only; {descriptor.name!r} is "
+                            f"{type(descriptor).__name__}")
+        return BulkValueState(self._keyed, self._keyed.get_state(descriptor))
 
     @property
     def key(self) -> Any:

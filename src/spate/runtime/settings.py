@@ -39,6 +39,7 @@ _CONF: dict[str, tuple[str, Callable[[str], Any]]] = {
     "restoreFrom": ("restore_from", str),
     "evictIdleAfterBatches": ("evict_idle_after_batches", int),
     "evictIdleAfterSeconds": ("evict_idle_after_s", float),
+    "profile": ("profile", _bool),
 }
 
 
@@ -68,6 +69,8 @@ class SpateSettings:
             running the subtask: both, so that neither fast nor slow triggers close subtasks a worker still
             serves. An executor deletes a local copy of the query that no process holds open and none used for
             ``evict_idle_after_s`` (its subtask runs on another executor now). Defaults: 10 batches, 300 s.
+        profile: also time the state table's reads and writes in every batch (each ack's ``profile`` statistics
+            always hold the other phases: reading Arrow, grouping, processing, outputs, snapshot).
     """
 
     checkpoint_root: str = ""
@@ -84,6 +87,7 @@ class SpateSettings:
     restore_from: str | None = None
     evict_idle_after_batches: int = 10
     evict_idle_after_s: float = 300.0
+    profile: bool = False
 
     def __post_init__(self) -> None:
         if not self.checkpoint_root:

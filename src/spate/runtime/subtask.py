@@ -25,10 +25,10 @@ from spate.checkpoint.metadata import checkpoint_dir, staged_dir
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import FileMergingManager, subtask_dir
-from spate.keygroups import normalize_key
+from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyedRow
 from spate.runtime.localstate import local_state_dir
-from spate.runtime.outputs import OutputCheck
-from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
+from spate.runtime.outputs import NO_KEY, OutputBuffer, Outputs
+from spate.runtime.processor import Context, Processor, Row
 from spate.runtime.recovery import (
     LINEAGE_META,
     Lineage,
@@ -52,6 +52,7 @@ from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_table import LmdbTable
 from spate.state.operator import OperatorStateBackend, RestoredOperatorState
 from spate.state.table import StateTable
+from spate.state.timed import TimedTable
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class SubtaskConfig:
     changelog: ChangelogConfig | None = None
     file_merging: FileMergingConfig | None = None
     output_schema: Any = None  # a pyarrow.Schema the output rows must match (checked before each checkpoint)
+    profile: bool = False  # time the state table's reads and writes (ack stats "profile": "table_ms")
 
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:
@@ -86,12 +88,14 @@ class SubtaskConfig:
         check_pickle_allowed(self.output_serializer, self.allow_pickle, "output_serializer")
 
 
-ProcessorFactory = Callable[[], Processor]
+AnyProcessor = Processor | BatchProcessor
+ProcessorFactory = Callable[[], AnyProcessor]
 
 
-def processor_factory(processor: Processor | type[Processor] | ProcessorFactory) -> ProcessorFactory:
-    """Accept a Processor instance (deep-copied per subtask), a class, or a zero-argument factory."""
-    if isinstance(processor, Processor):
+def processor_factory(processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory) -> ProcessorFactory:
+    """Accept a Processor or BatchProcessor instance (deep-copied per subtask), a class, or a zero-argument
+    factory."""
+    if isinstance(processor, (Processor, BatchProcessor)):
         return lambda: copy.deepcopy(processor)
     if callable(processor):
         return processor  # type: ignore[return-value]
@@ -101,7 +105,11 @@ def processor_factory(processor: Processor | type[Processor] | ProcessorFactory)
 @dataclass
 class BatchOutput:
     ack: SubtaskAck
-    rows: list[Row]
+    outputs: Outputs
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.outputs.rows
 
 
 class Subtask:
@@ -130,18 +138,33 @@ class Subtask:
         self._verified_local: set[str] = set()  # lmdb directories this process checked against their digest
 
     # -- the batch ------------------------------------------------------------------------------------
-    def run(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> BatchOutput:
-        """Process one micro-batch: ``rows`` are (key group, key, row) of this subtask's key groups."""
-        return self.start(plan, rows)()
+    def run(self, plan: SubtaskPlan, batch: KeyedBatch | Sequence[KeyedRow]) -> BatchOutput:
+        """Process one micro-batch: this subtask's rows grouped by key, or (key group, key, row) triples."""
+        return self.start(plan, batch)()
 
-    def start(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> Callable[[], BatchOutput]:
+    def start(self, plan: SubtaskPlan, batch: KeyedBatch | Sequence[KeyedRow]) -> Callable[[], BatchOutput]:
         """Process the batch and start its snapshot; the returned function waits until the snapshot is
         durable and gives the ack (a runner starts every subtask before waiting for any)."""
+        if not isinstance(batch, KeyedBatch):
+            batch = KeyedBatch.from_rows(batch)
         self._check_plan(plan)
+        clock = _PhaseClock()
         self._prepare(plan)
-        out = self._process(plan, rows)
-        finish = self._snapshot(plan, rows, out)
-        return lambda: BatchOutput(finish(), out)
+        clock.lap("prepare_ms")
+        table_s = self._table_seconds()
+        out = self._process(plan, batch, clock)
+        clock.phases["table_ms"] = (self._table_seconds() - table_s) * 1000
+        finish = self._snapshot(plan, batch, out)
+        clock.lap("snapshot_start_ms")
+
+        def done() -> BatchOutput:
+            ack = finish()
+            clock.lap("snapshot_wait_ms")
+            if self.config.profile:
+                ack.stats["profile"] = clock.rounded()
+            return BatchOutput(ack, out)
+
+        return done
 
     def _check_plan(self, plan: SubtaskPlan) -> None:
         if (plan.index, plan.parallelism) != (self.index, self.parallelism):
@@ -261,8 +284,16 @@ class Subtask:
 
     def _lmdb(self) -> LmdbTable | None:
         table = self.keyed.table if self.keyed is not None else None
-        table = getattr(table, "inner", table)
+        while hasattr(table, "inner"):  # under the changelog and the profiling wrappers
+            table = table.inner
         return table if isinstance(table, LmdbTable) else None
+
+    def _table_seconds(self) -> float:
+        """Seconds spent in the state table's reads and writes so far (profiling only, else 0)."""
+        table = self.keyed.table if self.keyed is not None else None
+        while table is not None and not isinstance(table, TimedTable):
+            table = getattr(table, "inner", None)
+        return table.seconds if table is not None else 0.0
 
     def release_local_state(self) -> None:
         """Between batches: let another process (another Spark Python worker) take this subtask's lmdb state;
@@ -298,7 +329,9 @@ class Subtask:
         return self._with_changelog(plan, LmdbTable(path))
 
     def _with_changelog(self, plan: SubtaskPlan, table: StateTable) -> StateTable:
-        """With the changelog on, wrap ``table`` so every change is also logged."""
+        """With the changelog on, wrap ``table`` so every change is also logged (and, profiling, timed)."""
+        if self.config.profile:
+            table = TimedTable(table)
         cfg = self.config.changelog
         if cfg is None:
             return table
@@ -362,34 +395,45 @@ class Subtask:
         self.keyed.table.commit()
         self._tag = None
 
-    def _process(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]]) -> list[Row]:
+    def _process(self, plan: SubtaskPlan, batch: KeyedBatch, clock: _PhaseClock) -> Outputs:
         keyed, ctx, proc = self.keyed, self.ctx, self.processor
         assert keyed is not None and ctx is not None and proc is not None
         keyed.now_ms = ctx.processing_time_ms = plan.processing_time_ms
         ctx.watermark_ms, ctx.batch_id = plan.watermark_ms, plan.checkpoint_id
-        out: list[Row] = []
-        check = OutputCheck(proc, self.config.output_schema)
-        self._fire(PROCESSING_TIME, plan.processing_time_ms, out, check)
-        for (kg, key), key_rows in _group_by_key(rows).items():
-            keyed.set_current_key(key, kg)
-            check.extend(out, proc.process(key, key_rows, ctx), "process", key)
-        if plan.watermark_ms is not None:
-            self._fire(EVENT_TIME, plan.watermark_ms, out, check)
+        out = OutputBuffer(proc, self.config.output_schema)
+        if isinstance(proc, BatchProcessor):
+            out.add_columns(proc.process_batch(batch, ctx), "process_batch")
+        else:
+            self._fire(PROCESSING_TIME, plan.processing_time_ms, out)
+            self._process_keys(proc, batch, out)
+            if plan.watermark_ms is not None:
+                self._fire(EVENT_TIME, plan.watermark_ms, out)
         keyed.clear_current_key()
-        check.extend(out, proc.end_batch(ctx), "end_batch")
-        return out
+        out.extend(proc.end_batch(ctx), "end_batch", NO_KEY)
+        clock.lap("process_ms")
+        outputs = out.finish()
+        clock.lap("outputs_ms")
+        return outputs
 
-    def _fire(self, domain: str, up_to: int, out: list[Row], check: OutputCheck) -> None:
+    def _process_keys(self, proc: Processor, batch: KeyedBatch, out: OutputBuffer) -> None:
+        """``process`` once per key of the batch, in key-group order."""
+        keyed, ctx = self.keyed, self.ctx
+        assert keyed is not None and ctx is not None
+        enter, process, rows_of, extend = keyed.enter_key, proc.process, batch.rows_of, out.extend
+        for i, (key, kg, kb) in enumerate(zip(batch.keys, batch.key_groups, batch.encoded_keys, strict=True)):
+            enter(key, kg, kb)
+            extend(process(key, rows_of(i), ctx), "process", key)
+
+    def _fire(self, domain: str, up_to: int, out: OutputBuffer) -> None:
         keyed, ctx, proc = self.keyed, self.ctx, self.processor
-        assert keyed is not None and ctx is not None and proc is not None
+        assert keyed is not None and ctx is not None and isinstance(proc, Processor)
         ctx.timer_domain = domain
         for ts, namespace in keyed.timers.pop_due(domain, up_to):
             ctx.timer_namespace = namespace
-            check.extend(out, proc.on_timer(keyed.current_key, ts, ctx), "on_timer", keyed.current_key)
+            out.extend(proc.on_timer(keyed.current_key, ts, ctx), "on_timer", keyed.current_key)
         ctx.timer_domain = ctx.timer_namespace = None
 
-    def _snapshot(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]],
-                  out: list[Row]) -> Callable[[], SubtaskAck]:
+    def _snapshot(self, plan: SubtaskPlan, batch: KeyedBatch, out: Outputs) -> Callable[[], SubtaskAck]:
         keyed, operator = self.keyed, self.operator
         assert keyed is not None and operator is not None
         started = time.perf_counter()
@@ -417,10 +461,11 @@ class Subtask:
         op_handle = write_operator_snapshot(operator, op_out)
         staged = None
         if self.config.stage_outputs:
-            staged = write_outputs(out, staged_out, resolve_serializer(self.config.output_serializer))
+            staged = write_outputs(out.table if out.table is not None else out.rows, staged_out,
+                                   resolve_serializer(self.config.output_serializer))
         new_files += [h.segment for h in (op_handle, staged) if h is not None]
         start_ms = (time.perf_counter() - started) * 1000
-        return lambda: self._acknowledge(plan, rows, start_ms, keyed_handles, clog_finish, op_handle, staged,
+        return lambda: self._acknowledge(plan, batch, start_ms, keyed_handles, clog_finish, op_handle, staged,
                                          new_files, reuse)
 
     def _writers(self, plan: SubtaskPlan, manager: FileMergingManager | None) -> tuple[SegmentWriter, ...]:
@@ -442,7 +487,7 @@ class Subtask:
         return Relocator(self.services.storage, out, plan.non_reusable,
                          (subtask_dir(self.index, self.parallelism), manager.worker_dir))
 
-    def _acknowledge(self, plan: SubtaskPlan, rows: Sequence[tuple[int, Any, Row]], start_ms: float,
+    def _acknowledge(self, plan: SubtaskPlan, batch: KeyedBatch, start_ms: float,
                      keyed_handles: list, clog_finish: Callable[[], tuple[list, list, dict]] | None,
                      op_handle: Any, staged: Any, new_files: list[FileRef], reuse: bool) -> SubtaskAck:
         """Once everything is durable: tag the live state with the checkpoint and build the ack."""
@@ -477,17 +522,14 @@ class Subtask:
             stats["materialization_started"] = True
         r = self.recovery
         return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, changelog, op_handle, staged,
-                          files, self._max_event_time(rows), stats, manager.worker_id if manager else None,
-                          rows=len(rows), staged=self.config.stage_outputs, recovery=r.kind,
+                          files, self._max_event_time(batch), stats, manager.worker_id if manager else None,
+                          rows=batch.num_rows, staged=self.config.stage_outputs, recovery=r.kind,
                           restored_from=r.restored_from, caught_up_from=r.caught_up_from,
                           restore_bytes=r.restore_bytes, restore_ms=round(r.restore_ms, 3))
 
-    def _max_event_time(self, rows: Sequence[tuple[int, Any, Row]]) -> int | None:
+    def _max_event_time(self, batch: KeyedBatch) -> int | None:
         col = self.config.event_time_column
-        if col is None:
-            return None
-        times = [to_epoch_ms(r[col]) for _, _, r in rows if r.get(col) is not None]
-        return max(times) if times else None
+        return batch.max_event_time(col) if col is not None else None
 
     def _give_up_unsynced(self, manager: FileMergingManager, keep: list[FileRef] | None = None) -> None:
         """Segments an attempt wrote but no ack named (the attempt failed, or a copy was not needed): they no
@@ -576,21 +618,17 @@ class Relocator:
         return relocate(self.storage, h, self.out) if self.needed(h) else h
 
 
-def _group_by_key(rows: Sequence[tuple[int, Any, Row]]) -> dict[tuple[int, Any], list[Row]]:
-    """Rows per (key group, key), keys normalized as Spark groups them (``-0.0`` is ``0.0``, all NaNs one
-    key): the key a processor sees is the key its state is stored under."""
-    groups = _group(rows)
-    if all(normalize_key(key) is key for _kg, key in groups):
-        return groups
-    return _group([(kg, normalize_key(key), row) for kg, key, row in rows])  # rare: -0.0 or NaN keys
+class _PhaseClock:
+    """Milliseconds of each phase of a subtask's batch (reported in the ack's stats as ``profile``)."""
 
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._at = time.perf_counter()
 
-def _group(rows: Sequence[tuple[int, Any, Row]]) -> dict[tuple[int, Any], list[Row]]:
-    groups: dict[tuple[int, Any], list[Row]] = {}
-    for kg, key, row in rows:
-        g = groups.get((kg, key))
-        if g is None:
-            groups[(kg, key)] = [row]
-        else:
-            g.append(row)
-    return groups
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + (now - self._at) * 1000
+        self._at = now
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.phases.items()}

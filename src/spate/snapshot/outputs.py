@@ -6,9 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
 from spate.segments import FileRef, SegmentWriter
 from spate.serde import Serializer, encode, serializer_by_name
+
+ARROW = "arrow"  # the serializer name of outputs staged as an Arrow IPC stream
 
 
 @dataclass(frozen=True)
@@ -34,21 +38,51 @@ class OutputsHandle:
         return OutputsHandle(**data)
 
 
-def write_outputs(rows: list[Any], out: SegmentWriter, serializer: Serializer) -> OutputsHandle | None:
-    """Stage ``rows`` as one logical file; None when there are no rows."""
-    if not rows:
+def write_outputs(rows: list[Any] | pa.Table, out: SegmentWriter, serializer: Serializer) -> OutputsHandle | None:
+    """Stage ``rows`` as one logical file; None when there are no rows. An Arrow table (rows of the output
+    schema) is staged as an Arrow IPC stream (serializer ``"arrow"``), a list of rows with ``serializer``."""
+    if not len(rows):
         return None
-    data = frame(FrameKind.STAGED_OUTPUTS, encode(serializer, rows, "output rows to stage"))
+    if isinstance(rows, pa.Table):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        payload, name = sink.getvalue().to_pybytes(), ARROW
+    else:
+        payload, name = encode(serializer, rows, "output rows to stage"), serializer.name
+    data = frame(FrameKind.STAGED_OUTPUTS, payload)
     ref = out.write(data)
-    return OutputsHandle(ref.path, len(data), len(rows), serializer.name, ref.offset)
+    return OutputsHandle(ref.path, len(data), len(rows), name, ref.offset)
 
 
 def read_outputs(storage: CheckpointStorage, handle: OutputsHandle, allow_pickle: bool = False,
                  decode: bool = True) -> list[Any]:
     """The staged rows of ``handle``, verified (``decode=False``: only verified, nothing returned)."""
-    data = storage.read_range(handle.path, handle.file_offset, handle.size, "staged outputs")
-    payload = read_single_frame(data, f"{storage.path(handle.path)} at offset {handle.file_offset}",
-                                FrameKind.STAGED_OUTPUTS)
+    payload = _payload(storage, handle)
     if not decode:
         return []
+    if handle.serializer == ARROW:
+        return _ipc_table(payload).to_pylist()
     return serializer_by_name(handle.serializer, allow_pickle, f"staged outputs {handle.path}").loads(payload)
+
+
+def read_outputs_table(storage: CheckpointStorage, handle: OutputsHandle, schema: pa.Schema,
+                       allow_pickle: bool = False) -> pa.Table:
+    """The staged rows of ``handle`` as an Arrow table of ``schema``, verified."""
+    if handle.serializer != ARROW:
+        return pa.Table.from_pylist(read_outputs(storage, handle, allow_pickle), schema=schema)
+    table = _ipc_table(_payload(storage, handle))
+    if table.schema != schema:
+        table = table.cast(schema)
+    return table
+
+
+def _payload(storage: CheckpointStorage, handle: OutputsHandle) -> bytes:
+    data = storage.read_range(handle.path, handle.file_offset, handle.size, "staged outputs")
+    return read_single_frame(data, f"{storage.path(handle.path)} at offset {handle.file_offset}",
+                             FrameKind.STAGED_OUTPUTS)
+
+
+def _ipc_table(payload: bytes) -> pa.Table:
+    with pa.ipc.open_stream(pa.py_buffer(payload)) as reader:
+        return reader.read_all()

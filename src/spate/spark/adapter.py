@@ -16,9 +16,11 @@ Differences from Spark, on purpose or by construction:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from spate.runtime.batch import KeyRows
+from spate.runtime.outputs import ColumnChunk
 from spate.runtime.processor import Context, Processor, Row
 from spate.state.descriptors import ListStateDescriptor, MapStateDescriptor, StateDescriptor, ValueStateDescriptor
 
@@ -221,10 +223,10 @@ class StatefulProcessorAdapter(Processor):
         self.handle = StatefulProcessorHandle(ctx, self.time_mode)
         self.processor.init(self.handle)
 
-    def process(self, key: Any, rows: list[Row], ctx: Context) -> Iterable[Row] | None:
+    def process(self, key: Any, rows: Sequence[Row], ctx: Context) -> ColumnChunk | list[Row]:
         return self._outputs(self.processor.handleInputRows(_spark_key(key), self._inputs(rows), _timers(ctx)))
 
-    def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> Iterable[Row] | None:
+    def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> ColumnChunk | list[Row] | None:
         handler = getattr(self.processor, "handleExpiredTimer", None)
         if handler is None:
             return None
@@ -233,23 +235,57 @@ class StatefulProcessorAdapter(Processor):
     def close(self) -> None:
         self.processor.close()
 
-    def _inputs(self, rows: list[Row]) -> Iterator[Any]:
+    def _inputs(self, rows: Sequence[Row]) -> Iterator[Any]:
+        """The key's rows as Spark hands them over: one pandas DataFrame (a slice of the batch's, made once per
+        batch from Arrow), or ``Row`` objects made from the batch's columns."""
         if self.flavour == "pandas":
-            import pandas as pd
+            return iter([_pandas_rows(rows)])
+        return _spark_rows(rows)
 
-            return iter([pd.DataFrame(rows)])
-        from pyspark.sql import Row as SparkRow
-
-        return iter([SparkRow(**r) for r in rows])
-
-    def _outputs(self, produced: Any) -> list[Row]:
+    def _outputs(self, produced: Any) -> ColumnChunk | list[Row]:
+        """What the processor yielded: DataFrames as one chunk of columns (no dict per row), Rows as dicts."""
+        if self.flavour == "pandas":
+            frames = [f for f in produced or () if len(f)]
+            return ColumnChunk.of(frames, self._frame_columns)
         out: list[Row] = []
         for item in produced or ():
-            if self.flavour == "pandas":
-                out.extend(plain(r) for r in item.to_dict("records"))
-            else:
-                out.append(plain(item.asDict(recursive=True)))
+            fields = getattr(item, "__fields__", None)
+            row = dict(zip(fields, item, strict=True)) if fields is not None else item.asDict(recursive=True)
+            out.append(plain(row) if not _flat_plain(row) else row)
         return out
+
+    @staticmethod
+    def _frame_columns(frame: Any) -> dict[str, Any]:
+        return {str(name): series.to_numpy() for name, series in frame.items()}
+
+
+def _pandas_rows(rows: Sequence[Row]) -> Any:
+    """A key's rows as a pandas DataFrame with a fresh index: a slice of the batch's DataFrame for row views,
+    else built from the dicts."""
+    import pandas as pd
+
+    if isinstance(rows, KeyRows):
+        frame = rows.pandas()
+        frame.index = pd.RangeIndex(len(frame))
+        return frame
+    return pd.DataFrame(list(rows))
+
+
+def _spark_rows(rows: Sequence[Row]) -> Iterator[Any]:
+    from pyspark.sql import Row as SparkRow
+
+    if isinstance(rows, KeyRows):
+        make = SparkRow(*rows.column_names)
+        return (make(*values) for values in rows.tuples())
+    return (SparkRow(**r) for r in rows)
+
+
+_PLAIN_TYPES = (str, int, float, bool, type(None), bytes)
+
+
+def _flat_plain(row: Row) -> bool:
+    """Whether every value of ``row`` is a plain Python scalar (then ``plain`` has nothing to do)."""
+    return all(type(v) in _PLAIN_TYPES for v in row.values())
 
 
 def _spark_key(key: Any) -> tuple:

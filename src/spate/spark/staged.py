@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.fs import storage_for
-from spate.snapshot.outputs import OutputsHandle, read_outputs
+from spate.snapshot.outputs import OutputsHandle, read_outputs_table
 
 
 def staged_outputs_frame(spark: Any, checkpoint_uri: str, meta: CheckpointMetadata, output_schema: Any,
@@ -37,5 +37,5 @@ def read_staged(checkpoint_uri: str, handles: list[dict[str, Any]], batches: Ite
     storage = storage_for(checkpoint_uri)
     for batch in batches:
         for i in batch.column(0).to_pylist():
-            rows = read_outputs(storage, OutputsHandle.from_dict(handles[i]), allow_pickle)
-            yield from pa.Table.from_pylist(rows, schema=arrow_schema).to_batches()
+            yield from read_outputs_table(storage, OutputsHandle.from_dict(handles[i]), arrow_schema,
+                                          allow_pickle).to_batches()

@@ -62,6 +62,10 @@ class BatchMetrics:
     spark_tasks: int = 0  # tasks of the stage that ran the subtasks
     plan_bytes_max: int = 0  # the largest plan a task received
     subtasks: list[AckInfo] = field(default_factory=list)  # per subtask: executor, recovery, restore bytes and ms
+    job_ms: float = 0.0  # spate's Spark job: routing the rows, running the subtasks, collecting the acks
+    deliver_ms: float = 0.0  # the sink's call
+    worker_peak_rss_bytes: int = 0  # the largest peak RSS of the Python workers that ran the subtasks
+    profile: dict[str, float] = field(default_factory=dict)  # settings.profile: per phase, the slowest subtask's ms
 
 
 class StatefulStream:
@@ -110,6 +114,7 @@ class StatefulStream:
         self.redelivered: list[int] = []
         self.placement = Placement()  # where each subtask's state lives, learned from the acks
         self._loop: DriverLoop | None = None
+        self._deliver_ms = 0.0  # the last sink call's
 
     # -- starting --------------------------------------------------------------------------------------
     def start(self, sink: Sink | None = None, *, trigger: dict[str, Any] | None = None,
@@ -156,6 +161,7 @@ class StatefulStream:
     def _process_batch(self, batch_df: Any, batch_id: int) -> None:
         assert self._loop is not None
         started = time.perf_counter()
+        self._deliver_ms = 0.0
         self.spark_checkpoint.sync()  # Spark's offsets of batch n reach the root before checkpoint n can complete
         self._deliver_staged()
         if self._loop.covered(batch_id):
@@ -168,9 +174,11 @@ class StatefulStream:
         spark: dict[str, int] = {}
 
         def run_subtasks(plans: list[SubtaskPlan]) -> list[SubtaskAck]:  # the batch's one Spark job
+            job_started = time.perf_counter()
             sent.extend(json.dumps(plan.to_dict()).encode() for plan in plans)
             acks = self._run_subtasks(batch_df, batch_id, sent)
-            spark.update(jobs=jobs.since(), tasks=jobs.last_stage_tasks())
+            spark.update(jobs=jobs.since(), tasks=jobs.last_stage_tasks(),
+                         job_us=int((time.perf_counter() - job_started) * 1e6))
             return acks
 
         done = self._loop.run_batch(batch_id, run_subtasks,
@@ -184,7 +192,12 @@ class StatefulStream:
                                          (time.perf_counter() - started) * 1000, done.commit_ms, restored,
                                          spark_jobs=spark["jobs"], spark_tasks=spark["tasks"],
                                          plan_bytes_max=max(map(len, sent)),
-                                         subtasks=[AckInfo(**st.ack_info()) for st in meta.subtasks]))
+                                         subtasks=[AckInfo(**st.ack_info()) for st in meta.subtasks],
+                                         job_ms=spark["job_us"] / 1000, deliver_ms=self._deliver_ms,
+                                         worker_peak_rss_bytes=max(st.stats.get("peak_rss_bytes", 0)
+                                                                   for st in meta.subtasks),
+                                         profile=_slowest_phases([st.stats.get("profile", {})
+                                                                  for st in meta.subtasks])))
 
     def _run_subtasks(self, batch_df: Any, batch_id: int, plans: list[bytes]) -> list[SubtaskAck]:
         """The batch's one Spark job: route every row to its subtask's partition, run each subtask where its
@@ -235,7 +248,9 @@ class StatefulStream:
 
     def _deliver(self, meta: CheckpointMetadata) -> None:
         assert self.sink is not None
+        started = time.perf_counter()
         self.sink(self._staged_outputs(meta), meta.checkpoint_id)
+        self._deliver_ms = (time.perf_counter() - started) * 1000
 
     def _staged_outputs(self, meta: CheckpointMetadata) -> Any:
         """The sink's DataFrame of checkpoint ``meta``: its outputs, read from checkpoint storage."""
@@ -262,6 +277,15 @@ class StatefulStream:
                 "batch_ms_p99": percentile([m.batch_ms for m in done], 99),
                 "checkpoint_ms_p50": percentile([m.checkpoint_ms for m in done], 50),
                 "checkpoint_ms_p99": percentile([m.checkpoint_ms for m in done], 99)}
+
+
+def _slowest_phases(profiles: list[dict[str, float]]) -> dict[str, float]:
+    """Per phase, the largest time among the subtasks' profiles."""
+    out: dict[str, float] = {}
+    for profile in profiles:
+        for phase, ms in profile.items():
+            out[phase] = max(out.get(phase, 0.0), ms)
+    return out
 
 
 @contextlib.contextmanager

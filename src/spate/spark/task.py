@@ -12,17 +12,17 @@ checkpoint storage, where the sink reads them once the checkpoint completed (:mo
 from __future__ import annotations
 
 import json
+import resource
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spate.checkpoint.protocol import SubtaskPlan
+from spate.runtime.batch import KeyedBatch
 from spate.runtime.localstate import remove_idle_copies, remove_other_parallelisms
-from spate.runtime.processor import Row
 from spate.runtime.services import WorkerServices
 from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig
 from spate.spark.placement import this_executor
@@ -32,7 +32,6 @@ KG_COLUMN = "__spate_kg"
 SUBTASK_COLUMN = "__spate_subtask"
 HEARTBEAT_COLUMN = "__spate_heartbeat"
 ROUTE_COLUMN = "__spate_route"  # the value whose hash sends the row to its subtask's partition
-_ENGINE_COLUMNS = (KG_COLUMN, SUBTASK_COLUMN, HEARTBEAT_COLUMN, ROUTE_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class TaskSpec:
         return SubtaskConfig(table=s.table, local_dir=local_dir, allow_pickle=s.allow_pickle,
                              event_time_column=s.event_time_column, stage_outputs=self.stage_outputs,
                              changelog=s.changelog_config, file_merging=s.file_merging_config,
-                             output_schema=self.output_schema, sticky=False)
+                             output_schema=self.output_schema, sticky=False, profile=s.profile)
 
 
 IDLE_SCAN_INTERVAL_S = 60.0  # how often a worker lists the executor's local copies for idle ones
@@ -216,27 +215,43 @@ def run_partition(spec: TaskSpec, items: Iterable[bytes],
     if len(received) != 2:
         raise RuntimeError(f"a spate task got {len(received)} items instead of its rows and its plan: Spark did "
                            "not keep one subtask per partition")
+    started = time.perf_counter()
     rows = pa.ipc.read_record_batch(pa.py_buffer(received[0]), spec.input_schema)
     plan = SubtaskPlan.from_dict(json.loads(received[1]))
-    yield run_subtask(spec, plan, pa.Table.from_batches([rows]), subtasks)
+    yield run_subtask(spec, plan, pa.Table.from_batches([rows]), subtasks,
+                      arrow_read_ms=(time.perf_counter() - started) * 1000)
 
 
 def run_subtask(spec: TaskSpec, plan: SubtaskPlan, table: pa.Table,
-                subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> str:
+                subtasks: WorkerSubtasks = WORKER_SUBTASKS, arrow_read_ms: float = 0.0) -> str:
     """Run one subtask's batch: ``table`` holds its rows and its heartbeat row (so every subtask runs every
     batch, and timers fire without input). The outputs were checked against the output schema as the
     processor produced them (:mod:`spate.runtime.outputs`). Returns the ack, which says on which executor
     the subtask's state now lives."""
+    started = time.perf_counter()
     _check_rows_belong(plan, table)
     subtask = subtasks.get(spec, plan)
+    batch = keyed_batch(spec, table)
+    grouped = time.perf_counter()
     try:
-        out = subtask.run(plan, _rows(spec, table))
+        out = subtask.run(plan, batch)
     finally:
         subtask.release_local_state()
     executor = this_executor()
     out.ack.executor = str(executor) if executor is not None else None
-    out.ack.stats["spark_partition"] = _partition_id()
+    stats = out.ack.stats
+    stats["spark_partition"] = _partition_id()
+    stats["peak_rss_bytes"] = peak_rss_bytes()
+    if spec.settings.profile:
+        stats["profile"] = {"arrow_read_ms": round(arrow_read_ms, 3),
+                            "group_ms": round((grouped - started) * 1000, 3), **stats.get("profile", {}),
+                            "task_ms": round(arrow_read_ms + (time.perf_counter() - started) * 1000, 3)}
     return json.dumps(out.ack.to_dict())
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _check_rows_belong(plan: SubtaskPlan, table: pa.Table) -> None:
@@ -253,16 +268,9 @@ def _partition_id() -> int | None:
     return ctx.partitionId() if ctx is not None else None
 
 
-def _rows(spec: TaskSpec, table: pa.Table) -> list[tuple[int, Any, Row]]:
-    """(key group, key, row) of every data row; rows are dicts of the stream's own columns."""
-    keys = spec.key_columns
-    out = []
-    for row in table.to_pylist():
-        if row[HEARTBEAT_COLUMN]:
-            continue
-        kg = row[KG_COLUMN]
-        for column in _ENGINE_COLUMNS:
-            del row[column]
-        key = row[keys[0]] if len(keys) == 1 else tuple(row[c] for c in keys)
-        out.append((kg, key, row))
-    return out
+def keyed_batch(spec: TaskSpec, table: pa.Table) -> KeyedBatch:
+    """The subtask's data rows (heartbeat rows dropped) grouped by key with Arrow, with the stream's own
+    columns only."""
+    rows = table.filter(pc.invert(table.column(HEARTBEAT_COLUMN)))
+    rows = rows.drop_columns([SUBTASK_COLUMN, HEARTBEAT_COLUMN, ROUTE_COLUMN])
+    return KeyedBatch.from_arrow(rows, spec.key_columns, KG_COLUMN)

@@ -97,6 +97,15 @@ class KeyedStateBackend:
         self._kg = kg
         self._key_part = _U16_PACK(len(kb)) + kb
 
+    def enter_key(self, key: Any, key_group: int, key_bytes: bytes) -> None:
+        """:meth:`set_current_key` for a key already normalized, with its key group and canonical bytes
+        (``encode_key``) computed in bulk: a batch's keys one after another."""
+        if key_group not in self.key_groups or len(key_bytes) > 0xFFFF:
+            self.set_current_key(key, key_group)  # raises the error that explains
+        self.current_key = key
+        self._kg = key_group
+        self._key_part = _U16_PACK(len(key_bytes)) + key_bytes
+
     def clear_current_key(self) -> None:
         """Leave key scope: keyed state used now raises instead of touching the last key's state."""
         self.current_key = None

@@ -18,7 +18,7 @@ import shutil
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import lmdb
 
@@ -210,6 +210,37 @@ class LmdbTable(StateTable):
 
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
         self._put(_KG[kg] + primary, value)
+
+    def get_many(self, kgs: Sequence[int], primaries: Sequence[bytes]) -> list[bytes | None]:
+        get = (self._txn or self._begin()).get
+        return [get(_KG[kg] + p) for kg, p in zip(kgs, primaries, strict=True)]
+
+    def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
+        """``put`` of each entry, with the digest kept in one pass (map growth and large batches go through
+        :meth:`_put`, entry by entry)."""
+        if len(self._ops) + len(entries) >= self._commit_every or self._digest is None:
+            for kg, primary, value in entries:
+                self._put(_KG[kg] + primary, value)
+            return
+        txn, crc, digest = self._txn or self._begin(), zlib.crc32, self._digest
+        done: list[tuple[bytes, bytes | None]] = []
+        try:
+            for kg, primary, value in entries:
+                key = _KG[kg] + primary
+                old = txn.replace(key, value)
+                key_crc = crc(key)
+                digest += crc(value, key_crc) + 1
+                if old is not None:
+                    digest -= crc(old, key_crc) + 1
+                done.append((key, value))
+        except (lmdb.MapFullError, lmdb.BadValsizeError):
+            self._digest = digest & _MASK64
+            self._ops.extend(done)
+            for kg, primary, value in entries[len(done):]:
+                self._put(_KG[kg] + primary, value)  # grows the map and replays, or explains the bad value
+            return
+        self._digest = digest & _MASK64
+        self._ops.extend(done)
 
     def delete(self, kg: int, primary: bytes) -> None:
         prefix = _KG[kg] + primary

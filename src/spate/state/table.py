@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -34,6 +34,17 @@ class StateTable(ABC):
         """Append ``data`` to the value at ``primary`` (list state adds elements this way)."""
         old = self.get(kg, primary)
         self.put(kg, primary, old + data if old else data)
+
+    def get_many(self, kgs: Sequence[int], primaries: Sequence[bytes]) -> list[bytes | None]:
+        """The values at many (key group, primary) pairs (bulk state reads)."""
+        get = self.get
+        return [get(kg, p) for kg, p in zip(kgs, primaries, strict=True)]
+
+    def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
+        """Put many (key group, primary, value) entries (bulk state writes)."""
+        put = self.put
+        for kg, primary, value in entries:
+            put(kg, primary, value)
 
     @abstractmethod
     def delete(self, kg: int, primary: bytes) -> None:

@@ -1,0 +1,155 @@
+"""Bulk access to value state: read or write the values of many keys with one call, for processors that
+handle a whole batch at once (``BatchProcessor``). The values are the same entries the per-key
+:class:`~spate.state.keyed.ValueState` reads and writes: the two views of one state agree.
+
+Keys are given either as a list of keys (their key groups computed here) or as any object with
+``key_groups`` and ``encoded_keys`` (a ``KeyedBatch``: computed once per batch).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from spate.errors import InvalidKeyError, short_repr
+from spate.keygroups import normalize_key
+from spate.serde import encode_keys, packb_many
+from spate.state.keyed import _EXP, _IMMUTABLE, VOID_NAMESPACE_PART, KeyedStateBackend, ValueState, _encode_error
+from spate.state.layout import U16
+
+_U16_PACK = U16.pack
+_MAX_KEY_BYTES = 0xFFFF
+
+
+class KeySet(Protocol):
+    """Keys with their key groups and encodings already computed."""
+
+    key_groups: Sequence[int]
+
+    @property
+    def encoded_keys(self) -> list[bytes]: ...
+
+
+class BulkValueState:
+    """Value state of many keys at once: ``get_many(keys)``, ``put_many(keys, values)``, ``clear_many(keys)``.
+
+    Args:
+        backend: the subtask's keyed state backend.
+        state: the per-key value state of the same descriptor.
+    """
+
+    def __init__(self, backend: KeyedStateBackend, state: ValueState) -> None:
+        self._b, self._state = backend, state
+        self._table = backend.table
+        self._sid = state._sid
+        self._ttl = state._ttl
+        self._default = state.descriptor.default  # type: ignore[attr-defined]
+        self._copy_default = not isinstance(self._default, _IMMUTABLE)
+        self._last: tuple[Any, Sequence[int], list[bytes]] | None = None  # the last keys and their primaries
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    def _primaries(self, keys: KeySet | Sequence[Any]) -> tuple[Sequence[int], list[bytes]]:
+        """(key groups, primaries) of ``keys`` in the default namespace; the last answer is kept, so a batch's
+        ``get_many`` and ``put_many`` compute them once."""
+        if self._last is not None and self._last[0] is keys:
+            return self._last[1], self._last[2]
+        if hasattr(keys, "encoded_keys") and hasattr(keys, "key_groups"):
+            kgs, encoded = keys.key_groups, keys.encoded_keys  # type: ignore[union-attr]
+        else:
+            normalized = [normalize_key(k) for k in keys]  # type: ignore[union-attr]
+            kgs = [self._b._hash(k) % self._b.max_parallelism for k in normalized]
+            encoded = encode_keys(normalized)
+        if len(kgs) != len(encoded):
+            raise ValueError(f"{len(kgs)} key groups for {len(encoded)} keys")
+        self._check(kgs, encoded)
+        sid, ns = self._sid, VOID_NAMESPACE_PART
+        primaries = [sid + _U16_PACK(len(kb)) + kb + ns for kb in encoded]
+        self._last = (keys, kgs, primaries)
+        return kgs, primaries
+
+    def _check(self, kgs: Sequence[int], encoded: list[bytes]) -> None:
+        """Every key in a key group of this subtask, and not too long."""
+        owned = self._b.key_groups
+        if kgs and (min(kgs) < owned.start or max(kgs) >= owned.stop):
+            kg, kb = next((kg, kb) for kg, kb in zip(kgs, encoded, strict=True) if kg not in owned)
+            raise self._bad_key(kg, kb)
+        if encoded and max(map(len, encoded)) > _MAX_KEY_BYTES:
+            kg, kb = next((kg, kb) for kg, kb in zip(kgs, encoded, strict=True) if len(kb) > _MAX_KEY_BYTES)
+            raise self._bad_key(kg, kb)
+
+    def _bad_key(self, kg: int, kb: bytes) -> Exception:
+        from spate.serde import decode_key
+
+        key = decode_key(kb)
+        if len(kb) > _MAX_KEY_BYTES:
+            return InvalidKeyError(f"key {short_repr(key)} encodes to {len(kb)} bytes; the limit is 65535")
+        return ValueError(f"key {short_repr(key)} is in key group {kg}, which this subtask does not own "
+                          f"({self._b.key_groups.start}..{self._b.key_groups.stop - 1})")
+
+    def get_many(self, keys: KeySet | Sequence[Any]) -> list[Any]:
+        """The value of each key (the descriptor's default where there is none), in the order of ``keys``."""
+        kgs, primaries = self._primaries(keys)
+        raws = self._table.get_many(kgs, primaries)
+        loads, default, now, ttl = self._state._unpack, self._default, self._b.now_ms, self._ttl
+        out = []
+        for raw in raws:
+            if raw is not None and ttl:
+                raw = raw[8:] if _EXP.unpack_from(raw)[0] > now else None
+            if raw is None:
+                out.append(copy.deepcopy(default) if self._copy_default else default)
+            else:
+                out.append(loads(raw))
+        return out
+
+    def put_many(self, keys: KeySet | Sequence[Any], values: Sequence[Any]) -> None:
+        """Set the value of each key; a ``None`` value clears that key's."""
+        kgs, primaries = self._primaries(keys)
+        values = _plain_values(values)
+        if len(values) != len(primaries):
+            raise ValueError(f"put_many on state {self.name!r}: {len(values)} values for {len(primaries)} keys")
+        expiry = _EXP.pack(self._b.now_ms + self._ttl) if self._ttl else b""
+        cleared = [i for i, v in enumerate(values) if v is None]
+        for i in cleared:
+            self._table.delete(kgs[i], primaries[i])
+        if cleared:
+            keep = [i for i, v in enumerate(values) if v is not None]
+            kgs, primaries, values = [kgs[i] for i in keep], [primaries[i] for i in keep], [values[i] for i in keep]
+        data = self._encode(values)
+        if expiry:
+            data = [expiry + d for d in data]
+        self._table.put_many(list(zip(kgs, primaries, data, strict=True)))
+        self._b.dirty = True
+
+    def _encode(self, values: Sequence[Any]) -> list[bytes]:
+        """The values serialized (msgpack in bulk), or an error naming the first value that is not."""
+        try:
+            if self._state._ser.name == "msgpack":
+                return packb_many(values)
+            return [self._state._pack(v) for v in values]
+        except Exception:  # noqa: BLE001 - find the value and say what is wrong with it
+            for value in values:
+                try:
+                    self._state._pack(value)
+                except Exception as e:  # noqa: BLE001
+                    raise _encode_error(self._state, value, e) from e
+            raise
+
+    def clear_many(self, keys: KeySet | Sequence[Any]) -> None:
+        """Remove the value of each key."""
+        self.put_many(keys, [None] * len(self._primaries(keys)[1]))
+
+
+def _plain_values(values: Any) -> Sequence[Any]:
+    """Python values of a list, numpy array or Arrow array (numpy scalars do not serialize)."""
+    if hasattr(values, "tolist"):
+        return values.tolist()
+    if hasattr(values, "to_pylist"):
+        return values.to_pylist()
+    return values
+
+
+__all__ = ["BulkValueState", "KeySet"]

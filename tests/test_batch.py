@@ -1,0 +1,236 @@
+"""The columnar hot path: a batch grouped by key with Arrow equals the same rows grouped in Python; per-key
+processors see row views that behave like lists; ``BatchProcessor`` with bulk state equals a per-key processor
+and a plain model, through restores at other parallelisms and crashes; outputs staged as Arrow."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spate import ListStateDescriptor, LocalRunner, Processor, ValueStateDescriptor, load_checkpoint
+from spate.errors import OutputError
+from spate.fs import CheckpointStorage, FrameKind, read_single_frame
+from spate.fuzz import checkpointed
+from spate.keygroups import compile_key_hasher
+from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyRows
+
+COUNT: ValueStateDescriptor[int] = ValueStateDescriptor("count", default=0)
+SCHEMA = pa.schema([("k", pa.string()), ("count", pa.int64())])
+
+
+def _state(root: str) -> dict:
+    storage = CheckpointStorage(root)
+    return checkpointed(storage, load_checkpoint(storage), "count", 0)
+
+
+def _groups_of(batch: KeyedBatch) -> dict:
+    """key -> (key group, rows as sorted tuples); NaN keys mapped to a marker (NaN != NaN)."""
+    out = {}
+    for i, key in enumerate(batch.keys):
+        marker = "NaN" if isinstance(key, float) and math.isnan(key) else key
+        assert marker not in out, f"key {key!r} grouped twice"
+        rows = sorted(tuple(sorted((k, repr(v)) for k, v in r.items())) for r in batch.rows_of(i))
+        out[marker] = (batch.key_groups[i], rows)
+    return out
+
+
+KEYS = st.one_of(st.text(max_size=3), st.none(), st.sampled_from([0.0, -0.0, 1.5, float("nan")]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(KEYS, st.integers(0, 3)), max_size=40), st.booleans())
+def test_arrow_grouping_equals_python_grouping(rows, float_keys):
+    """Sorting and splitting with Arrow groups exactly as a dict per key does, with Spark's float rules
+    (-0.0 is 0.0, one NaN) and null keys."""
+    keys = [k for k, _ in rows if isinstance(k, float) == float_keys or k is None]
+    typed = pa.float64() if float_keys else pa.string()
+    hash_key = compile_key_hasher()
+    triples = []
+    for i, key in enumerate(keys):
+        kg = hash_key(0.0 if key == 0.0 and float_keys else key) % 16 if key is not None else 7
+        if float_keys and key is not None and math.isnan(key):
+            kg = 3
+        triples.append((kg, key, {"k": key, "v": i}))
+    table = pa.table({"k": pa.array([k for _, k, _ in triples], typed),
+                      "v": pa.array([r["v"] for _, _, r in triples], pa.int64()),
+                      "kg": pa.array([kg for kg, _, _ in triples], pa.int32())})
+    arrow = KeyedBatch.from_arrow(table, ["k"], "kg")
+    python = KeyedBatch.from_rows(triples)
+    assert arrow.num_rows == python.num_rows == len(triples)
+    assert arrow.table.column_names == ["k", "v"]
+    if float_keys:  # rows keep their values; only the key is normalized
+        assert _groups_of(arrow).keys() == _groups_of(python).keys()
+    else:
+        assert _groups_of(arrow) == _groups_of(python)
+    assert list(arrow.counts) == [len(arrow.rows_of(i)) for i in range(len(arrow))]
+
+
+def test_multi_column_keys_group_by_every_column():
+    table = pa.table({"a": ["x", "x", "y", "x"], "b": [1, 2, 1, 1], "kg": [1, 1, 1, 1]})
+    batch = KeyedBatch.from_arrow(table, ["a", "b"], "kg")
+    assert batch.keys == [("x", 1), ("x", 2), ("y", 1)]
+    assert list(batch.counts) == [2, 1, 1]
+
+
+def test_key_rows_behave_like_the_list_of_rows():
+    table = pa.table({"k": ["a", "a", "b"], "v": [1, 2, 3], "kg": [0, 0, 0]})
+    batch = KeyedBatch.from_arrow(table, ["k"], "kg")
+    rows = batch.rows_of(0)
+    assert isinstance(rows, KeyRows) and len(rows) == 2
+    assert rows.column("v").to_pylist() == [1, 2]
+    assert rows == [{"k": "a", "v": 1}, {"k": "a", "v": 2}]
+    assert rows[-1] == {"k": "a", "v": 2} and rows[:1] == [{"k": "a", "v": 1}]
+    assert [r["v"] for r in rows] == [1, 2] and sorted(rows, key=lambda r: -r["v"])[0]["v"] == 2
+    assert rows + [{"k": "z"}] == [{"k": "a", "v": 1}, {"k": "a", "v": 2}, {"k": "z"}]
+    rows[0]["v"] = 10  # a processor may change its rows; they stay changed during the call
+    assert rows[0]["v"] == 10 and len(rows) == 2
+    assert batch.rows_of(1) == [{"k": "b", "v": 3}]
+
+
+# -- BatchProcessor ----------------------------------------------------------------------------------------
+
+class BatchCount(BatchProcessor):
+    def open(self, ctx):
+        self.count = ctx.bulk_state(COUNT)
+
+    def process_batch(self, batch, ctx):
+        new = np.asarray(self.count.get_many(batch), dtype=np.int64) + batch.counts
+        self.count.put_many(batch, new)
+        return {"k": batch.keys, "count": new}
+
+
+class RowCount(Processor):
+    def open(self, ctx):
+        self.count = ctx.state(COUNT)
+
+    def process(self, key, rows, ctx):
+        n = self.count.value() + len(rows)
+        self.count.update(n)
+        yield {"k": key, "count": n}
+
+
+class InjectedCrash(Exception):
+    """A fault injected by the test (the runner dies after the subtasks acknowledged)."""
+
+
+def _run(processor, root, batches, parallelisms, crash_at=None, **kw):
+    """Run ``batches`` switching parallelism at each entry of ``parallelisms`` ((from batch, P), ...); batch
+    ``crash_at`` crashes once after its subtasks acknowledged (fault injection), and a new runner goes on from
+    the last complete checkpoint."""
+    outputs = {}
+    switch = dict(parallelisms)
+    crashed = []
+
+    def fault(step, batch_id):
+        if batch_id == crash_at and step == "after_acks" and not crashed:
+            crashed.append(batch_id)
+            raise InjectedCrash()
+
+    p, n = switch[0], 0
+    while n < len(batches):
+        p = switch.get(n, p)
+        with LocalRunner(processor, key="k", checkpoint_root=root, parallelism=p, output_schema=SCHEMA,
+                         fault_injector=fault, **kw) as runner:
+            n = runner.next_batch_id
+            try:
+                while n < len(batches) and switch.get(n, p) == p:
+                    outputs[n] = sorted((r["k"], r["count"]) for r in runner.run_batch(n, batches[n]).outputs)
+                    n += 1
+            except InjectedCrash:
+                pass
+    assert crash_at is None or crash_at >= len(batches) or crashed == [crash_at]
+    return outputs
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.lists(st.sampled_from("abcdefghij"), max_size=12), min_size=1, max_size=6),
+       st.lists(st.integers(1, 4), min_size=3, max_size=3), st.booleans(), st.integers(0, 6))
+def test_batch_processor_equals_a_model_through_rescales_and_crashes(tmp_path_factory, keys, ps, lmdb, crash):
+    batches = [[{"k": k} for k in b] for b in keys]
+    model: dict[str, int] = {}
+    expected = {}
+    for n, b in enumerate(keys):
+        for k in b:
+            model[k] = model.get(k, 0) + 1
+        expected[n] = sorted((k, model[k]) for k in set(b))
+    root = str(tmp_path_factory.mktemp("batch"))
+    kw = dict(table="lmdb" if lmdb else "heap", changelog=lmdb, file_merging="across" if lmdb else False)
+    got = _run(BatchCount, root, batches, [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
+    assert got == expected
+    assert _state(root) == model
+
+
+def test_the_two_apis_share_state_and_outputs(tmp_path):
+    batches = [[{"k": "a"}, {"k": "b"}, {"k": "a"}], [{"k": "a"}], [{"k": "b"}, {"k": "c"}]]
+    root = str(tmp_path / "c")
+    first = _run(BatchCount, root, batches[:2], [(0, 2)], table="lmdb", changelog=True)
+    rest = _run(RowCount, root, batches, [(0, 3)], table="lmdb", changelog=True)
+    assert first == {0: [("a", 2), ("b", 1)], 1: [("a", 3)]}
+    assert rest == {2: [("b", 2), ("c", 1)]}
+
+
+class WrongColumns(BatchProcessor):
+    def __init__(self, columns):
+        self.columns = columns
+
+    def process_batch(self, batch, ctx):
+        return self.columns(batch)
+
+
+@pytest.mark.parametrize("columns, problem", [
+    (lambda b: {"k": b.keys}, "no column 'count'"),
+    (lambda b: {"k": b.keys, "count": b.counts, "x": b.counts}, "column 'x', which is not in the output schema"),
+    (lambda b: {"k": b.keys, "count": [0.5] * len(b)}, "column 'count' with values"),
+    (lambda b: {"k": b.keys, "count": ["1"] * len(b)}, "column 'count' of type string"),
+    (lambda b: [{"k": "a", "count": 1}], "returned list, not columns"),
+])
+def test_batch_processor_outputs_are_checked_against_the_schema(tmp_path, columns, problem):
+    with LocalRunner(WrongColumns(columns), key="k", checkpoint_root=str(tmp_path / "c"), output_schema=SCHEMA,
+                     sink=lambda rows, n: None) as runner:
+        with pytest.raises(OutputError, match=problem):
+            runner.run_batch(0, [{"k": "a"}])
+        assert runner.coordinator.latest is None  # the batch failed before its checkpoint
+
+
+def test_bulk_state_reads_defaults_clears_with_none_and_refuses_foreign_keys(tmp_path):
+    seen = {}
+
+    class Bulk(BatchProcessor):
+        def open(self, ctx):
+            self.count = ctx.bulk_state(COUNT)
+
+        def process_batch(self, batch, ctx):
+            seen["before"] = self.count.get_many(["a", "zz"])
+            self.count.put_many(["a", "zz"], [5, None])
+            seen["after"] = self.count.get_many(["a", "zz"])
+            with pytest.raises(TypeError, match="value state only"):
+                ctx.bulk_state(ListStateDescriptor("l"))
+            return None
+
+    with LocalRunner(Bulk, key="k", checkpoint_root=str(tmp_path / "c"), parallelism=1) as runner:
+        runner.run_batch(0, [{"k": "a"}])
+    assert seen == {"before": [0, 0], "after": [5, 0]}
+    assert _state(str(tmp_path / "c")) == {"a": 5}
+
+
+def test_outputs_with_a_schema_are_staged_as_arrow_and_read_back_exactly(tmp_path):
+    delivered = []
+    root = str(tmp_path / "c")
+    with LocalRunner(RowCount, key="k", checkpoint_root=root, output_schema=SCHEMA,
+                     sink=lambda rows, n: delivered.append(sorted((r["k"], r["count"]) for r in rows))) as runner:
+        runner.run_batch(0, [{"k": "a"}, {"k": "a"}, {"k": "b"}])
+        meta = runner.coordinator.latest
+        assert {st.outputs.serializer for st in meta.subtasks if st.outputs} == {"arrow"}
+        staged = sorted((r["k"], r["count"]) for r in runner.coordinator.staged_outputs(meta, False))
+        handle = next(st.outputs for st in meta.subtasks if st.outputs)
+    assert delivered == [[("a", 2), ("b", 1)]] and staged == [("a", 2), ("b", 1)]
+    # as docs/formats.md says: one STAGED_OUTPUTS frame holding an Arrow IPC stream of the output schema
+    data = CheckpointStorage(root).read_range(handle.path, handle.file_offset, handle.size, "test")
+    with pa.ipc.open_stream(read_single_frame(data, "staged", FrameKind.STAGED_OUTPUTS)) as reader:
+        table = reader.read_all()
+    assert table.schema == SCHEMA and table.num_rows == handle.count
