@@ -5,12 +5,14 @@ and a plain model, through restores at other parallelisms and crashes; outputs s
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyspark import cloudpickle
 
 from spate import ListStateDescriptor, LocalRunner, Processor, ValueStateDescriptor, load_checkpoint
 from spate.errors import OutputError
@@ -18,6 +20,8 @@ from spate.fs import CheckpointStorage, FrameKind, read_single_frame
 from spate.fuzz import checkpointed
 from spate.keygroups import compile_key_hasher
 from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyRows
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import test modules
 
 COUNT: ValueStateDescriptor[int] = ValueStateDescriptor("count", default=0)
 SCHEMA = pa.schema([("k", pa.string()), ("count", pa.int64())])
@@ -234,3 +238,48 @@ def test_outputs_with_a_schema_are_staged_as_arrow_and_read_back_exactly(tmp_pat
     with pa.ipc.open_stream(read_single_frame(data, "staged", FrameKind.STAGED_OUTPUTS)) as reader:
         table = reader.read_all()
     assert table.schema == SCHEMA and table.num_rows == handle.count
+
+
+# -- on Spark ----------------------------------------------------------------------------------------------
+
+def _spark_counts(spark, source, root, processor, parallelism):
+    from spate.spark.stream import StatefulStream
+
+    df = spark.readStream.schema("k string, v long").option("maxFilesPerTrigger", 1).json(source)
+    stream = StatefulStream(df, "k", processor, "k string, count long", checkpoint_root=root,
+                            parallelism=parallelism)
+    out: dict[int, list] = {}
+    query = stream.start(lambda rows, n: out.setdefault(n, sorted(tuple(r) for r in rows.collect())),
+                         trigger={"availableNow": True})
+    try:
+        query.awaitTermination(300)
+    finally:
+        query.stop()
+        stream.close()
+    return out
+
+
+@pytest.mark.spark
+def test_on_spark_the_batch_api_and_the_per_key_api_give_the_same_outputs_and_state(spark, tmp_path):
+    """Arrow-grouped batches on Spark: BatchProcessor and Processor agree with each other and with a model,
+    and the batch processor's state restores into the per-key one at another parallelism."""
+    import json
+    import os
+
+    keys = [[f"u{(b * 7 + i * 3) % 11}" for i in range(15)] for b in range(4)]
+    source = str(tmp_path / "in")
+    os.makedirs(source)
+    for b, ks in enumerate(keys):
+        path = os.path.join(source, f"part-{b:05d}.json")
+        with open(path, "w") as f:
+            f.write("\n".join(json.dumps({"k": k, "v": 1}) for k in ks))
+        os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))
+    model: dict[str, int] = {}
+    expected = {}
+    for b, ks in enumerate(keys):
+        for k in ks:
+            model[k] = model.get(k, 0) + 1
+        expected[b] = sorted((k, model[k]) for k in set(ks))
+    assert _spark_counts(spark, source, str(tmp_path / "batch"), BatchCount, 3) == expected
+    assert _spark_counts(spark, source, str(tmp_path / "rows"), RowCount, 2) == expected
+    assert _state(str(tmp_path / "batch")) == _state(str(tmp_path / "rows")) == model
