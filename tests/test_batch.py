@@ -96,6 +96,20 @@ def test_key_rows_behave_like_the_list_of_rows():
     assert batch.rows_of(1) == [{"k": "b", "v": 3}]
 
 
+def test_the_adapter_hands_a_key_its_rows_as_spark_does():
+    """pandas: one DataFrame of the key's rows with a fresh index, changeable without touching other keys';
+    Row flavour: Rows with the stream's fields."""
+    from spate.spark.adapter import _pandas_rows, _spark_rows
+
+    table = pa.table({"k": ["a", "b", "b"], "v": [1, 2, 3], "kg": [0, 0, 0]})
+    batch = KeyedBatch.from_arrow(table, ["k"], "kg")
+    frame = _pandas_rows(batch.rows_of(1))
+    assert frame.to_dict("list") == {"k": ["b", "b"], "v": [2, 3]} and list(frame.index) == [0, 1]
+    frame["v"] = frame["v"] * 10
+    assert _pandas_rows(batch.rows_of(1))["v"].tolist() == [2, 3]
+    assert [r.asDict() for r in _spark_rows(batch.rows_of(1))] == [{"k": "b", "v": 2}, {"k": "b", "v": 3}]
+
+
 # -- BatchProcessor ----------------------------------------------------------------------------------------
 
 class BatchCount(BatchProcessor):
@@ -283,3 +297,40 @@ def test_on_spark_the_batch_api_and_the_per_key_api_give_the_same_outputs_and_st
     assert _spark_counts(spark, source, str(tmp_path / "batch"), BatchCount, 3) == expected
     assert _spark_counts(spark, source, str(tmp_path / "rows"), RowCount, 2) == expected
     assert _state(str(tmp_path / "batch")) == _state(str(tmp_path / "rows")) == model
+
+
+# -- the StatefulProcessor adapter's outputs, as columns ------------------------------------------------
+
+class PandasCounter:
+    """A transformWithStateInPandas-style processor (duck-typed: the adapter needs no pyspark base class)."""
+
+    def __init__(self, column="count"):
+        self.column = column
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "count long")
+
+    def handleInputRows(self, key, rows, timer_values):  # noqa: N802
+        import pandas as pd
+
+        n = (self.count.get()[0] if self.count.exists() else 0) + sum(len(df) for df in rows)
+        self.count.update((n,))
+        yield pd.DataFrame({"k": [key[0]], self.column: [n]})
+
+    def close(self):
+        pass
+
+
+def test_adapter_outputs_go_to_arrow_as_columns_and_a_wrong_column_names_its_key(tmp_path):
+    from spate.spark.adapter import StatefulProcessorAdapter
+
+    root = str(tmp_path / "c")
+    with LocalRunner(StatefulProcessorAdapter(PandasCounter()), key="k", checkpoint_root=root, parallelism=2,
+                     output_schema=SCHEMA) as runner:
+        result = runner.run_batch(0, [{"k": "a"}, {"k": "b"}, {"k": "a"}])
+    assert sorted((r["k"], r["count"]) for r in result.outputs) == [("a", 2), ("b", 1)]
+    wrong = StatefulProcessorAdapter(PandasCounter("total"))
+    problem = r"PandasCounter.process for key 'a' produced field 'total', which is not in the output schema"
+    with LocalRunner(wrong, key="k", checkpoint_root=str(tmp_path / "d"), output_schema=SCHEMA) as runner, \
+            pytest.raises(OutputError, match=problem):
+        runner.run_batch(0, [{"k": "a"}])

@@ -179,16 +179,22 @@ def test_settings_from_spark_conf():
         SpateSettings.from_conf({})
 
 
-def test_bench_spark_quick_json_shape(spark, tmp_path, capsys):
-    from spate.cli import main
+def test_bench_spark_quick_json_shape(tmp_path):
+    """As a user runs it: its own process (the bench starts and stops Spark contexts of its own)."""
+    import subprocess
+    import sys
 
-    assert main(["bench", "spark", "--quick", "--json", "--out", str(tmp_path)]) == 0
-    data = json.loads(capsys.readouterr().out)
+    done = subprocess.run([sys.executable, "-m", "spate.cli", "bench", "spark", "--quick", "--json", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=1200, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout)
     by = {(r["variant"], r["cardinality"]) for r in data["results"]}
-    assert by == {(v, c) for v in ("spate", "transformWithState", "transformWithStateInPandas",
-                                   "applyInPandasWithState") for c in ("high", "low")}
+    assert by == {(v, c) for v in ("floor", "spate", "spate-empty", "spate-batch", "spate-adapter",
+                                   "spate-adapter-row", "transformWithState", "transformWithStateInPandas",
+                                   "applyInPandasWithState") for c in ("high", "low", "high-100k")}
     for r in data["results"]:
-        assert r["rows_per_s"] > 0 and r["files_per_batch"] > 0 and r["recovery_s"] > 0
+        assert r["rows_per_s"] > 0 and r["recovery_s"] > 0 and r["worker_peak_rss_mb"] > 0
+        assert (r["files_per_batch"] == 0) == (r["variant"] in ("floor",)), r
 
 
 def test_one_job_and_exactly_one_task_per_subtask_whatever_aqe_and_shuffle_partitions_say(spark, tmp_path):

@@ -190,13 +190,18 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from spate.bench import run_bench
+    from spate.bench import BenchFn, run_bench
 
-    bench = None
+    if args.profile and args.name != "spark":
+        print("--profile is for `spate bench spark`", file=sys.stderr)
+        return 2
+    bench: BenchFn | None = None
     if args.name == "spark":  # only the CLI reaches into spate.spark
+        from functools import partial
+
         from spate.spark.bench import bench_spark
 
-        bench = bench_spark
+        bench = partial(bench_spark, profile=args.profile)
     elif args.name == "cluster":
         from spate.spark.cluster_bench import bench_cluster
 
@@ -250,11 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=cmd_dump)
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write PNG plots, --json)")
-    bench.add_argument("name", choices=["state", "changelog", "filemerging", "spark", "cluster"],
+    bench.add_argument("name", choices=["state", "changelog", "filemerging", "bigstate", "spark", "cluster"],
                        help="which benchmark (cluster: starts a standalone Spark cluster on 127.0.0.1)")
     bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
     bench.add_argument("--json", action="store_true", help='print {"bench": NAME, "results": [...]}')
     bench.add_argument("--out", default="bench-out", help="directory for PNG plots (default bench-out)")
+    bench.add_argument("--profile", action="store_true",
+                       help="spark only: a per-batch time breakdown (Spark's jobs and stages, read from its UI "
+                            "on 127.0.0.1; spate's worker phases)")
     bench.set_defaults(func=cmd_bench)
 
     demo = sub.add_parser("demo", help="run the demo job on Spark: checkpoints, a stop, a rescale 2 → 4, "

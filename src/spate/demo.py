@@ -12,6 +12,7 @@ import random
 import shutil
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from spate.checkpoint.inspect import keyed_state_entries, load_checkpoint, operator_state_elements, verify_checkpoint
@@ -36,7 +37,7 @@ class ClickCounter(Processor):
         self.consumed = ctx.get_list_state("consumed")
         self.rows = 0
 
-    def process(self, key: Any, rows: list[dict], ctx: Context):
+    def process(self, key: Any, rows: Sequence[dict], ctx: Context):
         self.clicks.update(self.clicks.value() + len(rows))
         for r in rows:
             self.pages.put(r["page"], self.pages.get(r["page"], 0) + 1)

@@ -13,11 +13,13 @@ BenchFn = Callable[[bool], tuple[list[dict[str, Any]], str]]
 
 
 def _benches() -> dict[str, BenchFn]:
+    from spate.bench.bigstate import bench_bigstate
     from spate.bench.changelog import bench_changelog
     from spate.bench.filemerging import bench_filemerging
     from spate.bench.state import bench_state
 
-    return {"state": bench_state, "changelog": bench_changelog, "filemerging": bench_filemerging}
+    return {"state": bench_state, "changelog": bench_changelog, "filemerging": bench_filemerging,
+            "bigstate": bench_bigstate}
 
 
 def run_bench(name: str, quick: bool = False, as_json: bool = False, out_dir: str = "bench-out",

@@ -8,6 +8,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from spate.changelog.state import ChangelogConfig
@@ -25,7 +26,7 @@ class Put(Processor):
     def open(self, ctx: Context) -> None:
         self.value = ctx.state(VALUE)
 
-    def process(self, key: Any, rows: list[dict], ctx: Context) -> None:
+    def process(self, key: Any, rows: Sequence[dict], ctx: Context) -> None:
         self.value.update(rows[-1]["v"])
 
 

@@ -13,6 +13,7 @@ import contextlib
 import random
 import shutil
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 from spate.changelog.state import ChangelogConfig
@@ -40,7 +41,7 @@ class CountJob(Processor):
         self.count = ctx.state(COUNT)
         self.seen = ctx.get_list_state("batches")
 
-    def process(self, key: Any, rows: list[dict], ctx: Context) -> list[dict]:
+    def process(self, key: Any, rows: Sequence[dict], ctx: Context) -> list[dict]:
         n = self.count.value() + len(rows)
         self.count.update(n)
         return [{"k": key, "count": n}]

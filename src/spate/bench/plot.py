@@ -6,7 +6,7 @@ from typing import Any
 
 METRICS = ("ops_per_s", "mb_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50",
            "full_checkpoint_bytes", "recovery_s", "files_created", "files_alive", "space_amplification", "rows_per_s",
-           "files_per_batch")
+           "files_per_batch", "peak_rss_mb", "anon_rss_mb")
 LOG_SCALE = {"ops_per_s", "rows_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50",
              "full_checkpoint_bytes"}
 
@@ -23,7 +23,7 @@ def plot_results(name: str, results: list[dict[str, Any]], path: str) -> str | N
     metrics = [m for m in METRICS if any(m in r for r in results)]
     if not metrics:
         return None
-    group = next((g for g in ("op", "state_mb", "cardinality", "checkpoints") if any(g in r for r in results)),
+    group = next((g for g in ("op", "state_mb", "cardinality", "checkpoints", "keys") if any(g in r for r in results)),
                  "variant")
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):

@@ -7,6 +7,8 @@ checkpoints is logged once (the blog's space amplification comes from not doing 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from spate.state.layout import primary_length
 from spate.state.table import StateTable
 
@@ -29,7 +31,7 @@ class ChangeSet:
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
         self._set(kg, primary, PUT, value)
 
-    def put_many(self, entries: list[tuple[int, bytes, bytes]]) -> None:
+    def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
         """``put`` of each (key group, primary, value)."""
         if not self.coalesce:
             for kg, primary, value in entries:

@@ -160,6 +160,7 @@ class Coordinator:
         self._seal = Seal(0, -1)
         self._completed_marked = False
         self.live_workers: set[str] = set()
+        self.run_workers: set[str] = set()  # every worker whose ack a checkpoint of this driver's run holds
         self.files_deleted = 0
         self._count_lock = threading.Lock()
         self._discarder = ThreadPoolExecutor(1, thread_name_prefix="spate-discard")
@@ -393,7 +394,19 @@ class Coordinator:
             operator=operator[i],
             processing_time_ms=now, watermark_ms=base.watermark_ms if base else None,
             open_files=[f for f in open_files if in_grant_scope(f, subtask_dir(i, p))],
-            non_reusable=_referenced(non_reusable, keyed[i] + changelog[i])) for i in range(p)]
+            non_reusable=_referenced(non_reusable, keyed[i] + changelog[i])
+            + self._other_runs_files(keyed[i] + changelog[i])) for i in range(p)]
+
+    def _other_runs_files(self, handles: list[Any]) -> list[str]:
+        """After a rescale (the base has another parallelism): the files of ``handles`` in the private
+        directories of workers not of this run, whose segments a subtask re-writes into its own directories so
+        that the old directories go with the old checkpoints. Otherwise (a restart at the same parallelism, or
+        a subtask moving between workers: Spark's Python workers are not sticky) they stay where they are,
+        until the next materialization leaves them unreferenced: no copy per move or restart."""
+        if self.base is None or self.base.parallelism == self.parallelism:
+            return []
+        mine = tuple(worker_dir(w) + "/" for w in self.run_workers)
+        return sorted({h.path for h in handles if h.path.startswith("taskowned/") and not h.path.startswith(mine)})
 
     def acknowledge(self, ack: SubtaskAck) -> bool:
         """Accept the first ack of each subtask for the pending checkpoint; refuse any other. The files a
@@ -436,6 +449,7 @@ class Coordinator:
         self._register(meta)
         acks = pending.acks.values()
         self.live_workers = {a.worker for a in acks if a.worker}
+        self.run_workers |= self.live_workers
         deleted = self.registry.set_open({p for a in acks for p, (_size, in_use) in a.files.items() if in_use})
         deleted += self._subsume()
         deleted += self.registry.sweep(pending.unused)

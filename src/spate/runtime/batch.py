@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, overload
+from typing import Any, TypeAlias, overload
 
 import numpy as np
 import pyarrow as pa
@@ -66,8 +66,9 @@ class KeyRows(Sequence[Row]):
         return self._batch.tuples(self._start, self._stop)
 
     def pandas(self) -> Any:
-        """This key's rows as a pandas DataFrame: a slice of the batch's (made once per batch from Arrow)."""
-        return self._batch.pandas().iloc[self._start:self._stop]
+        """This key's rows as a pandas DataFrame of its own (sharing the data of the batch's, made once per batch
+        from Arrow; changing it does not warn, and touches no other key's rows)."""
+        return self._batch.pandas().iloc[self._start:self._stop].copy(deep=False)
 
     def _materialized(self) -> list[Row]:
         if self._rows is None:
@@ -264,7 +265,7 @@ def _differs_from_previous(col: pa.Array) -> np.ndarray:
     return differ.to_numpy(zero_copy_only=False)
 
 
-Columns = pa.Table | pa.RecordBatch | Mapping[str, Any]
+Columns: TypeAlias = pa.Table | pa.RecordBatch | Mapping[str, Any]
 
 
 class BatchProcessor(ABC):

@@ -26,10 +26,10 @@ from spate.keygroups import compile_key_hasher
 from spate.runtime.driver import DriverLoop
 from spate.runtime.keys import KeyCheck
 from spate.runtime.localstate import remove_other_parallelisms
-from spate.runtime.processor import Processor, Row
+from spate.runtime.processor import Row
 from spate.runtime.services import WorkerServices
 from spate.runtime.settings import SpateSettings
-from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig, processor_factory
+from spate.runtime.subtask import AnyProcessor, ProcessorFactory, Subtask, SubtaskConfig, processor_factory
 
 KeySpec = str | Sequence[str] | Callable[[Row], Any]
 Sink = Callable[[list[Row], int], None]
@@ -97,7 +97,7 @@ class LocalRunner:
         fault_injector: test hook called at each protocol step (``"after_acks"``, ...); may raise.
     """
 
-    def __init__(self, processor: Processor | type[Processor] | ProcessorFactory, *, key: KeySpec,
+    def __init__(self, processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory, *, key: KeySpec,
                  checkpoint_root: str, parallelism: int = 1, max_parallelism: int | None = None,
                  table: str = "heap", local_dir: str | None = None, key_types: Any = None,
                  event_time_column: str | None = None, watermark_delay_ms: int = 0,

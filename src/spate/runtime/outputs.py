@@ -17,7 +17,7 @@ import bisect
 import datetime as _dt
 import decimal
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -172,6 +172,12 @@ class ColumnChunk:
     def __init__(self, parts: list[Mapping[str, Any]]) -> None:
         self.parts = parts
 
+    def __iter__(self) -> Iterator[Row]:
+        """The rows as dicts (an :class:`OutputBuffer` takes the columns as they are instead)."""
+        for part in self.parts:
+            names = list(part)
+            yield from (dict(zip(names, values, strict=True)) for values in zip(*part.values(), strict=True))
+
     @staticmethod
     def of(items: Iterable[Any], to_columns: Callable[[Any], Mapping[str, Any]]) -> ColumnChunk:
         return ColumnChunk([to_columns(item) for item in items])
@@ -205,11 +211,10 @@ class OutputBuffer:
         """Add the rows of ``produced`` (a result of ``hook`` for ``key``)."""
         if produced is None:
             return
-        kind = type(produced)
-        if kind is ColumnChunk:
-            self._chunks.extend((part, hook, key) for part in produced.parts)  # type: ignore[union-attr]
+        if isinstance(produced, ColumnChunk):
+            self._chunks.extend((part, hook, key) for part in produced.parts)
             return
-        if kind not in _ROW_CONTAINERS and (isinstance(produced, (dict, str, bytes))
+        if type(produced) not in _ROW_CONTAINERS and (isinstance(produced, (dict, str, bytes))
                                             or not isinstance(produced, Iterable)):
             what = "a dict, not rows: yield it (or return a list of dicts)" if isinstance(produced, dict) else \
                 f"{type(produced).__name__} {short_repr(produced)}, not an iterable of rows (dicts)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from spate.state.bulk import BulkValueState
@@ -103,8 +103,9 @@ class Processor(ABC):
         """Obtain state handles here: ``self.count = ctx.state(ValueStateDescriptor("count", default=0))``."""
 
     @abstractmethod
-    def process(self, key: Any, rows: list[Row], ctx: Context) -> Iterable[Row] | None:
-        """Handle the rows of one key in this micro-batch; return or yield output rows."""
+    def process(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
+        """Handle the rows of one key in this micro-batch (a list-like sequence of dicts: see
+        :class:`~spate.runtime.batch.KeyRows`); return or yield output rows."""
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> Iterable[Row] | None:
         """A timer of ``key`` fired (``ctx.timer_domain`` is "event" or "processing")."""

@@ -127,7 +127,7 @@ class Subtask:
         self.services = services
         self.keyed: KeyedStateBackend | None = None
         self.operator: OperatorStateBackend | None = None
-        self.processor: Processor | None = None
+        self.processor: AnyProcessor | None = None
         self.ctx: Context | None = None
         self._tag: int | None = None  # checkpoint the live state reflects; None = unknown/dirty
         self._lineage: Lineage | None = None  # exactly which state that is (see spate.runtime.recovery)
@@ -285,7 +285,7 @@ class Subtask:
     def _lmdb(self) -> LmdbTable | None:
         table = self.keyed.table if self.keyed is not None else None
         while hasattr(table, "inner"):  # under the changelog and the profiling wrappers
-            table = table.inner
+            table = getattr(table, "inner")  # noqa: B009
         return table if isinstance(table, LmdbTable) else None
 
     def _table_seconds(self) -> float:
@@ -484,8 +484,7 @@ class Subtask:
                    out: SegmentWriter) -> Relocator | None:
         if manager is None:
             return None
-        return Relocator(self.services.storage, out, plan.non_reusable,
-                         (subtask_dir(self.index, self.parallelism), manager.worker_dir))
+        return Relocator(self.services.storage, out, plan.non_reusable, subtask_dir(self.index, self.parallelism))
 
     def _acknowledge(self, plan: SubtaskPlan, batch: KeyedBatch, start_ms: float,
                      keyed_handles: list, clog_finish: Callable[[], tuple[list, list, dict]] | None,
@@ -602,17 +601,18 @@ class _Recording:
 
 
 class Relocator:
-    """With file merging: gives a handle's re-written copy if new checkpoints must not reference where it is
-    (a file wasting too much space, or a directory this subtask and worker do not own: state restored after a
-    rescale or a restart; each subtask owns what it needs), else the handle itself."""
+    """With file merging: gives a handle's re-written copy if new checkpoints must not reference where it is,
+    else the handle itself. Re-written: segments in another subtask's directory (state restored after a
+    rescale: each subtask owns what it needs), and the files the plan names as not reusable (wasting too much
+    space, or in the private directory of a worker of an earlier run)."""
 
-    def __init__(self, storage: Any, out: SegmentWriter, non_reusable: list[str], own_dirs: tuple[str, ...]) -> None:
+    def __init__(self, storage: Any, out: SegmentWriter, non_reusable: list[str], own_dir: str) -> None:
         self.storage, self.out = storage, out
-        self.bad, self.mine = frozenset(non_reusable), tuple(d + "/" for d in own_dirs)
+        self.bad, self.mine = frozenset(non_reusable), own_dir + "/"
 
     def needed(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
-        managed = h.path.startswith(("shared/subtask-", "taskowned/"))
-        return (managed and not h.path.startswith(self.mine)) or h.path in self.bad
+        other_subtask = h.path.startswith("shared/subtask-") and not h.path.startswith(self.mine)
+        return other_subtask or h.path in self.bad
 
     def __call__(self, h: H) -> H:
         return relocate(self.storage, h, self.out) if self.needed(h) else h

@@ -16,7 +16,7 @@ Differences from Spark, on purpose or by construction:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from spate.runtime.batch import KeyRows
@@ -223,10 +223,10 @@ class StatefulProcessorAdapter(Processor):
         self.handle = StatefulProcessorHandle(ctx, self.time_mode)
         self.processor.init(self.handle)
 
-    def process(self, key: Any, rows: Sequence[Row], ctx: Context) -> ColumnChunk | list[Row]:
+    def process(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
         return self._outputs(self.processor.handleInputRows(_spark_key(key), self._inputs(rows), _timers(ctx)))
 
-    def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> ColumnChunk | list[Row] | None:
+    def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> Iterable[Row] | None:
         handler = getattr(self.processor, "handleExpiredTimer", None)
         if handler is None:
             return None

@@ -28,8 +28,7 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.report import percentile
 from spate.runtime.driver import DriverLoop
-from spate.runtime.processor import Processor
-from spate.runtime.subtask import ProcessorFactory, processor_factory
+from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
 from spate.spark.placement import Placement, alive_executors, placed_batch
@@ -74,14 +73,16 @@ class StatefulStream:
     Args:
         df: a streaming DataFrame.
         key: the key column(s).
-        processor: a spate :class:`Processor` (instance, class or factory), shipped to executors.
+        processor: a spate :class:`Processor` or :class:`BatchProcessor` (instance, class or factory), shipped
+            to executors.
         output_schema: schema of the rows the processor yields (``StructType`` or DDL string).
         settings: a :class:`SpateSettings`; defaults come from the Spark conf (``spark.spate.*``) and keyword
             arguments override both (``checkpoint_root=...``, ``parallelism=...``, ...).
     """
 
-    def __init__(self, df: Any, key: str | Sequence[str], processor: Processor | type[Processor] | ProcessorFactory,
-                 output_schema: Any, settings: SpateSettings | None = None, **overrides: Any) -> None:
+    def __init__(self, df: Any, key: str | Sequence[str],
+                 processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory, output_schema: Any,
+                 settings: SpateSettings | None = None, **overrides: Any) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType, _parse_datatype_string
 

@@ -25,7 +25,8 @@ _MAX_KEY_BYTES = 0xFFFF
 class KeySet(Protocol):
     """Keys with their key groups and encodings already computed."""
 
-    key_groups: Sequence[int]
+    @property
+    def key_groups(self) -> Sequence[int]: ...
 
     @property
     def encoded_keys(self) -> list[bytes]: ...
