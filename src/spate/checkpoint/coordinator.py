@@ -393,6 +393,7 @@ class Coordinator:
             base_is_savepoint=bool(base and base.is_savepoint), keyed=keyed[i], changelog=changelog[i],
             operator=operator[i],
             processing_time_ms=now, watermark_ms=base.watermark_ms if base else None,
+            late_watermark_ms=base.batch_watermark_ms if base else None,
             open_files=[f for f in open_files if in_grant_scope(f, subtask_dir(i, p))],
             non_reusable=_referenced(non_reusable, keyed[i] + changelog[i])
             + self._other_runs_files(keyed[i] + changelog[i])) for i in range(p)]
@@ -471,7 +472,7 @@ class Coordinator:
             pending.checkpoint_id, self.query.query_id, self.query.epoch, pending.parallelism,
             self.query.max_parallelism, pending.processing_time_ms,
             [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog, **a.ack_info()) for a in acks],
-            max_event, watermark)
+            max_event, watermark, batch_watermark_ms=self.base.watermark_ms if self.base else None)
 
     def _mark_completed(self) -> None:
         """From the first commit of this epoch on, losing every checkpoint of the root is an error. Best

@@ -80,6 +80,7 @@ class CheckpointMetadata:
     max_event_time_ms: int | None = None
     watermark_ms: int | None = None
     is_savepoint: bool = False
+    batch_watermark_ms: int | None = None  # the watermark this batch ran with (the next batch's late-row bound)
     format_version: int = METADATA_FORMAT_VERSION
 
     def segments(self) -> list[FileRef]:
@@ -111,7 +112,8 @@ class CheckpointMetadata:
                 "query_id": self.query_id, "epoch": self.epoch, "parallelism": self.parallelism,
                 "max_parallelism": self.max_parallelism, "timestamp_ms": self.timestamp_ms,
                 "max_event_time_ms": self.max_event_time_ms, "watermark_ms": self.watermark_ms,
-                "is_savepoint": self.is_savepoint, "subtasks": [s.to_dict() for s in self.subtasks]}
+                "batch_watermark_ms": self.batch_watermark_ms, "is_savepoint": self.is_savepoint,
+                "subtasks": [s.to_dict() for s in self.subtasks]}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> CheckpointMetadata:
@@ -119,7 +121,7 @@ class CheckpointMetadata:
             data["checkpoint_id"], data["query_id"], data["epoch"], data["parallelism"], data["max_parallelism"],
             data["timestamp_ms"], [SubtaskState.from_dict(s) for s in data["subtasks"]],
             data.get("max_event_time_ms"), data.get("watermark_ms"), data.get("is_savepoint", False),
-            data["format_version"])
+            data.get("batch_watermark_ms"), data["format_version"])
 
     def to_bytes(self) -> bytes:
         return frame(FrameKind.METADATA, json.dumps(self.to_dict(), separators=(",", ":")).encode())

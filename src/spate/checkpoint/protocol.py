@@ -41,6 +41,7 @@ class SubtaskPlan:
     operator: list[OperatorStatePiece] = field(default_factory=list)
     processing_time_ms: int = 0
     watermark_ms: int | None = None
+    late_watermark_ms: int | None = None  # the previous batch's watermark: rows at or below it are late (Spark)
     open_files: list[str] = field(default_factory=list)
     non_reusable: list[str] = field(default_factory=list)
 

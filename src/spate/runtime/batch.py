@@ -13,6 +13,7 @@ state for all its keys in bulk (:meth:`~spate.state.bulk.BulkValueState.get_many
 
 from __future__ import annotations
 
+import datetime as _dt
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, overload
@@ -26,6 +27,7 @@ from spate.runtime.processor import Context, Row, to_epoch_ms
 from spate.serde import encode_keys
 
 KeyedRow = tuple[int, Any, Row]  # (key group, key, row)
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
 
 class KeyRows(Sequence[Row]):
@@ -171,6 +173,36 @@ class KeyedBatch:
         offsets = np.append(starts, len(table)).astype(np.int64)
         return KeyedBatch(keys, kg.take(first).to_pylist(), offsets, table=table.drop_columns([kg_column]))
 
+    def without_late_rows(self, column: str, watermark_ms: int) -> KeyedBatch:
+        """This batch without the rows whose ``column`` (event time) is at or below ``watermark_ms``, as Spark
+        drops late rows before a stateful operator (null event times are kept; keys left without rows go)."""
+        keep = self._late_mask(column, watermark_ms)
+        if keep.all():
+            return self
+        kept_per_key = np.add.reduceat(keep.astype(np.int64), self.offsets[:-1]) if len(self.keys) else keep[:0]
+        alive = np.flatnonzero(kept_per_key)
+        offsets = np.zeros(len(alive) + 1, dtype=np.int64)
+        np.cumsum(kept_per_key[alive], out=offsets[1:])
+        keys, kgs = [self.keys[i] for i in alive], [self.key_groups[i] for i in alive]
+        if self._rows is not None:
+            return KeyedBatch(keys, kgs, offsets, rows=[r for r, k in zip(self._rows, keep, strict=True) if k])
+        return KeyedBatch(keys, kgs, offsets, table=self.table.filter(pa.array(keep)))
+
+    def _late_mask(self, column: str, watermark_ms: int) -> np.ndarray:
+        """True for the rows to keep: event time after ``watermark_ms`` (compared in microseconds for
+        timestamps, as Spark does), or null."""
+        if self._rows is not None:
+            return np.array([r.get(column) is None or _micros(r[column]) > watermark_ms * 1000
+                             for r in self._rows], dtype=bool)
+        values = self.table.column(column)
+        if pa.types.is_timestamp(values.type):
+            values = pc.cast(pc.cast(values, pa.timestamp("us", values.type.tz)), pa.int64())
+            bound = watermark_ms * 1000
+        else:
+            bound = watermark_ms
+        late = pc.less_equal(values, pa.scalar(bound, values.type))
+        return ~np.asarray(pc.fill_null(late, False).to_numpy(zero_copy_only=False), dtype=bool)
+
     # -- reading ----------------------------------------------------------------------------------------
     def __len__(self) -> int:
         """The number of distinct keys."""
@@ -236,6 +268,16 @@ class KeyedBatch:
         if values.null_count == len(values):
             return None
         return to_epoch_ms(pc.max(values).as_py())
+
+
+def _micros(value: Any) -> int:
+    """An event time as epoch microseconds (int values are milliseconds)."""
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.UTC)
+        delta = value - _EPOCH
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return to_epoch_ms(value) * 1000
 
 
 def _normalized_floats(values: pa.ChunkedArray) -> pa.ChunkedArray:

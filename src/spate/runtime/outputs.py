@@ -9,11 +9,20 @@ Spark's Arrow conversion stores without loss: ``int`` is accepted for floating p
 anything else must be of the field's own kind (no ``bool`` for numbers, no ``float`` for integers, no
 ``str`` for numbers). Tuples and ``pyspark.sql.Row`` objects are refused: their fields are positional, and
 Spark turns mismatched ones into nulls.
+
+Outputs of a ``pyspark`` ``StatefulProcessor`` (through :mod:`spate.spark.adapter`) are converted exactly as
+Spark converts them, so they get Spark's values or fail where Spark fails: DataFrames (:class:`ColumnChunk`)
+with Spark's own pandas-to-Arrow conversion (columns by name, extra ones ignored, Arrow casts checked as with
+``spark.sql.execution.pandas.convertToArrowArraySafely``, which follows ANSI mode, on in Spark 4), Rows
+(:class:`SparkRows`) with ``pyarrow``'s ``from_pylist`` as ``transformWithState`` does. One difference on
+purpose: a missing column or field (also inside a struct), which Spark's Row path and nested structs fill with
+nulls, fails the batch.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import datetime as _dt
 import decimal
 import types
@@ -26,6 +35,7 @@ from spate.errors import OutputError, short_repr
 from spate.runtime.processor import Row
 
 NO_KEY = object()  # end_batch runs for no key
+_CONVERSION_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 Accepts = Callable[[Any], bool]
 
 def _is_int(v: Any) -> bool:
@@ -169,8 +179,9 @@ class ColumnChunk:
     """Output rows of one result as columns: parts, each a mapping of column name to values (numpy arrays or
     lists of equal length), as an adapter turns DataFrames into them without a dict per row."""
 
-    def __init__(self, parts: list[Mapping[str, Any]]) -> None:
+    def __init__(self, parts: list[Mapping[str, Any]], refused: Any = None) -> None:
         self.parts = parts
+        self.refused = refused  # an item that was not columns (the output buffer names it)
 
     def __iter__(self) -> Iterator[Row]:
         """The rows as dicts (an :class:`OutputBuffer` takes the columns as they are instead)."""
@@ -179,8 +190,22 @@ class ColumnChunk:
             yield from (dict(zip(names, values, strict=True)) for values in zip(*part.values(), strict=True))
 
     @staticmethod
-    def of(items: Iterable[Any], to_columns: Callable[[Any], Mapping[str, Any]]) -> ColumnChunk:
-        return ColumnChunk([to_columns(item) for item in items])
+    def of(items: Iterable[Any], to_columns: Callable[[Any], Mapping[str, Any] | None]) -> ColumnChunk:
+        """The columns of ``items`` (``to_columns``: None for an item that is not columns, which stops here)."""
+        parts = []
+        for item in items:
+            columns = to_columns(item)
+            if columns is None:
+                return ColumnChunk(parts, refused=item)
+            parts.append(columns)
+        return ColumnChunk(parts)
+
+
+class SparkRows(list):
+    """Rows a ``transformWithState`` processor yielded, as dicts (``Row.asDict(recursive=True)``), converted as
+    Spark converts them: ``from_pylist`` on the output schema."""
+
+    refused: Any = None  # an item that was not a Row with named fields (the output buffer names it)
 
 
 _ROW_CONTAINERS = (list, tuple, types.GeneratorType)  # results that are certainly iterables of rows
@@ -206,13 +231,22 @@ class OutputBuffer:
         self._origins: list[tuple[str, Any]] = []  # (hook, key) of each result
         self._tables: list[pa.Table] = []  # columns a BatchProcessor returned, already checked
         self._chunks: list[tuple[Mapping[str, Any], str, Any]] = []  # (columns, hook, key) of ColumnChunks
+        self._spark_rows: list[tuple[SparkRows, str, Any]] = []  # (rows, hook, key) of SparkRows
 
     def extend(self, produced: Iterable[Row] | ColumnChunk | None, hook: str, key: Any = NO_KEY) -> None:
         """Add the rows of ``produced`` (a result of ``hook`` for ``key``)."""
         if produced is None:
             return
         if isinstance(produced, ColumnChunk):
-            self._chunks.extend((part, hook, key) for part in produced.parts)
+            self._add_chunk(produced, hook, key)
+            return
+        if isinstance(produced, SparkRows) and produced.refused is not None:
+            item = produced.refused
+            raise self._error(hook, key, f"yielded {type(item).__name__} {short_repr(item)}, not a Row with named "
+                                         f"fields: yield Row(name=value, ...){self._fields_hint()}")
+        if isinstance(produced, SparkRows) and self.schema is not None:
+            if produced:
+                self._spark_rows.append((produced, hook, key))
             return
         if type(produced) not in _ROW_CONTAINERS and (isinstance(produced, (dict, str, bytes))
                                             or not isinstance(produced, Iterable)):
@@ -222,6 +256,12 @@ class OutputBuffer:
         self._starts.append(len(self.rows))
         self._origins.append((hook, key))
         self.rows.extend(produced)
+
+    def _add_chunk(self, chunk: ColumnChunk, hook: str, key: Any) -> None:
+        if chunk.refused is not None:
+            item = chunk.refused
+            raise self._error(hook, key, f"yielded {type(item).__name__} {short_repr(item)}, not a pandas DataFrame")
+        self._chunks.extend((part, hook, key) for part in chunk.parts)
 
     def add_columns(self, columns: Any, hook: str) -> None:
         """Add the rows a ``BatchProcessor`` returned as columns (a table, a record batch or a mapping of
@@ -255,34 +295,131 @@ class OutputBuffer:
                 self._check_each(rows)
             columns.append(pa.array(values, type=f.type))
         table = pa.Table.from_arrays(columns, schema=self.schema)
-        if self._tables or self._chunks:
-            chunks = [self._chunk_table()] if self._chunks else []
-            return Outputs(None, pa.concat_tables([table, *self._tables, *chunks]))
+        more = [*self._tables, *([self._chunk_table()] if self._chunks else []),
+                *([self._spark_rows_table()] if self._spark_rows else [])]
+        if more:
+            return Outputs(None, pa.concat_tables([table, *more]))
         return Outputs(rows, table)
 
     def _chunk_table(self) -> pa.Table:
-        """The column chunks as one table of the output schema (numbers converted as Arrow converts pandas)."""
+        """The column chunks (DataFrames) as one table of the output schema, converted column by column as Spark
+        converts a DataFrame: all parts at once, or part by part where they differ in dtype or fail together."""
         assert self.schema is not None
-        for part, hook, key in self._chunks:
-            if part.keys() != self.names:
-                raise self._error(hook, key, self._field_names_problem(dict.fromkeys(part)))
+        parts = [(self._assigned(part, hook, key), hook, key) for part, hook, key in self._chunks]
         columns = []
-        for f in self.schema:
-            values = [part[f.name] for part, _, _ in self._chunks]
-            try:
-                columns.append(pa.array(_concat(values), type=f.type, from_pandas=True))
-            except (pa.ArrowException, TypeError, ValueError) as e:
-                raise self._chunk_error(f, e) from e
+        for i, f in enumerate(self.schema):
+            values = [cols[i] for cols, _, _ in parts]
+            column = None
+            joined = _joined(values)
+            if joined is not None:
+                with contextlib.suppress(Exception):
+                    column = _spark_pandas_array(joined, f)
+            if column is None:
+                column = pa.chunked_array([self._part_array(cols[i], f, hook, key) for cols, hook, key in parts],
+                                          type=f.type)
+            if _has_struct(f.type) or (not f.nullable and column.null_count):
+                self._check_column(column, f, [(cols[i], hook, key) for cols, hook, key in parts])
+            columns.append(column)
         return pa.Table.from_arrays(columns, schema=self.schema)
 
-    def _chunk_error(self, f: _Field, e: Exception) -> OutputError:
-        """The error naming the first result whose column ``f`` Arrow cannot convert."""
-        for part, hook, key in self._chunks:
+    def _assigned(self, part: Mapping[Any, Any], hook: str, key: Any) -> list[Any]:
+        """A DataFrame's columns in schema order, assigned as Spark assigns them: by name when any column name is
+        a string (other columns ignored), else by position."""
+        assert self.schema is not None
+        names = self.schema.names
+        if any(isinstance(label, str) for label in part):
+            missing = [n for n in names if n not in part]
+            if missing:
+                raise self._error(hook, key, self._missing_column_problem(part, missing[0]))
+            return [part[n] for n in names]
+        if len(part) < len(names):
+            raise self._error(hook, key, f"yielded a DataFrame with {len(part)} unnamed columns for the "
+                                         f"{len(names)} of the output schema{self._fields_hint()}: name them")
+        return list(part.values())[:len(names)]
+
+    def _missing_column_problem(self, part: Mapping[Any, Any], missing: str) -> str:
+        extra = [str(label) for label in part if label not in self.names]
+        if extra:
+            return (f"produced field {extra[0]!r}, which is not in the output schema{self._fields_hint()}, and no "
+                    f"column {missing!r}: rename it")
+        return f"yielded a DataFrame without column {missing!r}{self._fields_hint()}: add it (None for nulls)"
+
+    def _part_array(self, values: Any, f: pa.Field, hook: str, key: Any) -> pa.Array:
+        try:
+            return _spark_pandas_array(values, f)
+        except Exception as e:  # whatever Spark's conversion raises fails the batch on Spark too
+            said = str(e).split(" It can be caused by")[0]  # not Spark's hint at a Spark conf
+            raise self._error(hook, key, f"produced column {f.name!r} that cannot be stored as {f.type}, as on "
+                                         f"Spark ({type(e).__name__}: {said}); convert it before yielding it") from e
+
+    def _check_column(self, column: Any, f: pa.Field, parts: list[tuple[Any, str, Any]]) -> None:
+        """Refuse what Spark would turn into nulls (dicts without a struct field) or nulls the schema forbids."""
+        if _has_struct(f.type):
+            for values, hook, key in parts:
+                for value in values:
+                    gap = _struct_gap(value, f.type)
+                    if gap is not None:
+                        raise self._error(hook, key, f"produced field {f.name!r} = {short_repr(value)} without "
+                                                     f"struct field {gap!r}, which Spark would fill with null: "
+                                                     "set it (None for a null)")
+        if not f.nullable and column.null_count:
+            hook, key = next(((h, k) for v, h, k in parts if _spark_has_null(v)), ("process", NO_KEY))
+            raise self._error(hook, key, f"produced nulls in field {f.name!r}, which the output schema makes "
+                                         "non-nullable")
+
+    def _spark_rows_table(self) -> pa.Table:
+        """The Rows of ``transformWithState`` processors as one table of the output schema, converted as Spark
+        converts them (``from_pylist``), except that a row missing a field fails instead of getting a null."""
+        assert self.schema is not None and self.names is not None
+        names = self.names
+        for rows, hook, key in self._spark_rows:
+            if set(map(type, rows)) - {dict} or not all(names <= r.keys() for r in rows):
+                raise self._error(hook, key, self._spark_row_problem(rows))
+        rows = [r for rows, _, _ in self._spark_rows for r in rows]
+        try:
+            table = pa.Table.from_pylist(rows, schema=self.schema)
+        except _CONVERSION_ERRORS:
+            table = self._spark_rows_each()  # Spark converts each result alone: structs as dicts or as tuples
+        for f in self.schema:
+            column = table.column(f.name)
+            if _has_struct(f.type) or (not f.nullable and column.null_count):
+                self._check_column(column, f, [([r[f.name] for r in rows], hook, key)
+                                               for rows, hook, key in self._spark_rows])
+        return table
+
+    def _spark_row_problem(self, rows: list[Any]) -> str:
+        assert self.names is not None
+        for row in rows:
+            if not isinstance(row, dict):
+                return f"produced a {type(row).__name__} row {short_repr(row)}, not a dict"
+            missing = sorted(self.names - row.keys())
+            if missing:
+                return (f"produced a row without field {missing[0]!r}{self._fields_hint()}, which Spark would fill "
+                        f"with null: set it (None for a null): {short_repr(row)}")
+        raise AssertionError("no wrong row")
+
+    def _spark_rows_each(self) -> pa.Table:
+        """The Rows converted result by result, as Spark converts them; the first that fails is named."""
+        tables = []
+        for rows, hook, key in self._spark_rows:
             try:
-                pa.array(part[f.name], type=f.type, from_pandas=True)
-            except (pa.ArrowException, TypeError, ValueError) as err:
-                return self._error(hook, key, f"produced column {f.name!r} that cannot be stored as {f.type} ({err})")
-        return self._error("process", NO_KEY, f"produced column {f.name!r} that cannot be stored as {f.type} ({e})")
+                tables.append(pa.Table.from_pylist(rows, schema=self.schema))
+            except _CONVERSION_ERRORS as e:
+                raise self._spark_value_error(rows, hook, key, e) from None
+        return pa.concat_tables(tables)
+
+    def _spark_value_error(self, rows: list[Row], hook: str, key: Any, error: Exception) -> OutputError:
+        """The error naming the first value of ``rows`` Arrow (and so Spark) cannot store in its field."""
+        assert self.schema is not None
+        for f in self.schema:
+            try:
+                pa.array([r[f.name] for r in rows], type=f.type)
+            except _CONVERSION_ERRORS as e:
+                value = next((v for v in (r[f.name] for r in rows) if not _arrow_takes(v, f.type)), None)
+                return self._error(hook, key, f"produced field {f.name!r} = {short_repr(value)} "
+                                              f"({type(value).__name__}), which cannot be stored as {f.type}, as "
+                                              f"on Spark ({e}): convert it before yielding it")
+        return self._error(hook, key, f"produced rows Arrow cannot convert, as on Spark ({error})")
 
     def _check_each(self, rows: list[Row]) -> None:
         """The slow path: find the first wrong row and raise for it, naming the hook and key that made it."""
@@ -330,6 +467,75 @@ def _concat(values: list[Any]) -> Any:
     if all(isinstance(v, np.ndarray) for v in values):
         return np.concatenate(values) if values else np.array([])
     return [x for v in values for x in v]
+
+
+def _joined(values: list[Any]) -> Any:
+    """The parts' values of one column as one column when they share their dtype (numpy arrays, pandas Series),
+    else None: Spark converts each DataFrame alone, and a column's conversion depends on its dtype."""
+    import numpy as np
+
+    if not values or len({getattr(v, "dtype", None) for v in values}) != 1:
+        return None
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.concatenate(values)
+    import pandas as pd
+
+    if all(isinstance(v, pd.Series) for v in values):
+        return pd.concat(values, ignore_index=True)
+    return None
+
+
+def _spark_pandas_array(values: Any, field: pa.Field) -> pa.Array:
+    """``values`` (a column of a DataFrame a ``transformWithStateInPandas`` processor yielded) converted to
+    ``field``'s type by Spark's own conversion, with Spark 4's default settings (checked casts: ANSI mode)."""
+    import pandas as pd
+    from pyspark.sql.conversion import PandasToArrowConversion
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
+
+    series = values if isinstance(values, pd.Series) else pd.Series(values)
+    schema = StructType([StructField(field.name, from_arrow_type(field.type), field.nullable)])
+    batch = PandasToArrowConversion.convert([series], schema, timezone="UTC", safecheck=True, arrow_cast=True,
+                                            int_to_decimal_coercion_enabled=False)
+    column = batch.column(0)
+    return column if column.type == field.type else column.cast(field.type)
+
+
+def _has_struct(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_struct(t.value_type)
+    return pa.types.is_map(t) and (_has_struct(t.key_type) or _has_struct(t.item_type))
+
+
+def _struct_gap(value: Any, t: pa.DataType) -> str | None:
+    """The path of a struct field a dict in ``value`` lacks (Spark fills it with null), or None."""
+    if value is None:
+        return None
+    if pa.types.is_struct(t):
+        if not isinstance(value, dict):
+            return None  # positional (a tuple or Row): the conversion checks its length
+        for f in t:
+            if f.name not in value:
+                return f.name
+            gap = _struct_gap(value[f.name], f.type)
+            if gap is not None:
+                return f"{f.name}.{gap}"
+        return None
+    if pa.types.is_map(t):
+        items = value.items() if isinstance(value, dict) else value
+        return next((g for k, v in items for g in (_struct_gap(k, t.key_type), _struct_gap(v, t.item_type))
+                     if g is not None), None)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return next((g for v in value if (g := _struct_gap(v, t.value_type)) is not None), None)
+    return None
+
+
+def _spark_has_null(values: Any) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(pd.Series(values, dtype=object)).any()) if len(values) else False
 
 
 def _as_table(columns: Any, error: Callable[[str], OutputError]) -> pa.Table:

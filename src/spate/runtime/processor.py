@@ -97,7 +97,18 @@ class Processor(ABC):
     """Subclass and override :meth:`process` (and any of the other hooks).
 
     One instance runs per subtask; it is re-created when the subtask restores its state.
+
+    Three class attributes choose how the runtime drives it (the defaults are Flink's; the
+    ``StatefulProcessor`` adapter sets Spark's transformWithState semantics):
+    ``processing_timers_first`` fires due processing-time timers before the batch's input (``False``: after
+    it); ``watermark_floor_ms`` is the watermark before any event time is seen and a floor under it (Spark:
+    0); ``drop_late_rows`` drops input rows whose event time is at or below the previous batch's watermark
+    before they are grouped.
     """
+
+    processing_timers_first: bool = True
+    watermark_floor_ms: int | None = None
+    drop_late_rows: bool = False
 
     def open(self, ctx: Context) -> None:
         """Obtain state handles here: ``self.count = ctx.state(ValueStateDescriptor("count", default=0))``."""

@@ -92,6 +92,13 @@ AnyProcessor = Processor | BatchProcessor
 ProcessorFactory = Callable[[], AnyProcessor]
 
 
+def _floored(watermark_ms: int | None, floor_ms: int | None) -> int | None:
+    """A watermark with the processor's floor under it (the floor itself before any event time)."""
+    if floor_ms is None:
+        return watermark_ms
+    return floor_ms if watermark_ms is None else max(watermark_ms, floor_ms)
+
+
 def processor_factory(processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory) -> ProcessorFactory:
     """Accept a Processor or BatchProcessor instance (deep-copied per subtask), a class, or a zero-argument
     factory."""
@@ -152,7 +159,7 @@ class Subtask:
         self._prepare(plan)
         clock.lap("prepare_ms")
         table_s = self._table_seconds()
-        out = self._process(plan, batch, clock)
+        out = self._process(plan, self._without_late_rows(plan, batch), clock)
         clock.phases["table_ms"] = (self._table_seconds() - table_s) * 1000
         finish = self._snapshot(plan, batch, out)
         clock.lap("snapshot_start_ms")
@@ -395,19 +402,32 @@ class Subtask:
         self.keyed.table.commit()
         self._tag = None
 
+    def _without_late_rows(self, plan: SubtaskPlan, batch: KeyedBatch) -> KeyedBatch:
+        """``batch`` without its late rows, for a processor that asks to drop them (Spark's semantics)."""
+        proc, column = self.processor, self.config.event_time_column
+        if not isinstance(proc, Processor) or not proc.drop_late_rows or column is None:
+            return batch
+        bound = _floored(plan.late_watermark_ms, proc.watermark_floor_ms)
+        return batch if bound is None else batch.without_late_rows(column, bound)
+
     def _process(self, plan: SubtaskPlan, batch: KeyedBatch, clock: _PhaseClock) -> Outputs:
         keyed, ctx, proc = self.keyed, self.ctx, self.processor
         assert keyed is not None and ctx is not None and proc is not None
         keyed.now_ms = ctx.processing_time_ms = plan.processing_time_ms
-        ctx.watermark_ms, ctx.batch_id = plan.watermark_ms, plan.checkpoint_id
+        ctx.batch_id = plan.checkpoint_id
         out = OutputBuffer(proc, self.config.output_schema)
         if isinstance(proc, BatchProcessor):
+            ctx.watermark_ms = plan.watermark_ms
             out.add_columns(proc.process_batch(batch, ctx), "process_batch")
         else:
-            self._fire(PROCESSING_TIME, plan.processing_time_ms, out)
+            ctx.watermark_ms = watermark = _floored(plan.watermark_ms, proc.watermark_floor_ms)
+            if proc.processing_timers_first:
+                self._fire(PROCESSING_TIME, plan.processing_time_ms, out)
             self._process_keys(proc, batch, out)
-            if plan.watermark_ms is not None:
-                self._fire(EVENT_TIME, plan.watermark_ms, out)
+            if not proc.processing_timers_first:
+                self._fire(PROCESSING_TIME, plan.processing_time_ms, out)
+            if watermark is not None:
+                self._fire(EVENT_TIME, watermark, out)
         keyed.clear_current_key()
         out.extend(proc.end_batch(ctx), "end_batch", NO_KEY)
         clock.lap("process_ms")
