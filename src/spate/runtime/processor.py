@@ -118,6 +118,15 @@ class Processor(ABC):
         """Handle the rows of one key in this micro-batch (a list-like sequence of dicts: see
         :class:`~spate.runtime.batch.KeyRows`); return or yield output rows."""
 
+    def start_batch(self, ctx: Context) -> None:
+        """Called once per subtask and batch, before its timers and keys."""
+
+    def process_initial(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
+        """The key's rows of the query's initial state: in the first batch of a new query only (no checkpoint
+        to restore), before the batch's input."""
+        raise NotImplementedError(f"{type(self).__qualname__} has no process_initial, but the query was given "
+                                  "an initial state")
+
     def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> Iterable[Row] | None:
         """A timer of ``key`` fired (``ctx.timer_domain`` is "event" or "processing")."""
         return None

@@ -145,11 +145,14 @@ class Subtask:
         self._verified_local: set[str] = set()  # lmdb directories this process checked against their digest
 
     # -- the batch ------------------------------------------------------------------------------------
-    def run(self, plan: SubtaskPlan, batch: KeyedBatch | Sequence[KeyedRow]) -> BatchOutput:
-        """Process one micro-batch: this subtask's rows grouped by key, or (key group, key, row) triples."""
-        return self.start(plan, batch)()
+    def run(self, plan: SubtaskPlan, batch: KeyedBatch | Sequence[KeyedRow],
+            initial: KeyedBatch | None = None) -> BatchOutput:
+        """Process one micro-batch: this subtask's rows grouped by key, or (key group, key, row) triples;
+        ``initial``: its rows of the query's initial state (first batch of a new query only)."""
+        return self.start(plan, batch, initial)()
 
-    def start(self, plan: SubtaskPlan, batch: KeyedBatch | Sequence[KeyedRow]) -> Callable[[], BatchOutput]:
+    def start(self, plan: SubtaskPlan, batch: KeyedBatch | Sequence[KeyedRow],
+              initial: KeyedBatch | None = None) -> Callable[[], BatchOutput]:
         """Process the batch and start its snapshot; the returned function waits until the snapshot is
         durable and gives the ack (a runner starts every subtask before waiting for any)."""
         if not isinstance(batch, KeyedBatch):
@@ -159,7 +162,7 @@ class Subtask:
         self._prepare(plan)
         clock.lap("prepare_ms")
         table_s = self._table_seconds()
-        out = self._process(plan, self._without_late_rows(plan, batch), clock)
+        out = self._process(plan, self._without_late_rows(plan, batch), clock, initial)
         clock.phases["table_ms"] = (self._table_seconds() - table_s) * 1000
         finish = self._snapshot(plan, batch, out)
         clock.lap("snapshot_start_ms")
@@ -410,20 +413,26 @@ class Subtask:
         bound = _floored(plan.late_watermark_ms, proc.watermark_floor_ms)
         return batch if bound is None else batch.without_late_rows(column, bound)
 
-    def _process(self, plan: SubtaskPlan, batch: KeyedBatch, clock: _PhaseClock) -> Outputs:
+    def _process(self, plan: SubtaskPlan, batch: KeyedBatch, clock: _PhaseClock,
+                 initial: KeyedBatch | None = None) -> Outputs:
         keyed, ctx, proc = self.keyed, self.ctx, self.processor
         assert keyed is not None and ctx is not None and proc is not None
         keyed.now_ms = ctx.processing_time_ms = plan.processing_time_ms
         ctx.batch_id = plan.checkpoint_id
         out = OutputBuffer(proc, self.config.output_schema)
         if isinstance(proc, BatchProcessor):
+            if initial is not None and len(initial):
+                raise ValueError("a BatchProcessor takes no initial state: bootstrap its state with a savepoint")
             ctx.watermark_ms = plan.watermark_ms
             out.add_columns(proc.process_batch(batch, ctx), "process_batch")
         else:
             ctx.watermark_ms = watermark = _floored(plan.watermark_ms, proc.watermark_floor_ms)
+            proc.start_batch(ctx)
             if proc.processing_timers_first:
                 self._fire(PROCESSING_TIME, plan.processing_time_ms, out)
-            self._process_keys(proc, batch, out)
+            if initial is not None:
+                self._for_each_key(proc.process_initial, "process_initial", initial, out)
+            self._for_each_key(proc.process, "process", batch, out)
             if not proc.processing_timers_first:
                 self._fire(PROCESSING_TIME, plan.processing_time_ms, out)
             if watermark is not None:
@@ -435,14 +444,14 @@ class Subtask:
         clock.lap("outputs_ms")
         return outputs
 
-    def _process_keys(self, proc: Processor, batch: KeyedBatch, out: OutputBuffer) -> None:
-        """``process`` once per key of the batch, in key-group order."""
+    def _for_each_key(self, hook: Callable[..., Any], name: str, batch: KeyedBatch, out: OutputBuffer) -> None:
+        """``hook`` (``process``, ``process_initial``) once per key of the batch, in key-group order."""
         keyed, ctx = self.keyed, self.ctx
         assert keyed is not None and ctx is not None
-        enter, process, rows_of, extend = keyed.enter_key, proc.process, batch.rows_of, out.extend
+        enter, rows_of, extend = keyed.enter_key, batch.rows_of, out.extend
         for i, (key, kg, kb) in enumerate(zip(batch.keys, batch.key_groups, batch.encoded_keys, strict=True)):
             enter(key, kg, kb)
-            extend(process(key, rows_of(i), ctx), "process", key)
+            extend(hook(key, rows_of(i), ctx), name, key)
 
     def _fire(self, domain: str, up_to: int, out: OutputBuffer) -> None:
         keyed, ctx, proc = self.keyed, self.ctx, self.processor

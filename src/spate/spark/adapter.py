@@ -1,59 +1,47 @@
 """Run an unchanged ``pyspark.sql.streaming.StatefulProcessor`` (the ``transformWithStateInPandas`` /
-``transformWithState`` API) on spate: its value, list and map state (with TTL) become spate keyed state, its
-timers spate timers, and its handle calls local reads and writes instead of round trips to the JVM.
+``transformWithState`` API) on spate with Spark's semantics: its value, list and map states (with TTL and
+schemas, :mod:`spate.spark.tws_handle`) become spate keyed state, its timers spate timers, and its handle
+calls local reads and writes instead of round trips to the JVM.
 
-Differences from Spark, on purpose or by construction:
+What Spark does and the adapter does the same way:
 
-- state values are stored as given (tuples, as Spark's ``get`` returns them), encoded with msgpack; the state
-  schemas are not enforced (numpy and pandas scalars are converted to plain Python values);
-- ``deleteIfExists(name)`` clears the state for every key of this subtask, like Spark, but only for states
-  the processor asked for in ``init`` of this run;
-- processing-time timers fire at the start of the first batch at or after their time, event-time timers
-  when the watermark (max event time seen − delay, from earlier batches) passes them;
-- ``handleInitialState`` is not supported (no initial-state DataFrame); the output mode is append-like:
-  every row the processor yields is emitted.
+- each batch of a subtask runs like a Spark task: a fresh copy of the processor, ``init`` with a new handle,
+  the keys' input rows (pandas: in DataFrames of at most ``max_records_per_batch`` rows), then the due
+  timers, then ``close``;
+- ``TimerValues``: ``(-1, -1)`` in timeMode ``None``; the batch's time and ``-1`` in ``ProcessingTime``; the
+  batch's time and the watermark in ``EventTime``, where the watermark is 0 until event times raise it;
+- in ``EventTime``, input rows at or below the previous batch's watermark are dropped as late before they
+  reach the processor; event-time timers at or below the watermark fire after the input;
+- state values come back as Spark returns them (tuples, nested structs as ``Row``) and evolve across
+  restarts as Spark's do (:mod:`spate.spark.state_schema`); ``deleteIfExists`` removes a state for every key.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from spate.runtime.batch import KeyRows
 from spate.runtime.outputs import ColumnChunk
 from spate.runtime.processor import Context, Processor, Row
-from spate.state.descriptors import ListStateDescriptor, MapStateDescriptor, StateDescriptor, ValueStateDescriptor
+from spate.spark.tws_handle import StatefulProcessorHandle, StateSchemas, plain
 
 TIME_MODES = ("None", "ProcessingTime", "EventTime")
 FLAVOURS = ("pandas", "row")
 
 
-def plain(value: Any) -> Any:
-    """``value`` with numpy/pandas scalars turned into Python values (msgpack stores plain data)."""
-    if isinstance(value, (tuple, list)):
-        return type(value)(plain(v) for v in value) if isinstance(value, list) else tuple(plain(v) for v in value)
-    if isinstance(value, dict):
-        return {plain(k): plain(v) for k, v in value.items()}
-    to_pydatetime = getattr(value, "to_pydatetime", None)
-    if to_pydatetime is not None:  # pandas.Timestamp
-        return to_pydatetime()
-    item = getattr(value, "item", None)
-    if item is not None and type(value).__module__ == "numpy":
-        return item()
-    return value
-
-
 class TimerValues:
     """``pyspark.sql.streaming.stateful_processor.TimerValues`` on spate's clock."""
 
-    def __init__(self, processing_time_ms: int, watermark_ms: int | None) -> None:
+    def __init__(self, processing_time_ms: int, watermark_ms: int) -> None:
         self._now, self._watermark = processing_time_ms, watermark_ms
 
     def getCurrentProcessingTimeInMs(self) -> int:  # noqa: N802 - Spark's API
         return self._now
 
     def getCurrentWatermarkInMs(self) -> int:  # noqa: N802
-        return self._watermark if self._watermark is not None else -1
+        return self._watermark
 
 
 class ExpiredTimerInfo:
@@ -64,154 +52,34 @@ class ExpiredTimerInfo:
         return self._expiry
 
 
-class _ValueState:
-    def __init__(self, state: Any) -> None:
-        self._s = state
-
-    def exists(self) -> bool:
-        return bool(self._s.exists())
-
-    def get(self) -> tuple | None:
-        return self._s.value()
-
-    def update(self, newValue: tuple) -> None:  # noqa: N803
-        self._s.update(plain(newValue))
-
-    def clear(self) -> None:
-        self._s.clear()
-
-
-class _ListState:
-    def __init__(self, state: Any) -> None:
-        self._s = state
-
-    def exists(self) -> bool:
-        return bool(self._s.get())
-
-    def get(self) -> Iterator[tuple]:
-        return iter(self._s.get())
-
-    def put(self, newState: list[tuple]) -> None:  # noqa: N803
-        self._s.update(plain(list(newState)))
-
-    def appendValue(self, newState: tuple) -> None:  # noqa: N802,N803
-        self._s.add(plain(newState))
-
-    def appendList(self, newState: list[tuple]) -> None:  # noqa: N802,N803
-        self._s.add_all(plain(list(newState)))
-
-    def clear(self) -> None:
-        self._s.clear()
-
-
-class _MapState:
-    def __init__(self, state: Any) -> None:
-        self._s = state
-
-    def exists(self) -> bool:
-        return not self._s.is_empty()
-
-    def getValue(self, key: tuple) -> tuple | None:  # noqa: N802
-        return self._s.get(plain(key))
-
-    def containsKey(self, key: tuple) -> bool:  # noqa: N802
-        return bool(self._s.contains(plain(key)))
-
-    def updateValue(self, key: tuple, value: tuple) -> None:  # noqa: N802
-        self._s.put(plain(key), plain(value))
-
-    def iterator(self) -> Iterator[tuple[tuple, tuple]]:
-        return iter(self._s.items())
-
-    def keys(self) -> Iterator[tuple]:
-        return iter(self._s.keys())
-
-    def values(self) -> Iterator[tuple]:
-        return iter(self._s.values())
-
-    def removeKey(self, key: tuple) -> None:  # noqa: N802
-        self._s.remove(plain(key))
-
-    def clear(self) -> None:
-        self._s.clear()
-
-
-class StatefulProcessorHandle:
-    """``StatefulProcessorHandle`` backed by spate keyed state and timers."""
-
-    def __init__(self, ctx: Context, time_mode: str) -> None:
-        self._ctx, self._time_mode = ctx, time_mode
-        self._descriptors: dict[str, StateDescriptor] = {}
-
-    def _state(self, descriptor: StateDescriptor) -> Any:
-        if descriptor.ttl_ms is not None and self._time_mode == "None":
-            raise ValueError(f"state {descriptor.name!r} has a TTL, which needs timeMode 'ProcessingTime' (or "
-                             "'EventTime'), as on Spark; TTL follows processing time")
-        self._descriptors[descriptor.name] = descriptor
-        return self._ctx.state(descriptor)
-
-    def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> _ValueState:  # noqa: N802,N803
-        return _ValueState(self._state(ValueStateDescriptor(stateName, ttl_ms=ttlDurationMs)))
-
-    def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> _ListState:  # noqa: N802,N803
-        return _ListState(self._state(ListStateDescriptor(stateName, ttl_ms=ttlDurationMs)))
-
-    def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,  # noqa: N802,N803
-                    ttlDurationMs: int | None = None) -> _MapState:  # noqa: N803
-        return _MapState(self._state(MapStateDescriptor(stateName, ttl_ms=ttlDurationMs)))
-
-    def registerTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
-        if self._time_mode == "EventTime":
-            self._ctx.register_event_time_timer(int(expiryTimestampMs))
-        elif self._time_mode == "ProcessingTime":
-            self._ctx.register_processing_time_timer(int(expiryTimestampMs))
-        else:
-            raise ValueError("registerTimer needs timeMode 'ProcessingTime' or 'EventTime', not 'None'")
-
-    def deleteTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
-        if self._time_mode == "EventTime":
-            self._ctx.delete_event_time_timer(int(expiryTimestampMs))
-        elif self._time_mode == "ProcessingTime":
-            self._ctx.delete_processing_time_timer(int(expiryTimestampMs))
-
-    def listTimers(self) -> Iterator[int]:  # noqa: N802
-        if self._time_mode == "EventTime":
-            return iter(self._ctx.event_time_timers())
-        if self._time_mode == "ProcessingTime":
-            return iter(self._ctx.processing_time_timers())
-        return iter(())
-
-    def deleteIfExists(self, stateName: str) -> None:  # noqa: N802,N803
-        descriptor = self._descriptors.get(stateName)
-        if descriptor is None:
-            return
-        state, keyed = self._ctx.state(descriptor), self._ctx._keyed  # noqa: SLF001
-        had_key, current = keyed.current_key_group >= 0, keyed.current_key
-        for key in list(self._ctx.keys(descriptor)):
-            keyed.set_current_key(key)
-            state.clear()
-        if had_key:
-            keyed.set_current_key(current)
-        else:
-            keyed.clear_current_key()
-
-
 class StatefulProcessorAdapter(Processor):
-    """A spate :class:`Processor` running a ``pyspark`` ``StatefulProcessor``.
+    """A spate :class:`Processor` running a ``pyspark`` ``StatefulProcessor`` as Spark's transformWithState runs it.
 
     Args:
-        processor: the ``StatefulProcessor`` (copied per subtask).
+        processor: the ``StatefulProcessor`` (copied per subtask and batch, as Spark deserializes it per task).
         flavour: ``"pandas"`` (``transformWithStateInPandas``: rows arrive as pandas DataFrames, outputs are
             DataFrames) or ``"row"`` (``transformWithState``: ``Row`` in and out).
         time_mode: ``"None"``, ``"ProcessingTime"`` or ``"EventTime"``.
+        max_records_per_batch: pandas flavour: the most rows in one DataFrame ``handleInputRows`` receives
+            (Spark 4.3 chunks by ``spark.sql.execution.arrow.maxRecordsPerBatch``).
     """
 
-    def __init__(self, processor: Any, flavour: str = "pandas", time_mode: str = "None") -> None:
+    processing_timers_first = False  # Spark processes a batch's input, then its timers
+
+    def __init__(self, processor: Any, flavour: str = "pandas", time_mode: str = "None",
+                 max_records_per_batch: int = 10_000) -> None:
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
         if time_mode not in TIME_MODES:
             raise ValueError(f"timeMode must be one of {TIME_MODES}, got {time_mode!r}")
+        if not isinstance(max_records_per_batch, int) or max_records_per_batch <= 0:
+            raise ValueError(f"max_records_per_batch must be a positive int, got {max_records_per_batch!r}")
         self.processor, self.flavour, self.time_mode = processor, flavour, time_mode
+        self.max_records_per_batch = max_records_per_batch
+        self.watermark_floor_ms = 0 if time_mode == "EventTime" else None
+        self.drop_late_rows = time_mode == "EventTime"
+        self._schemas: StateSchemas | None = None
+        self._running: Any = None  # this batch's copy of the processor, after its init
         self.handle: StatefulProcessorHandle | None = None
 
     @property
@@ -220,43 +88,88 @@ class StatefulProcessorAdapter(Processor):
         return type(self.processor).__qualname__
 
     def open(self, ctx: Context) -> None:
-        self.handle = StatefulProcessorHandle(ctx, self.time_mode)
-        self.processor.init(self.handle)
+        self._schemas = StateSchemas(ctx)
+        self.start_batch(ctx)  # declares the states now: a schema that cannot evolve fails before any input
+
+    def start_batch(self, ctx: Context) -> None:
+        if self._running is None:
+            assert self._schemas is not None
+            self.handle = StatefulProcessorHandle(ctx, self.time_mode, self._schemas)
+            self._running = copy.deepcopy(self.processor)
+            self._running.init(self.handle)
 
     def process(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
-        return self._outputs(self.processor.handleInputRows(_spark_key(key), self._inputs(rows), _timers(ctx)))
+        return self._outputs(self._running.handleInputRows(_spark_key(key), self._inputs(rows), self._timers(ctx)))
+
+    def process_initial(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
+        """``handleInitialState`` per DataFrame chunk (pandas) or per ``Row``, as Spark calls it."""
+        handler = getattr(self._running, "handleInitialState", None)
+        if handler is None:
+            raise ValueError(f"{self.display_name} has no handleInitialState, but the query was given an initial "
+                             "state")
+        spark_key, timers = _spark_key(key), self._timers(ctx)
+        for item in self._inputs(rows):
+            handler(spark_key, item, timers)
+        return None
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> Iterable[Row] | None:
-        handler = getattr(self.processor, "handleExpiredTimer", None)
+        handler = getattr(self._running, "handleExpiredTimer", None)
         if handler is None:
             return None
-        return self._outputs(handler(_spark_key(key), _timers(ctx), ExpiredTimerInfo(timestamp_ms)))
+        return self._outputs(handler(_spark_key(key), self._timers(ctx), ExpiredTimerInfo(timestamp_ms)))
+
+    def end_batch(self, ctx: Context) -> Iterable[Row] | None:
+        self.close()
+        return None
 
     def close(self) -> None:
-        self.processor.close()
+        running, self._running = self._running, None
+        if running is not None:
+            running.close()
+
+    def _timers(self, ctx: Context) -> TimerValues:
+        if self.time_mode == "None":
+            return TimerValues(-1, -1)
+        watermark = ctx.watermark_ms if self.time_mode == "EventTime" and ctx.watermark_ms is not None else -1
+        return TimerValues(ctx.processing_time_ms, watermark)
 
     def _inputs(self, rows: Sequence[Row]) -> Iterator[Any]:
-        """The key's rows as Spark hands them over: one pandas DataFrame (a slice of the batch's, made once per
-        batch from Arrow), or ``Row`` objects made from the batch's columns."""
+        """The key's rows as Spark hands them over: pandas DataFrames of at most ``max_records_per_batch`` rows
+        (slices of the batch's, made once per batch from Arrow), or ``Row`` objects made from the batch's
+        columns."""
         if self.flavour == "pandas":
-            return iter([_pandas_rows(rows)])
+            return _chunks(_pandas_rows(rows), self.max_records_per_batch)
         return _spark_rows(rows)
 
     def _outputs(self, produced: Any) -> ColumnChunk | list[Row]:
-        """What the processor yielded: DataFrames as one chunk of columns (no dict per row), Rows as dicts."""
+        """What the processor yielded: DataFrames as one chunk of columns (no dict per row), Rows as dicts (as
+        Spark's ``asDict(recursive=True)``); the output buffer converts both as Spark does and names anything
+        else (an empty DataFrame without columns is no rows, as on Spark)."""
+        from spate.runtime.outputs import SparkRows
+
         if self.flavour == "pandas":
-            frames = [f for f in produced or () if len(f)]
+            frames = [f for f in produced or () if getattr(f, "shape", None) != (0, 0)]
             return ColumnChunk.of(frames, self._frame_columns)
-        out: list[Row] = []
+        out = SparkRows()
         for item in produced or ():
             fields = getattr(item, "__fields__", None)
-            row = dict(zip(fields, item, strict=True)) if fields is not None else item.asDict(recursive=True)
-            out.append(plain(row) if not _flat_plain(row) else row)
+            if fields is None:  # Spark's asDict fails on it
+                out.refused = item
+                break
+            row = dict(zip(fields, item, strict=True))
+            out.append(row if _flat_plain(row) else item.asDict(recursive=True))  # nested Rows by name, as Spark
         return out
 
     @staticmethod
-    def _frame_columns(frame: Any) -> dict[str, Any]:
-        return {str(name): series.to_numpy() for name, series in frame.items()}
+    def _frame_columns(frame: Any) -> dict[Any, Any] | None:
+        """A DataFrame's columns by label: numpy arrays (cheap to join), pandas Series where the dtype is
+        pandas' own (time zones, nullable ints), whose conversion depends on it; None for anything else."""
+        import numpy as np
+        import pandas as pd
+
+        if not isinstance(frame, pd.DataFrame):
+            return None
+        return {name: s.to_numpy() if isinstance(s.dtype, np.dtype) else s for name, s in frame.items()}
 
 
 def _pandas_rows(rows: Sequence[Row]) -> Any:
@@ -293,8 +206,17 @@ def _spark_key(key: Any) -> tuple:
     return key if isinstance(key, tuple) else (key,)
 
 
-def _timers(ctx: Context) -> TimerValues:
-    return TimerValues(ctx.processing_time_ms, ctx.watermark_ms)
+def _chunks(frame: Any, size: int) -> Iterator[Any]:
+    """``frame`` in DataFrames of at most ``size`` rows, each indexed from 0 (as Spark's Arrow batches)."""
+    if len(frame) <= size:
+        yield frame
+        return
+    import pandas as pd
+
+    for start in range(0, len(frame), size):
+        chunk = frame.iloc[start:start + size].copy(deep=False)
+        chunk.index = pd.RangeIndex(len(chunk))
+        yield chunk
 
 
 __all__ = ["StatefulProcessorAdapter", "StatefulProcessorHandle", "TimerValues", "ExpiredTimerInfo", "plain"]

@@ -41,7 +41,16 @@ from spate.spark.spark_checkpoint import (
     open_spark_checkpoint,
 )
 from spate.spark.staged import staged_outputs_frame
-from spate.spark.task import HEARTBEAT_COLUMN, KG_COLUMN, ROUTE_COLUMN, SUBTASK_COLUMN, TaskSpec, run_partition
+from spate.spark.task import (
+    HEARTBEAT_COLUMN,
+    INITIAL_COLUMN,
+    KG_COLUMN,
+    ROUTE_COLUMN,
+    SUBTASK_COLUMN,
+    TaskSpec,
+    run_partition,
+)
+from spate.spark.tws_handle import declared_states
 
 log = logging.getLogger(__name__)
 Sink = Callable[[Any, int], None]
@@ -82,7 +91,7 @@ class StatefulStream:
 
     def __init__(self, df: Any, key: str | Sequence[str],
                  processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory, output_schema: Any,
-                 settings: SpateSettings | None = None, **overrides: Any) -> None:
+                 settings: SpateSettings | None = None, initial_state: Any = None, **overrides: Any) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType, _parse_datatype_string
 
@@ -96,6 +105,7 @@ class StatefulStream:
         if not self.key_columns or missing:
             raise ValueError(f"key columns {missing or '(none)'} are not columns of the stream {df.columns}")
         self.factory = processor_factory(processor)
+        self.initial_state = _initial_state(initial_state, self.key_columns)
         schema = _parse_datatype_string(output_schema) if isinstance(output_schema, str) else output_schema
         if not isinstance(schema, StructType):
             raise TypeError(f"output_schema must be a StructType or a DDL string, got {output_schema!r}")
@@ -158,6 +168,16 @@ class StatefulStream:
         if self.coordinator is not None:
             self.coordinator.close()
 
+    def __getattr__(self, name: str) -> Any:
+        if name in _DATAFRAME_ONLY:
+            raise AttributeError(
+                f"StatefulStream has no {name!r}: its outputs are not a streaming DataFrame, so a streaming "
+                f"operator (an aggregation, a join, withWatermark, writeStream) cannot follow it. Each batch's "
+                f"outputs reach start(sink) as a DataFrame once the batch's checkpoint completed: apply {name} "
+                "there for per-batch work, or have the sink append them to a table (Delta, Iceberg, Kafka) and "
+                "read that as a stream for a further stateful operator")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     # -- one micro-batch (driver) -----------------------------------------------------------------------
     def _process_batch(self, batch_df: Any, batch_id: int) -> None:
         assert self._loop is not None
@@ -177,7 +197,8 @@ class StatefulStream:
         def run_subtasks(plans: list[SubtaskPlan]) -> list[SubtaskAck]:  # the batch's one Spark job
             job_started = time.perf_counter()
             sent.extend(json.dumps(plan.to_dict()).encode() for plan in plans)
-            acks = self._run_subtasks(batch_df, batch_id, sent)
+            fresh = plans[0].base_checkpoint_id is None  # a new query: the initial state goes in
+            acks = self._run_subtasks(batch_df, batch_id, sent, with_initial=fresh)
             spark.update(jobs=jobs.since(), tasks=jobs.last_stage_tasks(),
                          job_us=int((time.perf_counter() - job_started) * 1e6))
             return acks
@@ -200,7 +221,8 @@ class StatefulStream:
                                          profile=_slowest_phases([st.stats.get("profile", {})
                                                                   for st in meta.subtasks])))
 
-    def _run_subtasks(self, batch_df: Any, batch_id: int, plans: list[bytes]) -> list[SubtaskAck]:
+    def _run_subtasks(self, batch_df: Any, batch_id: int, plans: list[bytes],
+                      with_initial: bool = False) -> list[SubtaskAck]:
         """The batch's one Spark job: route every row to its subtask's partition, run each subtask where its
         state lives (:mod:`spate.spark.placement`), collect the acks."""
         from pyspark.rdd import RDD
@@ -224,6 +246,8 @@ class StatefulStream:
             *[F.lit(None).cast(f.dataType).alias(f.name) for f in batch_df.schema.fields],
             F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col("id").cast(IntegerType()).alias(SUBTASK_COLUMN),
             F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN))
+        if with_initial and self.initial_state is not None:
+            rows, heartbeat = self._with_initial_state(batch_df, rows, heartbeat, kg, p, max_p)
         route = F.element_at(F.array(*[F.lit(v) for v in routing_values(p)]), F.col(SUBTASK_COLUMN) + 1)
         routed = rows.unionByName(heartbeat).withColumn(ROUTE_COLUMN, route.cast("int")).repartition(p, ROUTE_COLUMN)
         spec = TaskSpec(self.run_id, self.factory, s, self.sink is not None, self.key_columns,
@@ -240,6 +264,26 @@ class StatefulStream:
         with _job_description(sc, note):
             acks = RDD(placed, sc, NoOpSerializer()).mapPartitions(task).collect()
         return [SubtaskAck.from_dict(json.loads(a)) for a in acks]
+
+    def _with_initial_state(self, batch_df: Any, rows: Any, heartbeat: Any, kg: Any, p: int,
+                            max_p: int) -> tuple[Any, Any]:
+        """``rows`` with the initial state's rows added, routed by their key like input rows: the stream's key
+        columns hold their key, :data:`INITIAL_COLUMN` the whole row (null on input and heartbeat rows)."""
+        from pyspark.sql import functions as F
+
+        assert self.initial_state is not None
+        initial, initial_keys = self.initial_state
+        whole = F.struct(*[F.col(c) for c in initial.columns])
+        whole_type = initial.select(whole.alias("x")).schema["x"].dataType
+        types = {f.name: f.dataType for f in batch_df.schema.fields}
+        keyed = initial.select(*[F.col(ic).cast(types[kc]).alias(kc) for kc, ic in
+                                 zip(self.key_columns, initial_keys, strict=True)], whole.alias(INITIAL_COLUMN))
+        initial_rows = keyed.select(
+            *[F.col(n) if n in self.key_columns else F.lit(None).cast(t).alias(n) for n, t in types.items()],
+            kg.cast("int").alias(KG_COLUMN), F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
+            F.lit(False).alias(HEARTBEAT_COLUMN), F.col(INITIAL_COLUMN))
+        none = F.lit(None).cast(whole_type).alias(INITIAL_COLUMN)
+        return (rows.select("*", none).unionByName(initial_rows), heartbeat.select("*", none))
 
     def _deliver_staged(self) -> None:
         """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and
@@ -278,6 +322,35 @@ class StatefulStream:
                 "batch_ms_p99": percentile([m.batch_ms for m in done], 99),
                 "checkpoint_ms_p50": percentile([m.checkpoint_ms for m in done], 50),
                 "checkpoint_ms_p99": percentile([m.checkpoint_ms for m in done], 99)}
+
+
+def _initial_state(initial_state: Any, key_columns: tuple[str, ...]) -> tuple[Any, list[str]] | None:
+    """``(DataFrame, its key columns)`` of an initial state given as Spark's ``GroupedData`` (``df.groupBy(k)``)
+    or a batch DataFrame grouped by the stream's key column names."""
+    if initial_state is None:
+        return None
+    if hasattr(initial_state, "_jgd"):  # GroupedData: its DataFrame and grouping columns
+        exprs = initial_state._jgd.groupingExprs()  # noqa: SLF001
+        df, keys = initial_state._df, [exprs.apply(i).name() for i in range(exprs.size())]  # noqa: SLF001
+    elif hasattr(initial_state, "isStreaming"):
+        df, keys = initial_state, list(key_columns)
+    else:
+        raise TypeError("initial_state must be df.groupBy(key) of a batch DataFrame (as Spark's transformWithState "
+                        f"takes it) or a batch DataFrame with the key columns, got {type(initial_state).__name__}")
+    if df.isStreaming:
+        raise ValueError("initial_state must be a batch DataFrame (spark.read...), not a streaming one, as on Spark")
+    missing = [k for k in keys if k not in df.columns]
+    if len(keys) != len(key_columns) or missing:
+        raise ValueError(f"initial_state is grouped by {keys}, the stream by {list(key_columns)}: group it by as "
+                         "many columns, in the same order" + (f" ({missing} are not its columns)" if missing else ""))
+    return df, keys
+
+
+_DATAFRAME_ONLY = frozenset({
+    "groupBy", "groupby", "agg", "select", "selectExpr", "filter", "where", "withColumn", "withColumns", "join",
+    "union", "unionByName", "withWatermark", "writeStream", "dropDuplicates", "dropDuplicatesWithinWatermark",
+    "transformWithState", "transformWithStateInPandas", "applyInPandasWithState", "count", "collect", "show",
+})
 
 
 def _slowest_phases(profiles: list[dict[str, float]]) -> dict[str, float]:
@@ -325,18 +398,37 @@ class _JobCounter:
         return stage.numTasks if stage is not None else 0
 
 
+OUTPUT_MODES = ("Update", "Append")
+MAX_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"  # what Spark 4.3's worker chunks by
+
+
 def transform_with_state(df: Any, key: str | Sequence[str], processor: Any, output_schema: Any, *,
-                         time_mode: str = "None", flavour: str = "pandas", event_time_column: str | None = None,
-                         watermark_delay_ms: int = 0, settings: SpateSettings | None = None,
+                         time_mode: str = "None", flavour: str = "pandas", output_mode: str = "Update",
+                         event_time_column: str | None = None, watermark_delay_ms: int = 0,
+                         initial_state: Any = None, settings: SpateSettings | None = None,
                          **overrides: Any) -> StatefulStream:
-    """The spate equivalent of ``df.groupBy(key).transformWithStateInPandas(processor, output_schema, "Update",
+    """The spate equivalent of ``df.groupBy(key).transformWithStateInPandas(processor, output_schema, output_mode,
     time_mode)`` (``flavour="row"``: ``transformWithState``): the same, unchanged ``StatefulProcessor``, with
-    state, checkpoints and parallelism owned by spate. With ``time_mode="EventTime"`` give the event-time
-    column and the allowed delay (Spark's ``withWatermark``). Call ``.start(sink)`` on the result."""
+    state, checkpoints and parallelism owned by spate and Spark's semantics (:mod:`spate.spark.adapter`). With
+    ``time_mode="EventTime"`` give the event-time column and the allowed delay (Spark's ``withWatermark``). Call
+    ``.start(sink)`` on the result: each batch's outputs reach the sink as a DataFrame. ``initial_state``
+    (``batch_df.groupBy(k)``, as Spark takes it) goes to ``handleInitialState`` in the first batch of a new
+    query only, before that batch's input.
+
+    The processor's ``init`` runs once here, on a copy, as Spark's driver does: a state schema Spark refuses
+    (a NOT NULL field) fails now. ``pandas`` input arrives in DataFrames of at most the session's
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (the setting Spark 4.3's Python worker chunks by)."""
+    if output_mode not in OUTPUT_MODES:
+        raise ValueError(f"output_mode {output_mode!r} is not supported: transformWithState emits what the processor "
+                         "yields, once (\"Update\" or \"Append\"); for \"Complete\" keep the full result in an "
+                         "external table the sink upserts into")
     if time_mode == "EventTime" and not event_time_column:
         raise ValueError("timeMode 'EventTime' needs event_time_column (and watermark_delay_ms): the column the "
                          "watermark follows, as Spark's withWatermark")
     if event_time_column:
         overrides = {**overrides, "event_time_column": event_time_column, "watermark_delay_ms": watermark_delay_ms}
-    return StatefulStream(df, key, StatefulProcessorAdapter(processor, flavour, time_mode), output_schema, settings,
-                          **overrides)
+    declared_states(processor)
+    max_records = int(df.sparkSession.conf.get(MAX_RECORDS_CONF, "10000"))
+    max_records = max_records if max_records > 0 else 2**31 - 1  # Spark: 0 or less is no limit
+    adapter = StatefulProcessorAdapter(processor, flavour, time_mode, max_records_per_batch=max_records)
+    return StatefulStream(df, key, adapter, output_schema, settings, initial_state=initial_state, **overrides)

@@ -32,6 +32,7 @@ KG_COLUMN = "__spate_kg"
 SUBTASK_COLUMN = "__spate_subtask"
 HEARTBEAT_COLUMN = "__spate_heartbeat"
 ROUTE_COLUMN = "__spate_route"  # the value whose hash sends the row to its subtask's partition
+INITIAL_COLUMN = "__spate_initial"  # a row of the initial state (a struct of its columns), null on input rows
 
 
 @dataclass(frozen=True)
@@ -231,10 +232,10 @@ def run_subtask(spec: TaskSpec, plan: SubtaskPlan, table: pa.Table,
     started = time.perf_counter()
     _check_rows_belong(plan, table)
     subtask = subtasks.get(spec, plan)
-    batch = keyed_batch(spec, table)
+    batch, initial = keyed_batches(spec, table)
     grouped = time.perf_counter()
     try:
-        out = subtask.run(plan, batch)
+        out = subtask.run(plan, batch, initial)
     finally:
         subtask.release_local_state()
     executor = this_executor()
@@ -271,6 +272,29 @@ def _partition_id() -> int | None:
 def keyed_batch(spec: TaskSpec, table: pa.Table) -> KeyedBatch:
     """The subtask's data rows (heartbeat rows dropped) grouped by key with Arrow, with the stream's own
     columns only."""
+    return keyed_batches(spec, table)[0]
+
+
+def keyed_batches(spec: TaskSpec, table: pa.Table) -> tuple[KeyedBatch, KeyedBatch | None]:
+    """:func:`keyed_batch`, and the subtask's rows of the initial state grouped by key when the batch has
+    them (the first batch of a new query given an initial state)."""
     rows = table.filter(pc.invert(table.column(HEARTBEAT_COLUMN)))
     rows = rows.drop_columns([SUBTASK_COLUMN, HEARTBEAT_COLUMN, ROUTE_COLUMN])
-    return KeyedBatch.from_arrow(rows, spec.key_columns, KG_COLUMN)
+    if INITIAL_COLUMN not in rows.column_names:
+        return KeyedBatch.from_arrow(rows, spec.key_columns, KG_COLUMN), None
+    is_initial = pc.is_valid(rows.column(INITIAL_COLUMN))
+    data = rows.filter(pc.invert(is_initial)).drop_columns([INITIAL_COLUMN])
+    return (KeyedBatch.from_arrow(data, spec.key_columns, KG_COLUMN),
+            _initial_batch(rows.filter(is_initial), spec.key_columns))
+
+
+def _initial_batch(rows: pa.Table, key_columns: tuple[str, ...]) -> KeyedBatch:
+    """Initial-state rows with their own columns (the struct's fields), grouped by the key the driver put in
+    the stream's key columns."""
+    struct = rows.column(INITIAL_COLUMN).combine_chunks()
+    keys = {f"__spate_key{i}": rows.column(c) for i, c in enumerate(key_columns)}
+    fields = {struct.type.field(i).name: struct.field(i) for i in range(struct.type.num_fields)}
+    grouped = KeyedBatch.from_arrow(pa.table({**keys, KG_COLUMN: rows.column(KG_COLUMN), **fields}), list(keys),
+                                    KG_COLUMN)
+    return KeyedBatch(grouped.keys, grouped.key_groups, grouped.offsets,
+                      table=grouped.table.drop_columns(list(keys)))

@@ -1,0 +1,301 @@
+"""The ``StatefulProcessorHandle`` a ``pyspark`` ``StatefulProcessor`` gets on spate: its value, list and map
+states are spate keyed states holding values in the form :mod:`spate.spark.state_schema` defines, its timers
+spate timers. Every call is a local read or write, where Spark's is a round trip to the JVM.
+
+As on Spark, a handle lives for one batch of one subtask (Spark: one task): ``init`` runs with a new handle
+every batch, and ``deleteIfExists`` removes a state until the next batch's ``init`` asks for it again.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.errors import PySparkRuntimeError
+
+from spate.errors import SpateError
+from spate.runtime.processor import Context
+from spate.spark.state_schema import (
+    SCHEMAS_STATE,
+    KeyCodec,
+    StateCodec,
+    StateSchemaRecord,
+    check_nullable,
+    evolve,
+    parse_schema,
+)
+from spate.state.descriptors import ListStateDescriptor, MapStateDescriptor, StateDescriptor, ValueStateDescriptor
+
+_DESCRIPTORS = {"value": ValueStateDescriptor, "list": ListStateDescriptor, "map": MapStateDescriptor}
+
+
+class MissingStateError(SpateError, PySparkRuntimeError):
+    """A state was used after ``deleteIfExists`` removed it: Spark's error (a ``PySparkRuntimeError``, its
+    message), so code that catches it on Spark catches it here."""
+
+    def __init__(self, message: str) -> None:
+        PySparkRuntimeError.__init__(self, message=message)
+
+
+
+def plain(value: Any) -> Any:
+    """``value`` with numpy/pandas scalars turned into Python values (as Spark normalizes state values)."""
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, tuple):  # also Row and NamedTuple: positional, as Spark's toInternal takes them
+        return tuple(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    to_pydatetime = getattr(value, "to_pydatetime", None)
+    if to_pydatetime is not None:  # pandas.Timestamp
+        return to_pydatetime()
+    item = getattr(value, "item", None)
+    if item is not None and type(value).__module__ == "numpy":
+        return item()
+    return value
+
+
+class StateSchemas:
+    """The schema records of one subtask's states: restored from the checkpoint (broadcast operator state
+    :data:`~spate.spark.state_schema.SCHEMAS_STATE`), checked and extended as ``init`` declares states."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._stored = ctx.get_broadcast_state(SCHEMAS_STATE)
+        self._checked: dict[str, tuple[Any, ...]] = {}
+
+    def declare(self, name: str, kind: str, schema: Any, key_schema: Any, ttl_ms: int | None) -> StateSchemaRecord:
+        """The record of state ``name`` as declared now (an evolution of the recorded one is checked once)."""
+        declared = (kind, schema, key_schema, ttl_ms)
+        recorded = self._stored.get(name)
+        record = StateSchemaRecord.from_dict(recorded) if recorded is not None else None
+        if self._checked.get(name) != declared or record is None:
+            value = parse_schema(schema)
+            key = parse_schema(key_schema) if key_schema is not None else None
+            record = evolve(name, kind, value, key, ttl_ms, record)
+            self._stored.put(name, record.to_dict())
+            self._checked[name] = declared
+        return record
+
+    def forget(self, name: str) -> None:
+        self._stored.remove(name)
+        self._checked.pop(name, None)
+
+
+class _StateVar:
+    """What every state variable shares: the spate state behind it and the check that it was not deleted."""
+
+    def __init__(self, handle: StatefulProcessorHandle, name: str, state: Any, codec: StateCodec) -> None:
+        self._handle, self._name, self._s, self._codec = handle, name, state, codec
+
+    kind = ""
+
+    def _live(self, doing: str) -> Any:
+        """The spate state, unless it was deleted; ``doing`` completes Spark's message ("Error <doing>: ...")."""
+        if self._name in self._handle.deleted:
+            raise MissingStateError(
+                f"Error {doing}: {self.kind} state {self._name} is not initialized. (deleteIfExists"
+                f"({self._name!r}) removed it in this batch; the next batch's init declares it again)")
+        return self._s
+
+
+class ValueState(_StateVar):
+    kind = "Value"
+
+    def exists(self) -> bool:
+        return bool(self._live("checking value state exists").exists())
+
+    def get(self) -> tuple | None:
+        stored = self._live("getting value state").value()
+        return None if stored is None else self._codec.value(stored)
+
+    def update(self, newValue: tuple) -> None:  # noqa: N803 - Spark's API
+        self._live("updating value state").update(self._codec.stored(plain(newValue)))
+
+    def clear(self) -> None:
+        self._live("clearing value state").clear()
+
+
+class ListState(_StateVar):
+    kind = "List"
+
+    def exists(self) -> bool:
+        return bool(self._live("checking list state exists").get())
+
+    def get(self) -> Iterator[tuple]:
+        return iter([self._codec.value(v) for v in self._live("getting list state").get()])
+
+    def put(self, newState: list[tuple]) -> None:  # noqa: N803
+        self._live("putting list state").update([self._codec.stored(plain(v)) for v in newState])
+
+    def appendValue(self, newState: tuple) -> None:  # noqa: N802,N803
+        self._live("appending value to list state").add(self._codec.stored(plain(newState)))
+
+    def appendList(self, newState: list[tuple]) -> None:  # noqa: N802,N803
+        self._live("appending list to list state").add_all([self._codec.stored(plain(v)) for v in newState])
+
+    def clear(self) -> None:
+        self._live("clearing list state").clear()
+
+
+class MapState(_StateVar):
+    kind = "Map"
+
+    def __init__(self, handle: StatefulProcessorHandle, name: str, state: Any, codec: StateCodec,
+                 key_codec: KeyCodec) -> None:
+        super().__init__(handle, name, state, codec)
+        self._keys = key_codec
+
+    def _key(self, key: tuple) -> tuple:
+        return self._keys.stored(plain(key), self._name)
+
+    def exists(self) -> bool:
+        return not self._live("checking map state exists").is_empty()
+
+    def getValue(self, key: tuple) -> Any:  # noqa: N802
+        stored = self._live("getting value from map state").get(self._key(key))
+        return None if stored is None else self._codec.row(stored)
+
+    def containsKey(self, key: tuple) -> bool:  # noqa: N802
+        return bool(self._live("checking map state contains key").contains(self._key(key)))
+
+    def updateValue(self, key: tuple, value: tuple) -> None:  # noqa: N802
+        self._live("updating value in map state").put(self._key(key), self._codec.stored(plain(value)))
+
+    def iterator(self) -> Iterator[tuple[tuple, tuple]]:
+        return iter([(self._keys.value(k), self._codec.value(v)) for k, v in self._live("iterating map state").items()])
+
+    def keys(self) -> Iterator[tuple]:
+        return iter([self._keys.value(k) for k in self._live("getting keys of map state").keys()])  # noqa: SIM118 - spate's MapState
+
+    def values(self) -> Iterator[tuple]:
+        return iter([self._codec.value(v) for v in self._live("getting values of map state").values()])
+
+    def removeKey(self, key: tuple) -> None:  # noqa: N802
+        self._live("removing key from map state").remove(self._key(key))
+
+    def clear(self) -> None:
+        self._live("clearing map state").clear()
+
+
+class StatefulProcessorHandle:
+    """``pyspark``'s ``StatefulProcessorHandle`` for one batch of one subtask, backed by spate keyed state."""
+
+    def __init__(self, ctx: Context, time_mode: str, schemas: StateSchemas) -> None:
+        self._ctx, self._time_mode, self._schemas = ctx, time_mode, schemas
+        self.deleted: set[str] = set()
+
+    def _state(self, name: str, kind: str, schema: Any, key_schema: Any, ttl_ms: int | None) -> tuple[Any, Any]:
+        if ttl_ms is not None and self._time_mode == "None":
+            raise ValueError(f"state {name!r} has a TTL, which needs timeMode 'ProcessingTime' (or 'EventTime'), "
+                             "as on Spark; TTL follows processing time")
+        record = self._schemas.declare(name, kind, schema, key_schema, ttl_ms)
+        self.deleted.discard(name)
+        return self._ctx.state(_DESCRIPTORS[kind](name, ttl_ms=ttl_ms)), record
+
+    def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> ValueState:  # noqa: N802,N803
+        state, record = self._state(stateName, "value", schema, None, ttlDurationMs)
+        return ValueState(self, stateName, state, record.codec(stateName))
+
+    def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> ListState:  # noqa: N802,N803
+        state, record = self._state(stateName, "list", schema, None, ttlDurationMs)
+        return ListState(self, stateName, state, record.codec(stateName))
+
+    def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,  # noqa: N802,N803
+                    ttlDurationMs: int | None = None) -> MapState:  # noqa: N803
+        state, record = self._state(stateName, "map", valueSchema, userKeySchema, ttlDurationMs)
+        key_codec = record.key_codec()
+        assert key_codec is not None
+        return MapState(self, stateName, state, record.codec(stateName), key_codec)
+
+    def registerTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
+        if self._time_mode == "EventTime":
+            self._ctx.register_event_time_timer(int(expiryTimestampMs))
+        elif self._time_mode == "ProcessingTime":
+            self._ctx.register_processing_time_timer(int(expiryTimestampMs))
+        else:
+            raise ValueError("registerTimer needs timeMode 'ProcessingTime' or 'EventTime', not 'None'")
+
+    def deleteTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
+        if self._time_mode == "EventTime":
+            self._ctx.delete_event_time_timer(int(expiryTimestampMs))
+        elif self._time_mode == "ProcessingTime":
+            self._ctx.delete_processing_time_timer(int(expiryTimestampMs))
+
+    def listTimers(self) -> Iterator[int]:  # noqa: N802
+        if self._time_mode == "EventTime":
+            return iter(self._ctx.event_time_timers())
+        if self._time_mode == "ProcessingTime":
+            return iter(self._ctx.processing_time_timers())
+        return iter(())
+
+    def deleteIfExists(self, stateName: str) -> None:  # noqa: N802,N803
+        """Remove state ``stateName`` for every key of this subtask, also one this run's processor no longer
+        declares; using it raises until a later batch's ``init`` declares it again."""
+        meta = next((m for m in self._ctx._keyed.state_metas if m.name == stateName), None)  # noqa: SLF001
+        if meta is not None and meta.kind in _DESCRIPTORS:
+            self._clear_every_key(_DESCRIPTORS[meta.kind](stateName, ttl_ms=meta.ttl_ms))
+        self._schemas.forget(stateName)
+        self.deleted.add(stateName)
+
+    def _clear_every_key(self, descriptor: StateDescriptor) -> None:
+        state, keyed = self._ctx.state(descriptor), self._ctx._keyed  # noqa: SLF001
+        had_key, current = keyed.current_key_group >= 0, keyed.current_key
+        for key in list(self._ctx.keys(descriptor)):
+            keyed.set_current_key(key)
+            state.clear()
+        if had_key:
+            keyed.set_current_key(current)
+        else:
+            keyed.clear_current_key()
+
+
+class DeclaringHandle:
+    """The handle ``init`` gets on the driver before the query starts (Spark's pre-init): it records and checks
+    the states the processor declares, so a schema Spark would refuse fails at once, not in the first batch."""
+
+    def __init__(self) -> None:
+        self.declared: dict[str, tuple[str, Any, Any]] = {}
+
+    def _declare(self, name: str, kind: str, schema: Any, key_schema: Any) -> None:
+        check_nullable(name, parse_schema(schema))
+        if key_schema is not None:
+            parse_schema(key_schema)
+        self.declared[name] = (kind, schema, key_schema)
+
+    def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> None:  # noqa: N802,N803
+        self._declare(stateName, "value", schema, None)
+
+    def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> None:  # noqa: N802,N803
+        self._declare(stateName, "list", schema, None)
+
+    def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,  # noqa: N802,N803
+                    ttlDurationMs: int | None = None) -> None:  # noqa: N803
+        self._declare(stateName, "map", valueSchema, userKeySchema)
+
+    def deleteIfExists(self, stateName: str) -> None:  # noqa: N802,N803
+        self.declared.pop(stateName, None)
+
+    def registerTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
+        """No key on the driver: nothing to register (Spark's driver handle ignores it too)."""
+
+    def deleteTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
+        """As :meth:`registerTimer`."""
+
+    def listTimers(self) -> Iterator[int]:  # noqa: N802
+        return iter(())
+
+
+def declared_states(processor: Any) -> dict[str, tuple[str, Any, Any]]:
+    """Run a copy of ``processor``'s ``init`` (and ``close``) with a :class:`DeclaringHandle`: the states it
+    declares (name → kind, value schema, map key schema), each schema parsed and checked."""
+    handle = DeclaringHandle()
+    probe = copy.deepcopy(processor)
+    probe.init(handle)
+    probe.close()
+    return handle.declared
+
+
+__all__ = ["StatefulProcessorHandle", "DeclaringHandle", "declared_states",
+           "StateSchemas", "MissingStateError", "ValueState", "ListState", "MapState",
+           "plain"]

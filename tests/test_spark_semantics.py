@@ -1,0 +1,457 @@
+"""Spark's transformWithState semantics on spate, side by side with Spark 4.3 on the same input files: late rows,
+the first batch's watermark and what ``TimerValues`` say, ``deleteIfExists``, state values as Spark returns them,
+schema evolution across restarts, nullable state schemas and pandas chunking."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import pandas as pd
+import pytest
+from pyspark import cloudpickle
+from pyspark.errors import PySparkRuntimeError
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from test_spark_stream import write_files
+
+from spate import LocalRunner
+from spate.spark.adapter import StatefulProcessorAdapter
+from spate.spark.stream import transform_with_state
+
+pytestmark = pytest.mark.spark
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+INPUT = "user string, n long, ts timestamp"
+OUTPUT = "user string, value string"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def _row(user, n, seconds):
+    return {"user": user, "n": n, "ts": (START + dt.timedelta(seconds=seconds)).isoformat()}
+
+
+@contextmanager
+def _conf(spark, **conf):
+    old = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
+def _sink(outputs):
+    def sink(df, batch_id):
+        outputs.setdefault(batch_id, []).extend(sorted((r.user, r.value) for r in df.collect()))
+    return sink
+
+
+def run_spark(spark, source, checkpoint, processor, time_mode="None", flavour="pandas", **conf):
+    outputs: dict = {}
+    with _conf(spark, **{"spark.sql.streaming.stateStore.providerClass": ROCKSDB, **conf}):
+        df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
+        if time_mode == "EventTime":
+            df = df.withWatermark("ts", "10 seconds")
+        grouped = df.groupBy("user")
+        apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
+        query = apply(processor, OUTPUT, "Update", time_mode).writeStream.foreachBatch(_sink(outputs)).option(
+            "checkpointLocation", str(checkpoint)).start()
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    return outputs
+
+
+def run_spate(spark, source, root, processor, time_mode="None", flavour="pandas", **conf):
+    outputs: dict = {}
+    with _conf(spark, **conf):
+        df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
+        stream = transform_with_state(df, "user", processor, OUTPUT, time_mode=time_mode, flavour=flavour,
+                                      event_time_column="ts" if time_mode == "EventTime" else None,
+                                      watermark_delay_ms=10_000, checkpoint_root=str(root), parallelism=3,
+                                      local_dir=str(root) + "-local")
+        try:
+            stream.start(_sink(outputs), trigger={"availableNow": True}).awaitTermination()
+        finally:
+            stream.close()
+    return outputs
+
+
+def _data_batches(outputs, n):
+    """Spark adds a no-data batch when only the watermark moved: compare the batches that had input."""
+    return {b: outputs.get(b, []) for b in range(n)}
+
+
+# -- late rows, the first watermark, TimerValues --------------------------------------------------------
+
+class LateRowsAndTimers(StatefulProcessor):
+    """Reports the rows it gets and the watermark it sees; registers an event-time timer at 0 (due at the first
+    batch's watermark, 0) and one 15 s after the newest row."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.seen = handle.getValueState("seen", "n long")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        frames = list(rows)
+        ns = sorted(n for df in frames for n in df["n"])
+        newest = max(ts for df in frames for ts in df["ts"])
+        if not self.seen.exists():
+            self.handle.registerTimer(0)
+        self.seen.update(((self.seen.get()[0] if self.seen.exists() else 0) + len(ns),))
+        self.handle.registerTimer(int(pd.Timestamp(newest).timestamp() * 1000) + 15_000)
+        yield pd.DataFrame({"user": [key[0]], "value": [f"rows={ns} wm={timerValues.getCurrentWatermarkInMs()}"]})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        expiry = expiredTimerInfo.getExpiryTimeInMs()
+        yield pd.DataFrame({"user": [key[0]], "value": [
+            f"timer={expiry} wm={timerValues.getCurrentWatermarkInMs()} seen={self.seen.get()[0]}"]})
+
+    def close(self) -> None:
+        pass
+
+
+def _late_batches():
+    """Batch b has rows at 20·b s; from batch 2 on also rows older than the previous batch's watermark (late),
+    one exactly at it (late: at or below), and ones between it and this batch's watermark (not late)."""
+    out = []
+    for b in range(5):
+        rows = [_row(f"u{i % 3}", b * 100 + i, 20 * b + i) for i in range(6)]
+        if b >= 2:
+            late_bound = 20 * (b - 2) + 5 - 10  # max event time through batch b-2, minus the 10 s delay
+            rows += [_row("u0", b * 100 + 50, late_bound - 8), _row("u1", b * 100 + 51, late_bound),
+                     _row("u2", b * 100 + 52, late_bound + 1), _row("u3", b * 100 + 53, late_bound + 12)]
+        out.append(rows)
+    return out
+
+
+def test_late_rows_first_watermark_and_timer_values(spark, tmp_path):
+    source, batches = str(tmp_path / "in"), _late_batches()
+    write_files(source, batches)
+    want = run_spark(spark, source, tmp_path / "spark", LateRowsAndTimers(), "EventTime")
+    got = run_spate(spark, source, tmp_path / "spate", LateRowsAndTimers(), "EventTime")
+    assert _data_batches(got, len(batches)) == _data_batches(want, len(batches))
+    assert any("timer=0 wm=0" in v for _u, v in want[0]), "the first batch's watermark (0) fired the timer at 0"
+    rows = {b: [v.split(" wm=")[0] for _u, v in want[b] if v.startswith("rows=")] for b in range(len(batches))}
+    for b in range(2, len(batches)):
+        assert not any(re.search(rf"\b{b * 100 + 50}\b|\b{b * 100 + 51}\b", r) for r in rows[b]), "late: dropped"
+        assert any(re.search(rf"\b{b * 100 + 52}\b", r) for r in rows[b]), "after the late bound: kept"
+
+
+class TimerOrder(StatefulProcessor):
+    """A processing-time timer clears the count: whether the batch's input saw the count shows the order."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "c long")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        before = self.count.get()[0] if self.count.exists() else 0
+        self.count.update((before + sum(len(df) for df in rows),))
+        if before == 0:
+            self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 1_000)
+        yield pd.DataFrame({"user": [key[0]], "value": [
+            f"before={before} now={timerValues.getCurrentProcessingTimeInMs()} "
+            f"wm={timerValues.getCurrentWatermarkInMs()}"]})
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        self.count.clear()
+        yield pd.DataFrame({"user": [key[0]], "value": [f"timer={expiredTimerInfo.getExpiryTimeInMs()}"]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_processing_time_timers_fire_after_the_batch_input(tmp_path):
+    """Spark's TransformWithStateExec processes a batch's input, then its timers (processing time: those at or
+    before the batch's time), and ``TimerValues`` carry the batch time and watermark -1. (Spark 4.3's
+    ProcessingTime mode runs no-data batches without end, so this follows its documented order in process.)"""
+    clock = [10_000]
+    with LocalRunner(StatefulProcessorAdapter(TimerOrder(), "pandas", "ProcessingTime"), key="user",
+                     checkpoint_root=str(tmp_path), clock=lambda: clock[0]) as runner:
+        outputs = []
+        for t in (10_000, 10_500, 11_000, 11_500):
+            clock[0] = t
+            outputs.append(sorted(o["value"] for o in runner.run_batch(len(outputs), [{"user": "a"}]).outputs))
+    assert outputs == [["before=0 now=10000 wm=-1"], ["before=1 now=10500 wm=-1"],
+                       ["before=2 now=11000 wm=-1", "timer=11000"],  # the input saw the count, then the timer
+                       ["before=0 now=11500 wm=-1"]]
+
+
+# -- deleteIfExists -------------------------------------------------------------------------------------
+
+class DropsOld(StatefulProcessor):
+    """Counts rows in "count" and in "old"; with ``drop``, ``init`` deletes "old" after obtaining it."""
+
+    def __init__(self, drop: bool) -> None:
+        self.drop = drop
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", "c long")
+        self.old = handle.getValueState("old", "c long")
+        if self.drop:
+            handle.deleteIfExists("old")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        n = sum(len(df) for df in rows)
+        self.count.update(((self.count.get()[0] if self.count.exists() else 0) + n,))
+        try:
+            self.old.update(((self.old.get()[0] if self.old.exists() else 0) + n,))
+            old = str(self.old.get()[0])
+        except Exception as e:  # noqa: BLE001 - the test reports which error Spark raises
+            kind = "PySparkRuntimeError" if isinstance(e, PySparkRuntimeError) else type(e).__name__
+            old = f"{kind}: {str(e).split('.')[0]}"
+        yield pd.DataFrame({"user": [key[0]], "value": [f"count={self.count.get()[0]} old={old}"]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_delete_if_exists(spark, tmp_path):
+    batches = [[_row(f"u{(b + i) % 4}", i, b) for i in range(5)] for b in range(5)]  # u3 misses batch 2
+    phases = [(2, False), (2, True), (1, False)]  # (batches, drop): restarts with another processor between
+    want: dict = {}
+    got: dict = {}
+    for p, (n, drop) in enumerate(phases):
+        first = sum(k for k, _d in phases[:p])
+        source = str(tmp_path / "in")
+        write_files(source, batches[first:first + n], start=first)
+        want.update(run_spark(spark, source, tmp_path / "spark", DropsOld(drop)))
+        got.update(run_spate(spark, source, tmp_path / "spate", DropsOld(drop)))
+    assert got == want
+    missing = "old=PySparkRuntimeError: Error checking value state exists: Value state old is not initialized"
+    assert all(v.endswith(missing) for b in (2, 3) for _u, v in want[b])
+    assert all(int(v.split("old=")[1]) <= 2 for _u, v in want[4]), "deleted, then declared again: a new state"
+
+
+# -- state values and schemas ---------------------------------------------------------------------------
+
+class Point(NamedTuple):
+    p: int
+
+
+SHAPES = ("a long, s struct<x: int, y: string>, arr array<long>, m map<string,long>, ts timestamp, "
+          "d decimal(10,2), dt date, b binary, f double, nested array<struct<p: long>>")
+
+
+class Shapes(StatefulProcessor):
+    """Stores nested values in value, list and map state, then reports what ``get`` returns."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.v = handle.getValueState("v", SHAPES)
+        self.items = handle.getListState("items", "x long, s struct<q: string>")
+        self.by = handle.getMapState("by", "k string, k2 long", "v struct<z: double>")
+        self.point = handle.getValueState("point", "p long")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        import decimal
+
+        from pyspark.sql import Row
+
+        for _df in rows:
+            pass
+        if not self.v.exists():
+            self.v.update((1, (2, "y"), [1, 2], {"k": 3}, dt.datetime(2026, 1, 2, 3, 4, 5, 6000),
+                           decimal.Decimal("1.5"), dt.date(2026, 1, 2), b"xy", 1.5, [(7,)]))
+            self.items.appendValue((1, ("q",)))
+            self.items.appendList([(2, Row(q="r")), (3, None)])
+            self.by.updateValue(("a", 1), ((2.5,),))
+            self.point.update(Point(5))
+            out = "stored"
+        else:
+            value = self.v.get()
+            out = json.dumps({"v": repr(value), "types": [type(x).__name__ for x in value],
+                              "items": repr(list(self.items.get())), "by": repr(list(self.by.iterator())),
+                              "get": repr(self.by.getValue(("a", 1))), "keys": repr(list(self.by.keys())),
+                              "values": repr(list(self.by.values())), "contains": self.by.containsKey(("a", 1)),
+                              "point": repr(self.point.get()), "tv": [timerValues.getCurrentProcessingTimeInMs(),
+                                                                      timerValues.getCurrentWatermarkInMs()]})
+        yield pd.DataFrame({"user": [key[0]], "value": [out]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_state_values_come_back_as_spark_returns_them(spark, tmp_path):
+    source = str(tmp_path / "in")
+    write_files(source, [[_row("u1", 0, 0)], [_row("u1", 1, 1)]])
+    want = run_spark(spark, source, tmp_path / "spark", Shapes())
+    got = run_spate(spark, source, tmp_path / "spate", Shapes())
+    assert got == want
+    assert "Row(x=2, y='y')" in want[1][0][1]
+
+
+class Versioned(StatefulProcessor):
+    """One value state whose schema changes between runs; reports ``get()`` and stores the run's value."""
+
+    def __init__(self, schema: str, value: tuple) -> None:
+        self.schema, self.value = schema, value
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.state = handle.getValueState("state", self.schema)
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        for _df in rows:
+            pass
+        before = repr(self.state.get()) if self.state.exists() else "none"
+        self.state.update(self.value)
+        yield pd.DataFrame({"user": [key[0]], "value": [before]})
+
+    def close(self) -> None:
+        pass
+
+
+AVRO = {"spark.sql.streaming.stateStore.encodingFormat": "avro"}
+
+
+def test_schema_evolution_across_restarts(spark, tmp_path):
+    """Added, removed and reordered fields and a widened number read as Spark reads them (Avro encoding); a
+    narrowed one fails on both."""
+    runs = [("a long, b string, c int, s struct<x: int, y: string>", (1, "b", 3, (4, "y"))),
+            ("c long, a long, d string, s struct<y: string, x: long, z: double>", (30, 10, "d", ("y2", 40, 0.5))),
+            ("c double, a long, d string, s struct<y: string, x: long, z: double>", (31.5, 11, "e", None))]
+    want: dict = {}
+    got: dict = {}
+    source = str(tmp_path / "in")
+    for i, (schema, value) in enumerate(runs):
+        write_files(source, [[_row("u1", i, i), _row("u2", i, i)]], start=i)
+        want.update(run_spark(spark, source, tmp_path / "spark", Versioned(schema, value), **AVRO))
+        got.update(run_spate(spark, source, tmp_path / "spate", Versioned(schema, value), **AVRO))
+    assert got == want
+    assert want[1][0][1] == "(3, 1, None, Row(y='y', x=4, z=None))"
+    write_files(source, [[_row("u1", 9, 9)]], start=len(runs))
+    narrowed = Versioned("c int, a long", (1, 2))
+    with pytest.raises(Exception, match="STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION|SCHEMA"):
+        run_spark(spark, source, tmp_path / "spark", narrowed, **AVRO)
+    with pytest.raises(Exception, match="STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION") as spate_error:
+        run_spate(spark, source, tmp_path / "spate", narrowed, **AVRO)
+    assert "value.c changes from double to int" in str(spate_error.value)
+
+
+def test_state_schemas_must_be_nullable(spark, tmp_path):
+    source = str(tmp_path / "in")
+    write_files(source, [[_row("u1", 0, 0)]])
+    not_null = Versioned("a long NOT NULL, b string", (1, "b"))
+    with pytest.raises(Exception, match="TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE"):
+        run_spark(spark, source, tmp_path / "spark", not_null, **AVRO)
+    with pytest.raises(Exception, match=r"TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE.*'state'.*a is NOT NULL"):
+        run_spate(spark, source, tmp_path / "spate", not_null)
+
+
+# -- pandas chunking ------------------------------------------------------------------------------------
+
+class ChunkSizes(StatefulProcessor):
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        pass
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        sizes = [f"{len(df)}@{list(df.index)[0]}" for df in rows]
+        yield pd.DataFrame({"user": [key[0]], "value": [",".join(sizes)]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_pandas_rows_arrive_in_chunks_of_max_records_per_batch(spark, tmp_path):
+    source = str(tmp_path / "in")
+    batches = [[_row(f"u{i % 3}", i, i) for i in range(n)] for n in (2, 10, 25)]
+    write_files(source, batches)
+    conf = {"spark.sql.execution.arrow.maxRecordsPerBatch": "4"}
+    want = run_spark(spark, source, tmp_path / "spark", ChunkSizes(), **conf)
+    got = run_spate(spark, source, tmp_path / "spate", ChunkSizes(), **conf)
+    assert got == want
+    assert ("u0", "4@0,4@0,1@0") in want[2]
+
+
+# -- initial state --------------------------------------------------------------------------------------
+
+class FromInitial(StatefulProcessor):
+    """Starts each key's count from its initial state (as many calls as Spark makes: one per DataFrame chunk or
+    per Row), then counts input rows."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", "c long")
+        self.calls = handle.getValueState("calls", "c long")
+
+    def handleInitialState(self, key, initialState, timerValues) -> None:  # noqa: N802,N803
+        rows = len(initialState) if isinstance(initialState, pd.DataFrame) else 1
+        total = sum(initialState["start"]) if isinstance(initialState, pd.DataFrame) else initialState.start
+        self.count.update(((self.count.get()[0] if self.count.exists() else 0) + int(total),))
+        self.calls.update(((self.calls.get()[0] if self.calls.exists() else 0) + 1,))
+        assert rows > 0
+
+    def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
+        n = sum(len(df) for df in rows) if self.pandas else sum(1 for _ in rows)
+        self.count.update(((self.count.get()[0] if self.count.exists() else 0) + n,))
+        calls = self.calls.get()[0] if self.calls.exists() else 0
+        value = f"count={self.count.get()[0]} initial_calls={calls}"
+        if self.pandas:
+            yield pd.DataFrame({"user": [key[0]], "value": [value]})
+        else:
+            from pyspark.sql import Row
+
+            yield Row(user=key[0], value=value)
+
+    def close(self) -> None:
+        pass
+
+
+class PandasFromInitial(FromInitial):
+    pandas = True
+
+
+class RowFromInitial(FromInitial):
+    pandas = False
+
+
+def _run_spark_initial(spark, source, checkpoint, processor, flavour, initial):
+    outputs: dict = {}
+    with _conf(spark, **{"spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+                         "spark.sql.execution.arrow.maxRecordsPerBatch": "2"}):
+        df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
+        grouped = df.groupBy("user")
+        apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
+        query = apply(processor, OUTPUT, "Update", "None", initialState=initial).writeStream.foreachBatch(
+            _sink(outputs)).option("checkpointLocation", str(checkpoint)).start()
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    return outputs
+
+
+@pytest.mark.parametrize("flavour", ["pandas", "row"])
+def test_initial_state_on_the_first_run_only(spark, tmp_path, flavour):
+    initial = spark.createDataFrame([("u0", 100), ("u0", 5), ("u0", 7), ("u1", 200), ("u9", 900)],
+                                    "name string, start long").groupBy("name")
+    processor = PandasFromInitial() if flavour == "pandas" else RowFromInitial()
+    source = str(tmp_path / "in")
+    want: dict = {}
+    got: dict = {}
+    for run, files in enumerate([[[_row("u0", 0, 0), _row("u2", 1, 0)], [_row("u1", 2, 1)]],
+                                 [[_row("u0", 3, 2), _row("u9", 4, 2)]]]):
+        start = 0 if run == 0 else 2
+        write_files(source, files, start=start)
+        want.update(_run_spark_initial(spark, source, tmp_path / "spark", processor, flavour, initial))
+        with _conf(spark, **{"spark.sql.execution.arrow.maxRecordsPerBatch": "2"}):
+            df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
+            stream = transform_with_state(df, "user", processor, OUTPUT, flavour=flavour, initial_state=initial,
+                                          checkpoint_root=str(tmp_path / "spate"), parallelism=3)
+            stream.start(_sink(got), trigger={"availableNow": True}).awaitTermination()
+            stream.close()
+    assert got == want
+    assert ("u0", f"count=113 initial_calls={2 if flavour == 'pandas' else 3}") in want[0]
+    assert ("u9", "count=901 initial_calls=1") in want[2], "the restart did not apply the initial state again"
