@@ -29,8 +29,11 @@ from spate.serde import decode_key, serializer_by_name
 from spate.snapshot.keyed import read_key_groups
 from spate.snapshot.operator import read_operator_piece
 from spate.snapshot.outputs import read_outputs
+from spate.state.descriptors import LIST
 from spate.state.heap import HeapTable
-from spate.state.keyed import KeyedStateBackend, decode_stored
+from spate.state.keyed import _EXP as EXPIRY
+from spate.state.keyed import _LEN as LENGTH
+from spate.state.keyed import KeyedStateBackend, StateMeta, decode_stored
 from spate.state.layout import U16, split_primary
 from spate.state.timers import TIMER_SIDS
 
@@ -163,15 +166,10 @@ def keyed_state_entries(storage: CheckpointStorage, meta: CheckpointMetadata, na
     timer_domain = name.split(":", 1)[1] if name.startswith("timers:") else None
     if timer_domain is not None and timer_domain not in TIMER_SIDS:
         raise ValueError(f"unknown timer domain in {name!r}: use timers:event or timers:processing")
-    if timer_domain is None and name not in keyed_state_names(meta):
-        raise CheckpointError(f"checkpoint {meta.checkpoint_id} has no keyed state named {name!r}; it has "
-                              f"{sorted(keyed_state_names(meta))} (timers: timers:event, timers:processing)")
-    context = f"checkpoint {meta.checkpoint_id}"
-    for i, st in enumerate(meta.subtasks):
-        backend = KeyedStateBackend(HeapTable(), meta.max_parallelism,
-                                    key_group_range(meta.max_parallelism, meta.parallelism, i),
-                                    allow_pickle=allow_pickle)
-        restore_keyed_state(backend, storage, st.keyed, st.changelog, context)
+    if timer_domain is None:
+        check_keyed_state(meta, name)
+    for i in range(len(meta.subtasks)):
+        backend = restore_subtask(storage, meta, i, allow_pickle)
         state_meta = next((m for m in backend.state_metas if m.name == name), None)
         if timer_domain is not None:
             sid = TIMER_SIDS[timer_domain]
@@ -192,6 +190,82 @@ def keyed_state_entries(storage: CheckpointStorage, meta: CheckpointMetadata, na
                     user_key = decode_key(uk) if uk else None
                 if live:
                     yield StateEntry(i, kg, decode_key(key_bytes), decode_key(ns) if ns else None, user_key, value)
+
+
+def check_keyed_state(meta: CheckpointMetadata, name: str) -> None:
+    """Raise a :class:`CheckpointError` naming the keyed states that exist if ``meta`` has none named ``name``."""
+    if name not in keyed_state_names(meta):
+        raise CheckpointError(f"checkpoint {meta.checkpoint_id} has no keyed state named {name!r}; it has "
+                              f"{sorted(keyed_state_names(meta))} (timers: timers:event, timers:processing)")
+
+
+def restore_subtask(storage: CheckpointStorage, meta: CheckpointMetadata, subtask: int,
+                    allow_pickle: bool = False) -> KeyedStateBackend:
+    """Subtask ``subtask``'s keyed state in a checkpoint, rebuilt in memory exactly as a restore would."""
+    backend = KeyedStateBackend(HeapTable(), meta.max_parallelism,
+                                key_group_range(meta.max_parallelism, meta.parallelism, subtask),
+                                allow_pickle=allow_pickle)
+    st = meta.subtasks[subtask]
+    restore_keyed_state(backend, storage, st.keyed, st.changelog, f"checkpoint {meta.checkpoint_id}")
+    return backend
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """One live stored item of a keyed state with its TTL expiry (None without TTL): the value of a value
+    state, one entry of a map state (``user_key``), or one element of a list state (``index``: its position
+    among the live elements)."""
+
+    key_group: int
+    key: Any
+    namespace: Any
+    user_key: Any
+    index: int | None
+    value: Any
+    expires_at_ms: int | None
+
+
+def subtask_state_records(storage: CheckpointStorage, meta: CheckpointMetadata, name: str, subtask: int,
+                          allow_pickle: bool = False, now_ms: int | None = None) -> Iterator[StateRecord]:
+    """Every live item of keyed state ``name`` in one subtask of a checkpoint (restored as a restore would,
+    one subtask at a time), with its TTL expiry; items expired at ``now_ms`` (default: now) are left out."""
+    check_keyed_state(meta, name)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    backend = restore_subtask(storage, meta, subtask, allow_pickle)
+    state_meta = next((m for m in backend.state_metas if m.name == name), None)
+    if state_meta is None:
+        return
+    loads = serializer_by_name(state_meta.serializer, allow_pickle, f"state {name!r}").loads
+    for kg in backend.key_groups:
+        for primary, uk, raw in backend.table.state_entries(kg, U16.pack(state_meta.sid)):
+            _sid, key_bytes, ns = split_primary(primary)
+            key, namespace = decode_key(key_bytes), decode_key(ns) if ns else None
+            user_key = decode_key(uk) if uk else None
+            for index, value, expires in _stored_items(state_meta, raw, loads, now):
+                yield StateRecord(kg, key, namespace, user_key, index, value, expires)
+
+
+def _stored_items(meta: StateMeta, raw: bytes, loads: Callable[[bytes], Any],
+                  now_ms: int) -> list[tuple[int | None, Any, int | None]]:
+    """(list index or None, value, expiry or None) of the live items of one stored entry."""
+    ttl = bool(meta.ttl_ms)
+    if meta.kind != LIST:
+        expires = EXPIRY.unpack_from(raw)[0] if ttl else None
+        if expires is not None and expires <= now_ms:
+            return []
+        return [(None, loads(raw[8:] if ttl else raw), expires)]
+    out: list[tuple[int | None, Any, int | None]] = []
+    pos = 0
+    while pos < len(raw):
+        expires = None
+        if ttl:
+            expires = EXPIRY.unpack_from(raw, pos)[0]
+            pos += 8
+        length = LENGTH.unpack_from(raw, pos)[0]
+        if expires is None or expires > now_ms:
+            out.append((len(out), loads(raw[pos + 4:pos + 4 + length]), expires))
+        pos += 4 + length
+    return out
 
 
 def operator_state_elements(storage: CheckpointStorage, meta: CheckpointMetadata, name: str,
@@ -239,5 +313,5 @@ def checkpoint_summary(meta: CheckpointMetadata) -> dict[str, Any]:
 
 __all__ = ["load_checkpoint", "verify_checkpoint", "verify_root_files", "describe_error", "physical_files",
            "keyed_state_entries", "operator_state_elements", "checkpoint_summary", "subtask_recoveries",
-           "keyed_state_names",
+           "keyed_state_names", "check_keyed_state", "restore_subtask", "subtask_state_records", "StateRecord",
            "operator_state_names", "StateEntry"]
