@@ -133,3 +133,27 @@ def test_bad_settings_are_clear_errors(tmp_path):
         LocalRunner(Sessions, key="k", checkpoint_root=str(tmp_path / "b"), parallelism=0)
     with pytest.raises(TypeError, match="processor must be"):
         LocalRunner(42, key="k", checkpoint_root=str(tmp_path / "c"))  # type: ignore[arg-type]
+
+
+def test_initial_state_goes_to_the_first_batch_of_a_new_query_only(tmp_path):
+    from spate import Processor, ValueStateDescriptor
+
+    class Counts(Processor):
+        def open(self, ctx):
+            self.count = ctx.state(ValueStateDescriptor("count", default=0))
+
+        def process_initial(self, key, rows, ctx):
+            self.count.update(self.count.value() + sum(r["start"] for r in rows))
+
+        def process(self, key, rows, ctx):
+            self.count.update(self.count.value() + len(rows))
+            yield {"user": key, "count": self.count.value()}
+
+    initial = [{"user": "a", "start": 10}, {"user": "a", "start": 5}, {"user": "b", "start": 100}]
+    root = str(tmp_path / "root")
+    with LocalRunner(Counts(), key="user", checkpoint_root=root, parallelism=2, initial_state=initial) as r:
+        first = sorted((o["user"], o["count"]) for o in r.run_batch(0, [{"user": "a"}, {"user": "c"}]).outputs)
+    with LocalRunner(Counts(), key="user", checkpoint_root=root, parallelism=3, initial_state=initial) as r:
+        again = sorted((o["user"], o["count"]) for o in r.run_batch(1, [{"user": "a"}, {"user": "b"}]).outputs)
+    assert first == [("a", 16), ("c", 1)]
+    assert again == [("a", 17), ("b", 101)], "a restart (here at another parallelism) does not apply it again"

@@ -455,3 +455,28 @@ def test_initial_state_on_the_first_run_only(spark, tmp_path, flavour):
     assert got == want
     assert ("u0", f"count=113 initial_calls={2 if flavour == 'pandas' else 3}") in want[0]
     assert ("u9", "count=901 initial_calls=1") in want[2], "the restart did not apply the initial state again"
+
+
+# -- output modes and what may follow -------------------------------------------------------------------
+
+def test_what_cannot_follow_is_refused_with_what_to_do(spark, tmp_path):
+    df = spark.readStream.schema(INPUT).json(str(tmp_path))
+    make = lambda **kw: transform_with_state(df, "user", ChunkSizes(), OUTPUT,  # noqa: E731
+                                             checkpoint_root=str(tmp_path / "root"), **kw)
+    for mode in ("Update", "Append"):
+        make(output_mode=mode)
+    with pytest.raises(ValueError, match="output_mode 'Complete' is not supported.*upserts"):
+        make(output_mode="Complete")
+    stream = make()
+    for operator in ("groupBy", "withWatermark", "writeStream", "join"):
+        with pytest.raises(AttributeError, match=f"StatefulStream has no '{operator}'.*apply {operator} there"):
+            getattr(stream, operator)
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        stream.nonsense  # noqa: B018
+    with pytest.raises(ValueError, match="initial_state must be a batch DataFrame"):
+        make(initial_state=df.groupBy("user"))
+    static = spark.createDataFrame([("u", 1)], "name string, start long")
+    with pytest.raises(ValueError, match=r"grouped by \['name', 'start'\], the stream by \['user'\]"):
+        make(initial_state=static.groupBy("name", "start"))
+    with pytest.raises(TypeError, match="initial_state must be df.groupBy"):
+        make(initial_state=[("u", 1)])

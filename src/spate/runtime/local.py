@@ -23,6 +23,7 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.filemerging.config import FileMergingConfig
 from spate.keygroups import compile_key_hasher
+from spate.runtime.batch import KeyedBatch
 from spate.runtime.driver import DriverLoop
 from spate.runtime.keys import KeyCheck
 from spate.runtime.localstate import remove_other_parallelisms
@@ -82,6 +83,8 @@ class LocalRunner:
         key_types: Spark types of the key columns when they are not Python's default mapping.
         event_time_column / watermark_delay_ms: event time; watermark = max event time − delay.
         restore_from: a savepoint to start from when the root has no checkpoint.
+        initial_state: rows (dicts with the key columns) given to the processor's ``process_initial`` in the
+            first batch of a new query only (no checkpoint and no savepoint to start from), before its input.
         sink: called with (outputs, batch_id) after the batch's checkpoint completed; outputs are staged in
             the checkpoint first and re-delivered on restart if the sink did not confirm them.
         output_serializer: how staged outputs are stored ("msgpack" or, opted in, "pickle").
@@ -101,7 +104,8 @@ class LocalRunner:
                  checkpoint_root: str, parallelism: int = 1, max_parallelism: int | None = None,
                  table: str = "heap", local_dir: str | None = None, key_types: Any = None,
                  event_time_column: str | None = None, watermark_delay_ms: int = 0,
-                 retained: int = DEFAULT_RETAINED, restore_from: str | None = None, allow_pickle: bool = False,
+                 retained: int = DEFAULT_RETAINED, restore_from: str | None = None,
+                 initial_state: Sequence[Row] | None = None, allow_pickle: bool = False,
                  compress: bool = False, changelog: bool | ChangelogConfig = False,
                  file_merging: bool | str | FileMergingConfig = False,
                  sink: Sink | None = None, output_serializer: str = "msgpack", output_schema: pa.Schema | None = None,
@@ -112,6 +116,7 @@ class LocalRunner:
         self._keys = KeyCheck(key_columns(key))
         self._hash = compile_key_hasher(key_types)
         self._sink = sink
+        self._initial_state = initial_state
         self._clock = clock or (lambda: int(time.time() * 1000))
         self._fault = fault_injector or (lambda step, batch_id: None)
         self.settings = SpateSettings(checkpoint_root=checkpoint_root, parallelism=parallelism,
@@ -185,7 +190,9 @@ class LocalRunner:
         def run_subtasks(plans: list[SubtaskPlan]) -> Iterator[SubtaskAck]:
             # every subtask processes and starts its snapshot before any waits: their changelog uploads share
             # the persist delay and one file, as parallel tasks of one worker would
-            pending = [self.subtasks[plan.index].start(plan, routed[plan.index]) for plan in plans]
+            initial = self._initial_batches(plans)
+            pending = [self.subtasks[plan.index].start(plan, routed[plan.index], initial[plan.index])
+                       for plan in plans]
             all_started[0] = time.perf_counter()
             for finish in pending:
                 result = finish()
@@ -204,6 +211,12 @@ class LocalRunner:
         restored = [i for i, st in enumerate(meta.subtasks) if st.recovery == RESTORED]
         return BatchResult(batch_id, outputs, meta, (time.perf_counter() - started) * 1000, checkpoint_ms,
                            restored)
+
+    def _initial_batches(self, plans: list[SubtaskPlan]) -> list[KeyedBatch | None]:
+        """Each subtask's rows of the initial state, grouped by key, in the first batch of a new query."""
+        if self._initial_state is None or not plans or plans[0].base_checkpoint_id is not None:
+            return [None] * self.parallelism
+        return [KeyedBatch.from_rows(rows) for rows in self._route(self._initial_state)]
 
     def _route(self, rows: Sequence[Row]) -> list[list[tuple[int, Any, Row]]]:
         """(key group, key, row) of every row, per subtask; keys are checked (see :class:`KeyCheck`)."""

@@ -192,7 +192,7 @@ class ColumnChunk:
     @staticmethod
     def of(items: Iterable[Any], to_columns: Callable[[Any], Mapping[str, Any] | None]) -> ColumnChunk:
         """The columns of ``items`` (``to_columns``: None for an item that is not columns, which stops here)."""
-        parts = []
+        parts: list[Mapping[str, Any]] = []
         for item in items:
             columns = to_columns(item)
             if columns is None:
@@ -338,7 +338,7 @@ class OutputBuffer:
         return list(part.values())[:len(names)]
 
     def _missing_column_problem(self, part: Mapping[Any, Any], missing: str) -> str:
-        extra = [str(label) for label in part if label not in self.names]
+        extra = [str(label) for label in part if label not in (self.names or ())]
         if extra:
             return (f"produced field {extra[0]!r}, which is not in the output schema{self._fields_hint()}, and no "
                     f"column {missing!r}: rename it")
@@ -375,9 +375,9 @@ class OutputBuffer:
         for rows, hook, key in self._spark_rows:
             if set(map(type, rows)) - {dict} or not all(names <= r.keys() for r in rows):
                 raise self._error(hook, key, self._spark_row_problem(rows))
-        rows = [r for rows, _, _ in self._spark_rows for r in rows]
+        every = [r for rows, _, _ in self._spark_rows for r in rows]
         try:
-            table = pa.Table.from_pylist(rows, schema=self.schema)
+            table = pa.Table.from_pylist(every, schema=self.schema)
         except _CONVERSION_ERRORS:
             table = self._spark_rows_each()  # Spark converts each result alone: structs as dicts or as tuples
         for f in self.schema:

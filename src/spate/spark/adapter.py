@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from spate.runtime.batch import KeyRows
-from spate.runtime.outputs import ColumnChunk
+from spate.runtime.outputs import ColumnChunk, SparkRows
 from spate.runtime.processor import Context, Processor, Row
 from spate.spark.tws_handle import StatefulProcessorHandle, StateSchemas, plain
 
@@ -145,8 +145,6 @@ class StatefulProcessorAdapter(Processor):
         """What the processor yielded: DataFrames as one chunk of columns (no dict per row), Rows as dicts (as
         Spark's ``asDict(recursive=True)``); the output buffer converts both as Spark does and names anything
         else (an empty DataFrame without columns is no rows, as on Spark)."""
-        from spate.runtime.outputs import SparkRows
-
         if self.flavour == "pandas":
             frames = [f for f in produced or () if getattr(f, "shape", None) != (0, 0)]
             return ColumnChunk.of(frames, self._frame_columns)
