@@ -106,3 +106,37 @@ def test_event_time_processor_equals_the_model(tmp_path_factory, batches, parall
                 assert "injected crash" in str(e)
     want = model(batches)
     assert [got[n] for n in range(len(batches))] == want
+
+
+class RemembersInstance(StatefulProcessor):
+    """Reports whether an instance attribute set by an earlier call survived, and fails once on key "boom"."""
+
+    failed = [False]
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.calls = 0
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        self.calls += 1
+        if key[0] == "boom" and not RemembersInstance.failed[0]:
+            RemembersInstance.failed[0] = True
+            raise RuntimeError("the batch fails once")
+        yield pd.DataFrame({"user": [key[0]], "what": ["in"], "n": [self.calls], "wm": [-1]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_every_batch_gets_a_fresh_processor_as_a_spark_task_does(tmp_path):
+    """Spark deserializes the processor for every task: attributes never carry over between batches, nor from a
+    failed attempt of a batch to its retry."""
+    with LocalRunner(StatefulProcessorAdapter(RemembersInstance()), key="user",
+                     checkpoint_root=str(tmp_path)) as runner:
+        first = runner.run_batch(0, [{"user": "a"}, {"user": "b"}]).outputs
+        second = runner.run_batch(1, [{"user": "a"}, {"user": "c"}]).outputs
+        try:
+            runner.run_batch(2, [{"user": "a"}, {"user": "boom"}])
+        except Exception as e:  # noqa: BLE001
+            assert "fails once" in str(e)
+        retried = runner.run_batch(2, [{"user": "a"}, {"user": "boom"}]).outputs
+    assert [sorted(o["n"] for o in out) for out in (first, second, retried)] == [[1, 2]] * 3

@@ -80,6 +80,7 @@ class StatefulProcessorAdapter(Processor):
         self.drop_late_rows = time_mode == "EventTime"
         self._schemas: StateSchemas | None = None
         self._running: Any = None  # this batch's copy of the processor, after its init
+        self._opened = False  # open began the first batch's copy
         self.handle: StatefulProcessorHandle | None = None
 
     @property
@@ -89,14 +90,23 @@ class StatefulProcessorAdapter(Processor):
 
     def open(self, ctx: Context) -> None:
         self._schemas = StateSchemas(ctx)
-        self.start_batch(ctx)  # declares the states now: a schema that cannot evolve fails before any input
+        self._begin(ctx)  # declares the states now: a schema that cannot evolve fails before any input
+        self._opened = True
 
     def start_batch(self, ctx: Context) -> None:
-        if self._running is None:
-            assert self._schemas is not None
-            self.handle = StatefulProcessorHandle(ctx, self.time_mode, self._schemas)
-            self._running = copy.deepcopy(self.processor)
-            self._running.init(self.handle)
+        """A new task's processor: the one ``open`` began, else a fresh one (also after a failed batch, whose
+        copy is dropped)."""
+        if self._opened:
+            self._opened = False
+            return
+        self.close()
+        self._begin(ctx)
+
+    def _begin(self, ctx: Context) -> None:
+        assert self._schemas is not None
+        self.handle = StatefulProcessorHandle(ctx, self.time_mode, self._schemas)
+        self._running = copy.deepcopy(self.processor)
+        self._running.init(self.handle)
 
     def process(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
         return self._outputs(self._running.handleInputRows(_spark_key(key), self._inputs(rows), self._timers(ctx)))
