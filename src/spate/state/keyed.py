@@ -404,6 +404,10 @@ class ListState(_State):
         raw = self._table.get(b._kg, self._primary())
         return self._decode(raw) if raw else []
 
+    def exists(self) -> bool:
+        """Whether the current key (and namespace) has elements."""
+        return bool(self.get())
+
     def add(self, value: Any) -> None:
         self.add_all((value,))
 
@@ -491,6 +495,10 @@ class _AccumulatorState(_State, ABC):
 
     def _acc(self, primary: bytes) -> tuple[bool, Any]:
         return self._loads(self._table.get(self._b._kg, primary))
+
+    def exists(self) -> bool:
+        """Whether the current key (and namespace) has an accumulator (something was added)."""
+        return self._acc(self._primary())[0]
 
     def _store(self, primary: bytes, acc: Any) -> None:
         self._table.put(self._b._kg, primary, self._dumps(acc))
