@@ -37,6 +37,13 @@ def test_readme_spark_example_runs(spark, capsys):
     assert capsys.readouterr().out.splitlines() == ["0 [Row(user='ann', views=2), Row(user='bob', views=1)]"]
 
 
+def test_readme_windows_example_runs(capsys):
+    run_block(python_block("SlidingWindows("), "readme_windows_example")
+    assert capsys.readouterr().out.splitlines() == [
+        "0 []", "1 [('ann', -5000, 1), ('bob', -5000, 1)]",
+        "2 [('ann', 0, 2), ('ann', 5000, 1), ('bob', 0, 1)]"]
+
+
 def test_readme_batch_processor_example_runs(capsys):
     run_block(python_block("BatchProcessor"), "readme_batch_example")
     assert capsys.readouterr().out.splitlines() == ["0 [('ann', 2), ('bob', 1)]", "1 [('ann', 3)]"]

@@ -52,6 +52,7 @@ from spate.state.descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
+from spate.windows import SessionWindows, SlidingWindows, TumblingWindows, Window, WindowedProcessor
 
 __version__ = "0.1.0"
 
@@ -64,4 +65,5 @@ __all__ = [
     "ReducingStateDescriptor", "SerializationError", "SpateError", "StateDescriptor", "ValueStateDescriptor",
     "default_max_parallelism", "key_group", "key_group_range", "keyed_state_entries", "load_checkpoint",
     "operator_state_elements", "subtask_for_key_group", "verify_checkpoint",
+    "SessionWindows", "SlidingWindows", "TumblingWindows", "Window", "WindowedProcessor",
 ]
