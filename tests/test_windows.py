@@ -111,9 +111,9 @@ batch_strategy = st.lists(st.fixed_dictionaries({"user": st.sampled_from("abc"),
 @given(st.sampled_from(sorted(ASSIGNERS)), st.sampled_from([0, 1_000]),
        st.lists(batch_strategy, min_size=1, max_size=7), st.lists(st.integers(1, 4), min_size=3, max_size=3),
        st.integers(0, 8), st.sampled_from(["after_acks", "after_complete", "after_subtask_0", None]),
-       st.booleans())
+       st.booleans(), st.sampled_from([False, "within", "across"]))
 def test_event_time_windows_equal_the_model(tmp_path_factory, kind, lateness, batches, parallelisms, crash_at,
-                                            step, changelog):
+                                            step, changelog, file_merging):
     assigner = ASSIGNERS[kind]
     batches = [*batches, [{"user": "z", "ts": 100_000, "v": 0}], []]  # the watermark passes every window
     model = Model(assigner, lateness)
@@ -136,6 +136,7 @@ def test_event_time_windows_equal_the_model(tmp_path_factory, kind, lateness, ba
                                       allowed_lateness_ms=lateness, late_rows=late_row)
         with LocalRunner(processor, key="user", checkpoint_root=root, parallelism=parallelisms[runs % 3],
                          max_parallelism=8, event_time_column="ts", watermark_delay_ms=DELAY, changelog=changelog,
+                         file_merging=file_merging,
                          fault_injector=fault, sink=sink) as runner:
             runs += 1
             try:
