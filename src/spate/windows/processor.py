@@ -106,11 +106,13 @@ class WindowedProcessor(Processor):
         return [] if self._is_late(merged, watermark) else [merged]
 
     def _add(self, window: Window, item: Any, watermark: int | None, ctx: Context) -> None:
+        """Add ``item`` to ``window``; a new window gets its timers (an existing one has them)."""
         self.contents.set_namespace(window)
-        if self.early_fire_ms and self._is_empty():
-            ctx.register_processing_time_timer(ctx.processing_time_ms + self.early_fire_ms, window)
+        if self._is_empty():
+            self._register(window, watermark, ctx)
+            if self.early_fire_ms:
+                ctx.register_processing_time_timer(ctx.processing_time_ms + self.early_fire_ms, window)
         self.contents.add(item)
-        self._register(window, watermark, ctx)
 
     def _is_empty(self) -> bool:
         return not self.contents.exists()
@@ -130,6 +132,9 @@ class WindowedProcessor(Processor):
             self.contents.merge_namespaces(merged, sources)
             for w in sources:
                 self._delete_timers(w, ctx)
+            self._register(merged, ctx.watermark_ms if self.time == "event" else None, ctx)
+            if self.early_fire_ms:
+                ctx.register_processing_time_timer(ctx.processing_time_ms + self.early_fire_ms, merged)
         rest = [w for w in live if w not in touching]
         self.sessions.update([list(w) for w in sorted([*rest, merged])])
         return merged
