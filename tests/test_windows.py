@@ -209,3 +209,72 @@ def test_process_function_sees_the_windows_rows(tmp_path):
 def test_bad_arguments_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         WindowedProcessor(TumblingWindows(1_000), **kwargs)
+
+
+class ProcessingTimeModel:
+    """Processing-time windows over micro-batches at times ``now``: due timers first (early firings skipped
+    when the window completes in the same batch), then the batch's rows, all at the batch's time."""
+
+    def __init__(self, assigner, early):
+        self.assigner, self.early = assigner, early
+        self.windows: dict[str, dict[Window, dict]] = {}  # key -> window -> {sum, early_at}
+
+    def batch(self, rows, now):
+        out = []
+        for key, windows in self.windows.items():
+            for w, entry in sorted(windows.items()):
+                if entry["early_at"] is not None and entry["early_at"] <= now and now < w.max_timestamp:
+                    out.append((key, w.start, w.end, entry["sum"]))
+                    following = max(entry["early_at"], now) + self.early
+                    entry["early_at"] = following if following < w.max_timestamp else None
+                if w.max_timestamp <= now:
+                    out.append((key, w.start, w.end, entry["sum"]))
+                    del windows[w]
+        for r in rows:
+            windows = self.windows.setdefault(r["user"], {})
+            targets = self.assigner.assign(now)
+            if self.assigner.merging:
+                targets = [self.merge(windows, targets[0], now)]
+            for w in targets:
+                entry = windows.setdefault(w, {"sum": 0, "early_at": now + self.early if self.early else None})
+                entry["sum"] += r["v"]
+        return sorted(out)
+
+    def merge(self, windows, new, now):
+        touching = [w for w in windows if w.touches(new)]
+        merged = new
+        for w in touching:
+            merged = merged.cover(w)
+        if touching and touching != [merged]:
+            total = sum(windows.pop(w)["sum"] for w in touching)
+            windows[merged] = {"sum": total, "early_at": now + self.early if self.early else None}
+        return merged
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(ASSIGNERS)), st.sampled_from([None, 700]),
+       st.lists(st.tuples(st.integers(0, 2_500), st.lists(st.fixed_dictionaries(
+           {"user": st.sampled_from("ab"), "v": st.integers(1, 9)}), max_size=4)), min_size=1, max_size=8),
+       st.lists(st.integers(1, 3), min_size=2, max_size=2))
+def test_processing_time_windows_equal_the_model(tmp_path_factory, kind, early, steps, parallelisms):
+    assigner = ASSIGNERS[kind]
+    model = ProcessingTimeModel(assigner, early)
+    clock, times = [0], []
+    for advance, _rows in steps:
+        clock[0] += advance
+        times.append(clock[0])
+    want = [model.batch(rows, now) for (_a, rows), now in zip(steps, times, strict=True)]
+    root = str(tmp_path_factory.mktemp("root"))
+    got = []
+    for part in range(2):  # a restart halfway, at another parallelism
+        processor = WindowedProcessor(assigner, time="processing", reduce=lambda a, b: a + b,
+                                      value=lambda r: r["v"], early_fire_ms=early)
+        with LocalRunner(processor, key="user", checkpoint_root=root, parallelism=parallelisms[part],
+                         max_parallelism=8, clock=lambda: clock[0], changelog=part == 1) as runner:
+            half = (len(steps) + 1) // 2
+            for n in range(part * half, len(steps) if part else half):
+                clock[0] = times[n]
+                result = runner.run_batch(n, steps[n][1])
+                got.append(sorted((o["key"], o["window_start"], o["window_end"], o["value"])
+                                  for o in result.outputs))
+    assert got == want
