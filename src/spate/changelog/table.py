@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from spate.changelog.changeset import ChangeSet
 from spate.changelog.writer import ChangelogWriter
 from spate.state.table import StateTable, WrappedTable
 
@@ -16,30 +17,61 @@ class ChangelogTable(WrappedTable):
         super().__init__(inner)
         self.writer = writer
 
-    # -- writes: apply, then log -------------------------------------------------------------------------
+    # -- writes: look up (an entry's first change in the change set), apply, then log -----------------------
+    # The look-up tells the change set whether the entry existed when the change set opened, so that deleting
+    # an entry it created drops the record instead of logging a tombstone (see spate.changelog.changeset).
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
+        cs = self.writer.active
+        group = cs.pending.get(kg)  # inlined: this is the hottest path
+        new = cs.coalesce and (group is None or primary not in group) and self.inner.get(kg, primary) is None
         self.inner.put(kg, primary, value)
-        self.writer.active.put(kg, primary, value)
+        cs.put(kg, primary, value, new)
         self.writer.after_append()
 
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
+        cs = self.writer.active
+        new = self._new_flags(cs, entries)
         self.inner.put_many(entries)
-        self.writer.active.put_many(entries)
+        cs.put_many(entries, new)
         self.writer.after_append()
 
+    def _new_flags(self, cs: ChangeSet, entries: Sequence[tuple[int, bytes, bytes]]) -> list[bool] | None:
+        """Per entry, whether it is the change set's first change to an entry the table does not hold."""
+        first = cs.untouched_indices(entries)
+        if not first:
+            return None
+        if len(first) == len(entries):  # the usual case: each key once per change set
+            kgs, keys, _values = zip(*entries, strict=True)
+            return [v is None for v in self.inner.get_many(kgs, keys)]
+        found = self.inner.get_many([entries[i][0] for i in first], [entries[i][1] for i in first])
+        new = [False] * len(entries)
+        for i, v in zip(first, found, strict=True):
+            new[i] = v is None
+        return new
+
     def append(self, kg: int, primary: bytes, data: bytes) -> None:
+        cs = self.writer.active
+        group = cs.pending.get(kg)
+        new = cs.coalesce and (group is None or primary not in group) and self.inner.get(kg, primary) is None
         self.inner.append(kg, primary, data)
-        self.writer.active.append(kg, primary, data)
+        cs.append(kg, primary, data, new)
         self.writer.after_append()
 
     def delete(self, kg: int, primary: bytes) -> None:
+        cs = self.writer.active
+        n = cs.new_map_entries(kg, primary)  # clearing a map whose entries this change set created?
+        fresh = n > 0 and len(self.inner.map_items(kg, primary)) == n
         self.inner.delete(kg, primary)
-        self.writer.active.delete(kg, primary)
+        cs.delete(kg, primary, fresh)
         self.writer.after_append()
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
+        cs = self.writer.active
+        group = cs.pending.get(kg)
+        new = cs.coalesce and (group is None or primary + user_key not in group) \
+            and self.inner.map_get(kg, primary, user_key) is None
         self.inner.map_put(kg, primary, user_key, value)
-        self.writer.active.map_put(kg, primary, user_key, value)
+        cs.map_put(kg, primary, user_key, value, new)
         self.writer.after_append()
 
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
