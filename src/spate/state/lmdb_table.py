@@ -313,9 +313,13 @@ class LmdbTable(StateTable):
         while True:
             try:
                 with self._env_begin(write=True) as txn:
+                    digest = _updated_digest(txn, self._digest, items)
                     txn.cursor().putmulti(items)
-                    txn.delete(_DIGEST_KEY)  # recomputed at the next commit
-                self._digest = self._committed_digest = None
+                    if digest is None:
+                        txn.delete(_DIGEST_KEY)  # recomputed at the next commit
+                    else:
+                        txn.put(_DIGEST_KEY, str(digest).encode())
+                self._digest = self._committed_digest = digest
                 return
             except lmdb.MapFullError:
                 self._resize(self.env.info()["map_size"] * 2)
@@ -430,6 +434,21 @@ def _parse_digest(raw: bytes | None) -> int | None:
         return int(raw) if raw is not None else None
     except ValueError:
         return None
+
+
+def _updated_digest(txn: lmdb.Transaction, digest: int | None, items: list[tuple[bytes, bytes]]) -> int | None:
+    """``digest`` after writing ``items`` (one lookup per item for the value it replaces): a restore replaying
+    many change sets keeps the digest current instead of re-reading the whole table after each. None stays
+    unknown."""
+    if digest is None:
+        return None
+    get, entry_hash = txn.get, _entry_hash
+    for key, value in items:
+        old = get(key)
+        if old is not None:
+            digest -= entry_hash(key, old)
+        digest += entry_hash(key, value)
+    return digest & _MASK64
 
 
 def _table_digest(txn: lmdb.Transaction) -> int:
