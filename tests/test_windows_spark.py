@@ -35,8 +35,10 @@ import datetime as dt
 import sys
 
 import pytest
+import test_windows
 from pyspark import cloudpickle
 from test_spark_stream import write_files
+from test_windows import CountSum
 
 from spate import load_checkpoint, verify_checkpoint
 from spate.fs import CheckpointStorage
@@ -45,6 +47,7 @@ from spate.windows import SessionWindows, SlidingWindows, TumblingWindows, Windo
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import test modules
+cloudpickle.register_pickle_by_value(test_windows)  # nor CountSum's
 INPUT = "user string, v long, ts timestamp"
 OUTPUT = "user string, start long, end long, n long, total long"
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -69,20 +72,6 @@ CASES = {
     "sliding": (SlidingWindows(10_000, 5_000), lambda F: F.window("ts", "10 seconds", "5 seconds")),
     "session": (SessionWindows(5_000), lambda F: F.session_window("ts", "5 seconds")),
 }
-
-
-class CountSum:
-    def create_accumulator(self):
-        return (0, 0)
-
-    def add(self, value, acc):
-        return (acc[0] + 1, acc[1] + value)
-
-    def get_result(self, acc):
-        return acc
-
-    def merge(self, a, b):
-        return (a[0] + b[0], a[1] + b[1])
 
 
 def output(key, window, result):

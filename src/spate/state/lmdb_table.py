@@ -446,7 +446,7 @@ def _updated_digest(txn: lmdb.Transaction, digest: int | None, items: list[tuple
     for key, value in items:
         old = get(key)
         if old is not None:
-            digest -= entry_hash(key, old)
+            digest -= entry_hash(key, old)  # type: ignore[arg-type]  # bytes: the environment has buffers off
         digest += entry_hash(key, value)
     return digest & _MASK64
 

@@ -32,7 +32,8 @@ from spate.state.descriptors import (
 from spate.windows.assigners import Window, WindowAssigner
 
 TIMES = ("event", "processing")
-SESSIONS = ValueStateDescriptor("window-sessions")  # merging assigners: the key's live windows
+# merging assigners: the key's live windows, as [start, end] pairs
+SESSIONS: ValueStateDescriptor[list[list[int]]] = ValueStateDescriptor("window-sessions")
 
 
 def default_output(key: Any, window: Window, result: Any) -> Row:
