@@ -157,3 +157,19 @@ def test_initial_state_goes_to_the_first_batch_of_a_new_query_only(tmp_path):
         again = sorted((o["user"], o["count"]) for o in r.run_batch(1, [{"user": "a"}, {"user": "b"}]).outputs)
     assert first == [("a", 16), ("c", 1)]
     assert again == [("a", 17), ("b", 101)], "a restart (here at another parallelism) does not apply it again"
+
+
+def test_an_initial_state_for_a_processor_without_process_initial_is_a_clear_error(tmp_path):
+    from spate import Processor
+
+    class Plain(Processor):
+        def process(self, key, rows, ctx):
+            yield {"user": key}
+
+    root = str(tmp_path / "root")
+    with LocalRunner(Plain(), key="user", checkpoint_root=root, initial_state=[{"user": "a"}]) as r:
+        with pytest.raises(ValueError, match="does not override process_initial.*or drop initial_state"):
+            r.run_batch(0, [{"user": "a"}])
+        assert r.next_batch_id == 0, "nothing of the failed batch was committed"
+    with LocalRunner(Plain(), key="user", checkpoint_root=root) as r:
+        assert [o["user"] for o in r.run_batch(0, [{"user": "a"}]).outputs] == ["a"]

@@ -123,9 +123,9 @@ class Processor(ABC):
 
     def process_initial(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
         """The key's rows of the query's initial state: in the first batch of a new query only (no checkpoint
-        to restore), before the batch's input."""
-        raise NotImplementedError(f"{type(self).__qualname__} has no process_initial, but the query was given "
-                                  "an initial state")
+        to restore), before the batch's input. A processor given an initial state must override it."""
+        raise ValueError(f"{type(self).__qualname__} does not override process_initial, but the query was given an "
+                         "initial state: write the key's state from its initial rows there, or drop initial_state")
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> Iterable[Row] | None:
         """A timer of ``key`` fired (``ctx.timer_domain`` is "event" or "processing")."""

@@ -8,6 +8,7 @@ Spark's ``window(ts, size, slide)`` (windows start at multiples of the slide); s
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import NamedTuple
 
 
@@ -29,13 +30,14 @@ class Window(NamedTuple):
         return Window(min(self.start, other.start), max(self.end, other.end))
 
 
-class WindowAssigner:
+class WindowAssigner(ABC):
     """Base of the assigners. ``merging`` assigners (sessions) merge windows that touch."""
 
     merging = False
 
+    @abstractmethod
     def assign(self, ts: int) -> list[Window]:
-        raise NotImplementedError
+        """The windows an element with timestamp ``ts`` (ms) belongs to."""
 
 
 def _positive(name: str, value: int) -> int:
