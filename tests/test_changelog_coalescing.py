@@ -80,8 +80,13 @@ def run_op(backend: KeyedStateBackend, op: tuple) -> None:
     if kind in ("timer", "timer_delete"):
         getattr(backend.timers, "register" if kind == "timer" else "delete")(EVENT_TIME, args[0], ns)
         return
-    state = backend.get_state({"put": VALUE, "clear_value": VALUE, "map_put": MAP, "map_delete": MAP,
-                               "clear_map": MAP}.get(kind, LIST))
+    apply_state_op(backend.get_state, kind, ns, args)
+
+
+def apply_state_op(get_state: Any, kind: str, ns: Any, args: list[Any]) -> None:
+    """One state operation of the model's vocabulary on the current key, in namespace ``ns``."""
+    state = get_state({"put": VALUE, "clear_value": VALUE, "map_put": MAP, "map_delete": MAP,
+                       "clear_map": MAP}.get(kind, LIST))
     state.set_namespace(ns)
     if kind.startswith("clear"):
         state.clear()
@@ -394,14 +399,7 @@ class OpsJob(Processor):
     def process(self, key: Any, rows: list[dict], ctx: Any) -> None:
         for row in rows:
             kind, ns, *args = row["op"]
-            state = ctx.state({"put": VALUE, "clear_value": VALUE, "map_put": MAP, "map_delete": MAP,
-                               "clear_map": MAP}.get(kind, LIST))
-            state.set_namespace(ns)
-            if kind.startswith("clear"):
-                state.clear()
-            else:
-                getattr(state, {"put": "update", "list_update": "update", "append": "add", "map_put": "put",
-                                "map_delete": "remove"}[kind])(*args)
+            apply_state_op(ctx.state, kind, ns, args)
 
 
 def checkpointed(root: str) -> Model:

@@ -43,6 +43,18 @@ class CountUntilQuiet(StatefulProcessor):
         pass
 
 
+class CrashOnce:
+    """Fault injection (a fake crash): raises at protocol ``step`` of batch ``batch_id``, the first time only."""
+
+    def __init__(self, step: str | None, batch_id: int) -> None:
+        self.step, self.batch_id, self.crashed = step, batch_id, False
+
+    def __call__(self, at: str, batch_id: int) -> None:
+        if at == self.step and batch_id == self.batch_id and not self.crashed:
+            self.crashed = True
+            raise RuntimeError("injected crash")
+
+
 def model(batches):
     """Spark's semantics, batch by batch: what each batch outputs (as sorted tuples)."""
     count, timer, out = {}, {}, []
@@ -81,12 +93,7 @@ batch_strategy = st.lists(st.fixed_dictionaries({"user": st.sampled_from("abcde"
 def test_event_time_processor_equals_the_model(tmp_path_factory, batches, parallelisms, crash_at, step):
     root = str(tmp_path_factory.mktemp("root"))
     got: dict[int, list] = {}
-    crashed = [False]
-
-    def fault(at, batch_id):
-        if at == step and batch_id == crash_at and not crashed[0]:
-            crashed[0] = True
-            raise RuntimeError("injected crash")
+    fault = CrashOnce(step, crash_at)
 
     def sink(outputs, batch_id):  # after the checkpoint; a batch whose sink call crashed is given again
         got[batch_id] = sorted((o["user"], o["what"], o["n"], o["wm"]) for o in outputs)

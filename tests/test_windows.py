@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_tws_model import CrashOnce
 
 from spate import LocalRunner
 from spate.windows import SessionWindows, SlidingWindows, TumblingWindows, Window, WindowedProcessor
@@ -120,12 +121,7 @@ def test_event_time_windows_equal_the_model(tmp_path_factory, kind, lateness, ba
     want = [model.batch(rows, wm) for rows, wm in zip(batches, watermarks(batches), strict=True)]
     root = str(tmp_path_factory.mktemp("root"))
     got: dict[int, list] = {}
-    crashed = [False]
-
-    def fault(at, batch_id):
-        if at == step and batch_id == crash_at and not crashed[0]:
-            crashed[0] = True
-            raise RuntimeError("injected crash")
+    fault = CrashOnce(step, crash_at)
 
     def sink(outputs, batch_id):
         got[batch_id] = sorted((o["key"], o["window_start"], o["window_end"], tuple(o["value"])) for o in outputs)
