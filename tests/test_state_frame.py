@@ -273,6 +273,15 @@ def test_bootstrap_needs_handle_initial_state(spark, tmp_path):
         write_savepoint(df, "user", str(tmp_path / "sp"), NoInitial())
 
 
+def test_bootstrap_refuses_a_directory_holding_other_files(spark, tmp_path):
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("the user's")
+    with pytest.raises(CheckpointError, match=r"is not empty \(it holds \['notes.txt'\]\)"):
+        write_savepoint(spark.createDataFrame([("a", "/x", 1)], INPUT), "user", str(target), Bootstrap())
+    assert sorted(p.name for p in target.iterdir()) == ["notes.txt"], "nothing written or deleted"
+
+
 # -- savepoints bootstrapped from a DataFrame ------------------------------------------------------------
 
 class Bootstrap(Processor):

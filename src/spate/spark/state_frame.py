@@ -281,6 +281,10 @@ def write_savepoint(df: Any, key: str | Sequence[str], target: str, processor: A
     target_storage = CheckpointStorage(target)
     if target_storage.exists("_metadata"):
         raise CheckpointError(f"{target} already holds a savepoint; write to a new directory")
+    held = target_storage.list_entries()
+    if held:
+        raise CheckpointError(f"{target} is not empty (it holds {held[:5]}); a savepoint is written to a new or "
+                              "empty directory, so nothing else there is overwritten or deleted")
     if isinstance(processor, StatefulProcessor):
         bootstrap: Processor = InitialStateBootstrap(processor, flavour, time_mode)
     else:
