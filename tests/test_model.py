@@ -108,7 +108,13 @@ def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: t
         r.run_batch(n, batches[n])
         completed_parallelism[n] = final[0]
     r.close()
+    check_against_model(root, batches, deliveries, completed_parallelism)
 
+
+def check_against_model(root: str, batches: list[list[dict]], deliveries: dict[int, list[list[str]]],
+                        completed_parallelism: dict[int, int]) -> None:
+    """Every batch reached the sink with the model's outputs; every retained checkpoint is whole; the latest
+    holds the model's keyed state, timers and operator state (one element per subtask and completed batch)."""
     model = Model()
     for n, rows in enumerate(batches):
         expected = _norm(model.batch(rows, now_of(n)))

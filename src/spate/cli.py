@@ -212,6 +212,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from spate.bench.blog import bench_blog
 
         bench = partial(bench_blog, out_dir=args.out)
+    elif args.name == "rescale":  # writes its own chart (normal / online / restart) next to the summary plot
+        from functools import partial
+
+        from spate.bench.rescale import bench_rescale
+
+        bench = partial(bench_rescale, out_dir=args.out)
     return run_bench(args.name, quick=args.quick, as_json=args.json, out_dir=args.out, bench=bench)
 
 
@@ -261,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=cmd_dump)
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write PNG plots, --json)")
-    bench.add_argument("name", choices=["state", "changelog", "filemerging", "bigstate", "spark", "cluster", "blog"],
+    bench.add_argument("name", choices=["state", "changelog", "filemerging", "bigstate", "spark", "cluster", "blog",
+                                                "rescale"],
                        help="which benchmark (cluster: starts a standalone Spark cluster on 127.0.0.1)")
     bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
     bench.add_argument("--json", action="store_true", help='print {"bench": NAME, "results": [...]}')

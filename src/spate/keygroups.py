@@ -36,6 +36,8 @@ import struct as _struct
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from spate.errors import IncompatibleStateError
+
 __all__ = [
     "MAX_MAX_PARALLELISM",
     "SEED",
@@ -775,6 +777,17 @@ def _check_parallelism(max_parallelism: int, parallelism: int) -> None:
         raise ValueError(f"max_parallelism must be in 1..{MAX_MAX_PARALLELISM}, got {max_parallelism}")
     if not 0 < parallelism <= max_parallelism:
         raise ValueError(f"parallelism must be in 1..max_parallelism ({max_parallelism}), got {parallelism}")
+
+
+def check_parallelism(parallelism: int, max_parallelism: int) -> None:
+    """Refuse a parallelism a query with ``max_parallelism`` key groups cannot run at, saying what to use."""
+    if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
+        raise ValueError(f"parallelism must be an int >= 1, got {parallelism!r}")
+    if parallelism > max_parallelism:
+        raise IncompatibleStateError(
+            f"parallelism {parallelism} exceeds the max parallelism {max_parallelism} of the query's state (its "
+            f"number of key groups, fixed when the checkpoint root was created): use at most {max_parallelism} "
+            "subtasks")
 
 
 def key_group_range(max_parallelism: int, parallelism: int, index: int) -> range:

@@ -6,9 +6,9 @@ from typing import Any
 
 METRICS = ("ops_per_s", "mb_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50",
            "full_checkpoint_bytes", "recovery_s", "files_created", "files_alive", "space_amplification", "rows_per_s",
-           "files_per_batch", "peak_rss_mb", "anon_rss_mb")
+           "files_per_batch", "peak_rss_mb", "anon_rss_mb", "normal_batch_ms", "online_ms", "restart_ms")
 LOG_SCALE = {"ops_per_s", "rows_per_s", "checkpoint_ms_p50", "checkpoint_ms_p99", "checkpointed_bytes_p50",
-             "full_checkpoint_bytes"}
+             "full_checkpoint_bytes", "normal_batch_ms", "online_ms", "restart_ms"}
 
 
 def plot_results(name: str, results: list[dict[str, Any]], path: str) -> str | None:

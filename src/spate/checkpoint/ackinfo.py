@@ -11,8 +11,9 @@ NEW = "new"  # no base checkpoint: the state starts empty
 REUSED = "reused"  # the local state (in memory or on local disk) was at the base checkpoint
 CAUGHT_UP = "caught_up"  # a local copy at an earlier checkpoint replayed the change sets since
 RESTORED = "restored"  # read from checkpoint storage: materialized snapshots, then every change set since
+RESCALED = "rescaled"  # at a new parallelism: built from local copies of the old subtasks' state (online rescale)
 UNKNOWN = "unknown"  # metadata written by spate before these fields existed, where the stats do not tell
-RECOVERY_KINDS = (NEW, REUSED, CAUGHT_UP, RESTORED)
+RECOVERY_KINDS = (NEW, REUSED, CAUGHT_UP, RESTORED, RESCALED)
 
 
 @dataclass(kw_only=True)
@@ -23,10 +24,12 @@ class AckInfo:
         rows: input rows the subtask processed.
         staged: its outputs were staged in the checkpoint for the sink (a sink was configured).
         recovery: how its state got to the plan's base checkpoint, one of :data:`RECOVERY_KINDS`.
-        restored_from: the base checkpoint whose files it read (``restored`` or ``caught_up``), else None.
+        restored_from: the base checkpoint whose files it read (``restored``, ``caught_up``, ``rescaled``), else
+            None.
         caught_up_from: with ``caught_up``, the checkpoint its local copy was at; else None.
         restore_bytes: bytes it read from checkpoint storage to get its state to the base (snapshots, change
-            sets and operator state; 0 when the state was live in the process).
+            sets and operator state; 0 when the state was live in the process). With ``rescaled``, only what no
+            local copy held (the ack's ``stats["local_copy_bytes"]`` says what was copied locally).
         restore_ms: how long that took.
         executor: where it ran (filled in by the transport, e.g. the Spark executor id; None in-process).
     """

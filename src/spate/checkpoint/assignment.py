@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from spate.checkpoint.protocol import RescaleSource
 from spate.errors import IncompatibleStateError
 from spate.keygroups import key_group_range
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
+from spate.snapshot.lineage import Lineage
 from spate.state.operator import BROADCAST, SPLIT, UNION
 
 H = TypeVar("H", KeyGroupsHandle, ChangeSetHandle)
@@ -26,6 +28,25 @@ def assign_keyed_state(old: list[list[H]], max_parallelism: int, new_parallelism
     for i in range(new_parallelism):
         kgs = key_group_range(max_parallelism, new_parallelism, i)
         out.append([part for handles in old for h in handles if (part := h.intersect(kgs)) is not None])
+    return out
+
+
+def rescale_sources(old: list[tuple[list[KeyGroupsHandle], list[ChangeSetHandle]]], max_parallelism: int,
+                    new_parallelism: int) -> list[list[RescaleSource]]:
+    """Per new subtask, the old subtasks (their materialized and change-set handles in ``old``) whose key groups
+    it takes over, largest overlap first (ties: lowest index), each with the lineage its local copy of the base
+    carries. Empty lists when the parallelism is unchanged (nothing is rescaled)."""
+    old_p = len(old)
+    if old_p == new_parallelism:
+        return [[] for _ in range(new_parallelism)]
+    old_ranges = [key_group_range(max_parallelism, old_p, k) for k in range(old_p)]
+    lineages = [Lineage.of(r, keyed, changelog).digest() for r, (keyed, changelog) in zip(old_ranges, old, strict=True)]
+    out = []
+    for i in range(new_parallelism):
+        new = key_group_range(max_parallelism, new_parallelism, i)
+        overlaps = [(min(new.stop, r.stop) - max(new.start, r.start), k) for k, r in enumerate(old_ranges)]
+        out.append([RescaleSource(k, old_ranges[k].start, old_ranges[k].stop, lineages[k])
+                    for n, k in sorted(overlaps, key=lambda o: (-o[0], o[1])) if n > 0])
     return out
 
 

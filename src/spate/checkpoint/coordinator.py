@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state
+from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state, rescale_sources
 from spate.checkpoint.epochs import EPOCHS_DIR, EpochLog, EpochState, Seal
 from spate.checkpoint.metadata import (
     DELIVERED_FILE,
@@ -58,7 +58,7 @@ from spate.errors import (
 from spate.filemerging.manager import in_grant_scope, subtask_dir, worker_dir
 from spate.filemerging.registry import FileRegistry
 from spate.fs import CheckpointStorage, FrameKind, frame, join_uri
-from spate.keygroups import MAX_MAX_PARALLELISM, default_max_parallelism
+from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism, default_max_parallelism
 from spate.layout import is_engine_owned, is_spate_file
 from spate.snapshot.outputs import read_outputs
 
@@ -150,6 +150,7 @@ class Coordinator:
         self.retained = retained
         self.restore_from = restore_from
         self.watermark_delay_ms = watermark_delay_ms
+        self.rescale_reason: str | None = None  # why the parallelism changed while running (None: at the start)
         self.query: QueryInfo | None = None
         self.completed: list[CheckpointMetadata] = []
         self.base: CheckpointMetadata | None = None
@@ -379,10 +380,13 @@ class Coordinator:
         keyed: list[list] = [[] for _ in range(p)]
         changelog: list[list] = [[] for _ in range(p)]
         operator: list[list] = [[] for _ in range(p)]
+        sources: list[list] = [[] for _ in range(p)]
         if base is not None:
             keyed = assign_keyed_state([s.keyed for s in base.subtasks], base.max_parallelism, p)
             changelog = assign_keyed_state([s.changelog for s in base.subtasks], base.max_parallelism, p)
             operator = assign_operator_state([s.operator for s in base.subtasks], p)
+            if not base.is_savepoint and self._base_storage is self.storage:  # local copies exist of this root only
+                sources = rescale_sources([(s.keyed, s.changelog) for s in base.subtasks], base.max_parallelism, p)
         self._pending = _Pending(checkpoint_id, p, now, {}, set())
         open_files, non_reusable = self.registry.open_files, self.registry.non_reusable
         return [SubtaskPlan(
@@ -396,7 +400,18 @@ class Coordinator:
             late_watermark_ms=base.batch_watermark_ms if base else None,
             open_files=[f for f in open_files if in_grant_scope(f, subtask_dir(i, p))],
             non_reusable=_referenced(non_reusable, keyed[i] + changelog[i])
-            + self._other_runs_files(keyed[i] + changelog[i])) for i in range(p)]
+            + self._other_runs_files(keyed[i] + changelog[i]),
+            base_parallelism=base.parallelism if base else None, rescale_sources=sources[i]) for i in range(p)]
+
+    def rescale(self, parallelism: int, reason: str = "requested") -> None:
+        """From the next :meth:`begin` on, plan ``parallelism`` subtasks (an online rescale: the base's state is
+        redistributed as on a restart, keyed state by key group and operator state by the FLIP-8 rules).
+        ``reason`` is recorded in the metadata of the checkpoint that rescales."""
+        if self.query is None:
+            raise CheckpointError("Coordinator.start() must be called before rescale()")
+        check_parallelism(parallelism, self.max_parallelism)
+        if parallelism != self.parallelism:
+            self.parallelism, self.rescale_reason = parallelism, reason
 
     def _other_runs_files(self, handles: list[Any]) -> list[str]:
         """After a rescale (the base has another parallelism): the files of ``handles`` in the private
@@ -472,7 +487,15 @@ class Coordinator:
             pending.checkpoint_id, self.query.query_id, self.query.epoch, pending.parallelism,
             self.query.max_parallelism, pending.processing_time_ms,
             [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog, **a.ack_info()) for a in acks],
-            max_event, watermark, batch_watermark_ms=self.base.watermark_ms if self.base else None)
+            max_event, watermark, batch_watermark_ms=self.base.watermark_ms if self.base else None,
+            **self._rescale_record(pending.parallelism))
+
+    def _rescale_record(self, parallelism: int) -> dict[str, Any]:
+        """``rescaled_from`` and ``rescale_reason`` of a checkpoint whose base had another parallelism."""
+        if self.base is None or self.base.parallelism == parallelism:
+            return {}
+        return {"rescaled_from": self.base.parallelism,
+                "rescale_reason": self.rescale_reason or "started at another parallelism"}
 
     def _mark_completed(self) -> None:
         """From the first commit of this epoch on, losing every checkpoint of the root is an error. Best

@@ -82,6 +82,8 @@ class CheckpointMetadata:
     is_savepoint: bool = False
     batch_watermark_ms: int | None = None  # the watermark this batch ran with (the next batch's late-row bound)
     format_version: int = METADATA_FORMAT_VERSION
+    rescaled_from: int | None = None  # the base's parallelism, when this checkpoint's differs (a rescale)
+    rescale_reason: str | None = None  # why (informational): "requested", an autoscaler's decision, ...
 
     def segments(self) -> list[FileRef]:
         """Every logical file this checkpoint references (once each)."""
@@ -113,6 +115,7 @@ class CheckpointMetadata:
                 "max_parallelism": self.max_parallelism, "timestamp_ms": self.timestamp_ms,
                 "max_event_time_ms": self.max_event_time_ms, "watermark_ms": self.watermark_ms,
                 "batch_watermark_ms": self.batch_watermark_ms, "is_savepoint": self.is_savepoint,
+                "rescaled_from": self.rescaled_from, "rescale_reason": self.rescale_reason,
                 "subtasks": [s.to_dict() for s in self.subtasks]}
 
     @staticmethod
@@ -121,7 +124,8 @@ class CheckpointMetadata:
             data["checkpoint_id"], data["query_id"], data["epoch"], data["parallelism"], data["max_parallelism"],
             data["timestamp_ms"], [SubtaskState.from_dict(s) for s in data["subtasks"]],
             data.get("max_event_time_ms"), data.get("watermark_ms"), data.get("is_savepoint", False),
-            data.get("batch_watermark_ms"), data["format_version"])
+            data.get("batch_watermark_ms"), data["format_version"], data.get("rescaled_from"),
+            data.get("rescale_reason"))
 
     def to_bytes(self) -> bytes:
         return frame(FrameKind.METADATA, json.dumps(self.to_dict(), separators=(",", ":")).encode())

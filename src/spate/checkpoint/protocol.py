@@ -16,6 +16,29 @@ from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorSta
 from spate.snapshot.outputs import OutputsHandle
 
 
+@dataclass(frozen=True)
+class RescaleSource:
+    """An old subtask whose key groups a new subtask takes over at a rescale: its ``index`` at the base's
+    parallelism, its key-group range ``[start, stop)``, and the fingerprint of the lineage a local copy of its
+    state at the base checkpoint carries (:meth:`spate.snapshot.lineage.Lineage.digest`)."""
+
+    index: int
+    start: int
+    stop: int
+    lineage: str
+
+    @property
+    def key_groups(self) -> range:
+        return range(self.start, self.stop)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> RescaleSource:
+        return RescaleSource(**data)
+
+
 @dataclass
 class SubtaskPlan:
     """What subtask ``index`` of ``parallelism`` needs to take part in checkpoint ``checkpoint_id``.
@@ -24,6 +47,9 @@ class SubtaskPlan:
     with it is reused; otherwise the subtask restores ``keyed`` and ``operator`` from ``base_uri``.
     With file merging, ``open_files`` are the physical files workers may keep appending to, and
     ``non_reusable`` those whose live segments new checkpoints must re-write instead of referencing.
+    When the base has another parallelism (``base_parallelism``), ``rescale_sources`` are the old subtasks
+    whose key groups this subtask takes over, largest overlap first: local copies of their state may be used
+    instead of reading checkpoint storage (:mod:`spate.runtime.rescale`).
     """
 
     checkpoint_id: int
@@ -44,6 +70,8 @@ class SubtaskPlan:
     late_watermark_ms: int | None = None  # the previous batch's watermark: rows at or below it are late (Spark)
     open_files: list[str] = field(default_factory=list)
     non_reusable: list[str] = field(default_factory=list)
+    base_parallelism: int | None = None
+    rescale_sources: list[RescaleSource] = field(default_factory=list)
 
     @property
     def key_groups(self) -> range:
@@ -54,6 +82,7 @@ class SubtaskPlan:
         d["keyed"] = [h.to_dict() for h in self.keyed]
         d["changelog"] = [h.to_dict() for h in self.changelog]
         d["operator"] = [p.to_dict() for p in self.operator]
+        d["rescale_sources"] = [s.to_dict() for s in self.rescale_sources]
         return d
 
     @staticmethod
@@ -62,6 +91,7 @@ class SubtaskPlan:
         d["keyed"] = [KeyGroupsHandle.from_dict(h) for h in d["keyed"]]
         d["changelog"] = [ChangeSetHandle.from_dict(h) for h in d.get("changelog", [])]
         d["operator"] = [OperatorStatePiece.from_dict(p) for p in d["operator"]]
+        d["rescale_sources"] = [RescaleSource.from_dict(s) for s in d.get("rescale_sources", [])]
         return SubtaskPlan(**d)
 
 

@@ -47,6 +47,8 @@ class BatchResult:
     batch_ms: float
     checkpoint_ms: float  # snapshots of all subtasks + the coordinator's commit
     restored_subtasks: list[int] = field(default_factory=list)
+    parallelism: int = 0  # the subtasks the batch ran on
+    rescaled_from: int | None = None  # the parallelism before, if the batch rescaled the query online
 
 
 def key_extractor(key: KeySpec) -> Callable[[Row], Any]:
@@ -138,12 +140,31 @@ class LocalRunner:
         self.parallelism = parallelism
         # this runner is the worker process of its subtasks: it owns their services
         self.services = WorkerServices(self.coordinator.storage.uri, self.config.file_merging, self.config.changelog)
-        self.subtasks = [Subtask(i, parallelism, self._factory, self.config, self.services)
-                         for i in range(parallelism)]
+        self.subtasks = self._new_subtasks()
         self._remove_other_parallelism_local_state()
         self._loop = DriverLoop(self.coordinator, self._redeliver if sink is not None else None,
                                 lambda step, batch_id: self._fault(step, batch_id))
         self.redelivered = self._deliver_staged()
+
+    def _new_subtasks(self) -> list[Subtask]:
+        return [Subtask(i, self.parallelism, self._factory, self.config, self.services)
+                for i in range(self.parallelism)]
+
+    def rescale(self, parallelism: int, reason: str = "requested") -> None:
+        """Run the next batch at ``parallelism`` subtasks, without a restart: keyed state is redistributed by
+        key group and operator state by the FLIP-8 rules, exactly as on a restart at that parallelism. With the
+        lmdb table, each new subtask builds its state from the old subtasks' local copies (no download,
+        :mod:`spate.runtime.rescale`), which are deleted once a checkpoint at the new parallelism completed.
+        Refused beyond the max parallelism. Outputs and state stay exactly once: if the rescaling batch fails,
+        the next attempt runs at the new parallelism from the same base. ``reason`` is recorded in the metadata
+        of the checkpoint that rescales (``rescale_reason``)."""
+        self.coordinator.rescale(parallelism, reason)
+        if parallelism == self.parallelism:
+            return
+        for subtask in self.subtasks:
+            subtask.close()  # its lmdb state stays on disk, where the new subtasks copy it from
+        self.parallelism = parallelism
+        self.subtasks = self._new_subtasks()
 
     def _remove_other_parallelism_local_state(self) -> None:
         """Local lmdb directories of an earlier parallelism can never be reused: delete them."""
@@ -209,8 +230,10 @@ class LocalRunner:
         checkpoint_ms = done.commit_ms + (done.acked_at - all_started[0]) * 1000 + sum(
             st.stats.get("snapshot_start_ms", 0.0) for st in meta.subtasks)
         restored = [i for i, st in enumerate(meta.subtasks) if st.recovery == RESTORED]
+        if meta.rescaled_from is not None:  # the old parallelism's local copies are of no more use
+            self._remove_other_parallelism_local_state()
         return BatchResult(batch_id, outputs, meta, (time.perf_counter() - started) * 1000, checkpoint_ms,
-                           restored)
+                           restored, self.parallelism, meta.rescaled_from)
 
     def _initial_batches(self, plans: list[SubtaskPlan]) -> list[KeyedBatch | None]:
         """Each subtask's rows of the initial state, grouped by key, in the first batch of a new query."""

@@ -14,67 +14,25 @@ change sets after its own (:func:`catch_up_start`), when
 A change set is identified by its log, sequence number and key groups. A log belongs to one writer, which is
 never continued after a checkpoint it took part in was aborted, so the change sets of an aborted attempt, of a
 rejected duplicate ack or of a fenced driver's batch are in no completed checkpoint's list. Anything else — no
-lineage (state written by an older spate), a materialization or a re-written file since k, a rescale in
-between — means a full restore.
+lineage (state written by an older spate), a materialization or a re-written file since k — means a full
+restore. At a new parallelism the old subtasks' copies are used as :mod:`spate.runtime.rescale` describes.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, RESTORED, REUSED
 from spate.checkpoint.protocol import SubtaskPlan
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStatePiece
-
-LINEAGE_META = "lineage"  # the table-metadata name the lineage is stored under (next to "checkpoint")
-
-
-def _kg_span(offsets: dict[int, tuple[int, int]]) -> tuple[int, int] | tuple[None, None]:
-    """First and last key group of a handle. A handle only ever shrinks by intersection with key-group ranges,
-    so together with the file (or log and sequence number) they say exactly which part of it is meant."""
-    return (min(offsets), max(offsets)) if offsets else (None, None)
-
-
-def keyed_identity(handle: KeyGroupsHandle) -> tuple:
-    return (handle.path, handle.file_offset, *_kg_span(handle.offsets))
-
-
-def change_set_identity(handle: ChangeSetHandle) -> tuple:
-    """Where a change set is stored does not matter (file merging may re-write it): what it holds does."""
-    return (handle.log_id, handle.sqn, *_kg_span(handle.offsets))
-
-
-@dataclass(frozen=True)
-class Lineage:
-    """Exactly which state a table holds: its key-group range (start, stop), the identities of the
-    materialized handles and, in replay order, of the change sets that make it up."""
-
-    key_groups: tuple[int, int]
-    keyed: tuple[tuple, ...]
-    changelog: tuple[tuple, ...]
-
-    @staticmethod
-    def of(key_groups: range, keyed: Iterable[KeyGroupsHandle], changelog: Iterable[ChangeSetHandle]) -> Lineage:
-        return Lineage((key_groups.start, key_groups.stop), tuple(keyed_identity(h) for h in keyed),
-                       tuple(change_set_identity(h) for h in changelog))
-
-    def to_bytes(self) -> bytes:
-        return json.dumps({"key_groups": self.key_groups, "keyed": self.keyed, "changelog": self.changelog},
-                          separators=(",", ":")).encode()
-
-    @staticmethod
-    def from_bytes(raw: bytes | None) -> Lineage | None:
-        """The lineage stored in a table (None if absent or unreadable: then nothing is trusted)."""
-        if not raw:
-            return None
-        try:
-            data = json.loads(raw)
-            return Lineage(tuple(data["key_groups"]), tuple(tuple(h) for h in data["keyed"]),  # type: ignore[arg-type]
-                           tuple(tuple(c) for c in data["changelog"]))
-        except (ValueError, KeyError, TypeError):
-            return None
+from spate.snapshot.lineage import (  # noqa: F401  (re-exported: the table tag's lineage)
+    LINEAGE_META,
+    TAG_META,
+    Lineage,
+    change_set_identity,
+    keyed_identity,
+)
 
 
 def catch_up_start(checkpoint_id: int, lineage: Lineage | None, plan: SubtaskPlan) -> int | None:
@@ -114,7 +72,8 @@ class Recovery:
     """How the state of a subtask's batch got to the plan's base: ``kind`` is one of
     :data:`~spate.checkpoint.ackinfo.RECOVERY_KINDS`; ``restored_from`` the base checkpoint whose files were
     read (restored or caught up); ``caught_up_from`` the checkpoint the local copy was at; ``restore_bytes``
-    and ``restore_ms`` what reading and replaying cost; ``replayed`` the change sets replayed."""
+    and ``restore_ms`` what reading and replaying cost; ``replayed`` the change sets replayed; ``local_bytes``
+    what an online rescale copied from local copies of the old subtasks' state instead."""
 
     kind: str
     restored_from: int | None = None
@@ -122,6 +81,7 @@ class Recovery:
     restore_bytes: int = 0
     restore_ms: float = 0.0
     replayed: int = 0
+    local_bytes: int = 0
 
 
 def full_restore(plan: SubtaskPlan, restore_ms: float) -> Recovery:

@@ -41,6 +41,7 @@ class WorkerServices:
             self.scheduler = BatchingUploadScheduler(self.storage, changelog.upload, segments)
             self.materializers = ThreadPoolExecutor(MATERIALIZER_THREADS, thread_name_prefix="spate-materialize")
         self._read_only: dict[str, CheckpointStorage] = {}
+        self.trusted_local: set[str] = set()  # local lmdb directories this worker wrote or checked (digest)
         self.closed = False
 
     @property

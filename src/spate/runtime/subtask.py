@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_keyed_state
-from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, REUSED
+from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, RESCALED, REUSED
 from spate.checkpoint.metadata import checkpoint_dir, staged_dir
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.filemerging.config import FileMergingConfig
@@ -31,6 +31,7 @@ from spate.runtime.outputs import NO_KEY, OutputBuffer, Outputs
 from spate.runtime.processor import Context, Processor, Row
 from spate.runtime.recovery import (
     LINEAGE_META,
+    TAG_META,
     Lineage,
     Recovery,
     bytes_to_read,
@@ -38,6 +39,7 @@ from spate.runtime.recovery import (
     full_restore,
     recovery_kind,
 )
+from spate.runtime.rescale import TRIM_PER_BATCH, LocalRescale, missing_parts
 from spate.runtime.services import WorkerServices
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.serde import check_pickle_allowed, resolve_serializer
@@ -57,7 +59,6 @@ from spate.state.timers import EVENT_TIME, PROCESSING_TIME
 
 log = logging.getLogger(__name__)
 TABLE_KINDS = ("heap", "lmdb")
-_TAG = "checkpoint"
 _DIRTY = b"dirty"
 _EMPTY = -1  # tag of state that reflects "no checkpoint yet"
 
@@ -79,6 +80,7 @@ class SubtaskConfig:
     file_merging: FileMergingConfig | None = None
     output_schema: Any = None  # a pyarrow.Schema the output rows must match (checked before each checkpoint)
     profile: bool = False  # time the state table's reads and writes (ack stats "profile": "table_ms")
+    trim_per_batch: int = TRIM_PER_BATCH  # entries of key groups no longer owned deleted after each batch
 
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:
@@ -142,7 +144,6 @@ class Subtask:
         self.recovery = Recovery(NEW)  # how the state of the current batch got to its plan's base
         self.clog: ChangelogKeyedState | None = None
         self._unsynced: list[FileRef] = []  # segments this attempt wrote that no ack named yet (file merging)
-        self._verified_local: set[str] = set()  # lmdb directories this process checked against their digest
 
     # -- the batch ------------------------------------------------------------------------------------
     def run(self, plan: SubtaskPlan, batch: KeyedBatch | Sequence[KeyedRow],
@@ -199,7 +200,7 @@ class Subtask:
         if not live and lmdb is not None:  # e.g. another process moved this subtask's local state on
             self._drop_live_state(plan, destroy=False)
         if not live and self.config.table == "lmdb":
-            live = self._open_local_lmdb(plan)
+            live = self._open_local_lmdb(plan) or self._rescale_from_local_copies(plan)
         if not live:
             self._restore(plan)
         elif self.clog is not None and plan.base_checkpoint_id is not None:
@@ -257,11 +258,44 @@ class Subtask:
                                  len(replay))
         return True
 
+    def _rescale_from_local_copies(self, plan: SubtaskPlan) -> bool:
+        """At a new parallelism: build the state from the old subtasks' local copies on this machine, reading
+        checkpoint storage only for key groups no usable copy holds (:mod:`spate.runtime.rescale`). Returns
+        whether the state is at the base now (False: no copy was usable, restore everything)."""
+        if not plan.rescale_sources or plan.base_checkpoint_id is None or plan.base_uri is None:
+            return False
+        started = time.perf_counter()
+        assert self.config.local_dir is not None
+        rescale = LocalRescale(plan, self.config.local_dir, self.services.trusted_local)
+        table = rescale.seed(self._lmdb_dir(plan))
+        if table is None:
+            return False
+        state = self._with_changelog(plan, table)
+        try:
+            backend = self._keyed_backend(plan, state)
+            rescale.merge_into(backend)
+            keyed, changelog = missing_parts(plan, rescale.missing)
+            restore_keyed_state(backend, self.services.storage_of(plan.base_uri), keyed, changelog,
+                                self._restore_context(plan))
+            self._install(plan, state, self._read_operator_state(plan))
+        except BaseException:
+            self.close(destroy=True)
+            state.close()
+            raise
+        if self.clog is not None:
+            self.clog.restored(plan.keyed, plan.changelog)
+        self._tag, self._handles = plan.base_checkpoint_id, None
+        self._lineage = Lineage.of(plan.key_groups, plan.keyed, plan.changelog)
+        self.recovery = Recovery(RESCALED, plan.base_checkpoint_id, None, bytes_to_read([*keyed, *changelog],
+                                 plan.operator), (time.perf_counter() - started) * 1000, len(changelog),
+                                 rescale.copied_bytes)
+        return True
+
     def _catch_up(self, plan: SubtaskPlan, table: StateTable, change_sets: list[ChangeSetHandle]) -> None:
         """Replay ``change_sets`` (the base's change sets the local copy lacks) into it. Untagged meanwhile: a
         copy left half caught up is never trusted."""
         assert plan.base_checkpoint_id is not None and plan.base_uri is not None
-        table.put_meta(_TAG, _DIRTY)
+        table.put_meta(TAG_META, _DIRTY)
         table.commit()
         restore_keyed_state(self._keyed_backend(plan, table), self.services.storage_of(plan.base_uri), [],
                             change_sets, self._restore_context(plan))
@@ -271,11 +305,11 @@ class Subtask:
         """Whether the local table still holds exactly what it held at its last commit. Checked once per
         process: the check reads the whole table, and on Spark a subtask's table moves between the Python
         workers of an executor every few batches (each keeps the digest up to date as it writes)."""
-        if table.path in self._verified_local:
+        if table.path in self.services.trusted_local:
             return True
         problem = table.verify()
         if problem is None:
-            self._verified_local.add(table.path)
+            self.services.trusted_local.add(table.path)
         if problem is not None:
             log.warning("subtask %d: local state %s failed its integrity check: %s; discarding it and restoring "
                         "from checkpoint storage", self.index, table.path, problem)
@@ -401,7 +435,7 @@ class Subtask:
     def _mark_dirty(self) -> None:
         """From here on the live state no longer equals any checkpoint until the next snapshot."""
         assert self.keyed is not None
-        self.keyed.table.put_meta(_TAG, _DIRTY)
+        self.keyed.table.put_meta(TAG_META, _DIRTY)
         self.keyed.table.commit()
         self._tag = None
 
@@ -545,6 +579,14 @@ class Subtask:
                  "operator_bytes": op_handle.size if op_handle else 0}
         if self.recovery.replayed:
             stats["replayed_change_sets"] = self.recovery.replayed
+        if self.recovery.local_bytes:
+            stats["local_copy_bytes"] = self.recovery.local_bytes
+        lmdb = self._lmdb()
+        if lmdb is not None:
+            self.services.trusted_local.add(lmdb.path)  # this process wrote it
+            trimmed = lmdb.trim_outside(plan.key_groups, self.config.trim_per_batch)
+            if trimmed:
+                stats["trimmed_entries"] = trimmed
         stats.update(clog_stats)
         if self.clog is not None and self.config.sticky and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
             stats["materialization_started"] = True
@@ -586,7 +628,7 @@ class Subtask:
 
 def _read_tag(table: LmdbTable) -> tuple[int, Lineage | None] | None:
     """(checkpoint, lineage) a local table's state was committed as (None: unknown or changed since)."""
-    raw = table.committed_meta(_TAG)
+    raw = table.committed_meta(TAG_META)
     if raw is None or raw == _DIRTY:
         return None
     try:
@@ -598,7 +640,7 @@ def _read_tag(table: LmdbTable) -> tuple[int, Lineage | None] | None:
 
 def _write_tag(table: StateTable, checkpoint_id: int, lineage: Lineage) -> None:
     """Commit the table as the state of ``checkpoint_id`` with ``lineage``, in one transaction."""
-    table.put_meta(_TAG, str(checkpoint_id).encode())
+    table.put_meta(TAG_META, str(checkpoint_id).encode())
     table.put_meta(LINEAGE_META, lineage.to_bytes())
     table.commit()
 

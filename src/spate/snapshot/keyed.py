@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import msgpack
 
@@ -140,12 +140,19 @@ def sid_remap(backend: KeyedStateBackend, states: tuple[dict, ...]) -> dict[byte
 def restore_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage,
                            handle: KeyGroupsHandle, context: str = "") -> int:
     """Insert the entries of ``handle`` that fall in the backend's key groups; returns entries restored."""
-    remap = sid_remap(backend, handle.states)
-    map_sids = frozenset([U16.pack(backend.adopt(StateMeta.from_dict(m))) for m in handle.states
+    return restore_key_groups(backend, handle.states, read_key_groups(storage, handle, context))
+
+
+def restore_key_groups(backend: KeyedStateBackend, states: tuple[dict, ...],
+                       groups: Iterable[tuple[int, list[bytes]]]) -> int:
+    """Insert ``groups`` ((key group, flat entries) written by a table whose state registry is ``states``) that
+    fall in the backend's key groups, its state ids mapped to the backend's; returns entries restored."""
+    remap = sid_remap(backend, states)
+    map_sids = frozenset([U16.pack(backend.adopt(StateMeta.from_dict(m))) for m in states
                           if m["kind"] == MAP] + [U16.pack(sid) for sid in RESERVED_SIDS])
     table, owned, count = backend.table, backend.key_groups, 0
     with gc_paused():
-        for kg, flat in read_key_groups(storage, handle, context):
+        for kg, flat in groups:
             if kg not in owned:
                 continue
             if remap:

@@ -194,15 +194,9 @@ class LmdbTable(StateTable):
         CRC32s); costs one sequential read of the table on local disk, no download."""
         try:
             with self._env_begin() as txn:
-                stored, actual = txn.get(_DIGEST_KEY), _table_digest(txn)
+                return _digest_problem(txn)
         except lmdb.Error as e:
             return f"lmdb cannot read it ({e})"
-        recorded = _parse_digest(stored)
-        if recorded is None:
-            return "it has no valid recorded digest (damaged, or written by an older spate)"
-        if recorded != actual:
-            return f"its entries do not match the digest recorded at its last commit ({actual} != {recorded})"
-        return None
 
     # -- value entries --------------------------------------------------------------------------------
     def get(self, kg: int, primary: bytes) -> bytes | None:
@@ -327,6 +321,34 @@ class LmdbTable(StateTable):
                 raise SpateError(f"a restored state key is too large for the lmdb table (limit {MAX_LMDB_KEY} "
                                  "bytes); restore into the heap table") from e
 
+    def drop_key_groups(self, start: int, stop: int, limit: int | None = None) -> int:
+        """Delete the entries of key groups ``[start, stop)`` (at most ``limit``) in the open transaction, keeping
+        the digest; returns how many. lmdb has no range delete: this walks the range once."""
+        stop = min(stop, len(_KG))
+        if start >= stop:
+            return 0
+        end = _KG[stop] if stop < len(_KG) else META_PREFIX
+        keys: list[bytes] = []
+        cur = (self._txn or self._begin()).cursor()
+        if cur.set_range(_KG[start]):
+            for key in cur.iternext(keys=True, values=False):
+                if key >= end or (limit is not None and len(keys) >= limit):
+                    break
+                keys.append(key)  # type: ignore[arg-type]
+        for key in keys:
+            self._delete(key)
+        return len(keys)
+
+    def trim_outside(self, key_groups: range, limit: int) -> int:
+        """Delete up to ``limit`` entries of key groups outside ``key_groups`` (left in a copy made at a
+        rescale: no read ever reaches them); returns how many."""
+        if limit <= 0:
+            return 0
+        dropped = self.drop_key_groups(0, key_groups.start, limit)
+        if dropped < limit:
+            dropped += self.drop_key_groups(key_groups.stop, len(_KG), limit - dropped)
+        return dropped
+
     # -- metadata -------------------------------------------------------------------------------------
     def get_meta(self, name: str) -> bytes | None:
         return self._w().get(META_PREFIX + name.encode())  # type: ignore[return-value]
@@ -423,6 +445,89 @@ class _ReadView:
 
     def key_group_flat(self, kg: int) -> list[bytes]:
         return _flat(self._txn, kg)
+
+
+@contextlib.contextmanager
+def held_for_reading(path: str, timeout_s: float = 60.0) -> Iterator[None]:
+    """Keep the table in ``path`` from being written (its lock, waiting up to ``timeout_s``) and removed (a
+    shared hold) meanwhile. Raises FileNotFoundError if there is no table, SpateError if it stays locked."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        raise FileNotFoundError(path)
+    hold_fd = os.open(os.path.join(path, _HOLD_FILE), os.O_RDWR)
+    try:
+        fcntl.flock(hold_fd, fcntl.LOCK_SH)
+        if not _is_file(hold_fd, os.path.join(path, _HOLD_FILE)):
+            raise FileNotFoundError(path)  # removed while we waited
+        lock_fd = os.open(os.path.join(path, _LOCK_FILE), os.O_RDWR)
+        try:
+            _wait_for_lock(lock_fd, path, timeout_s)
+            yield
+        finally:
+            os.close(lock_fd)
+    finally:
+        os.close(hold_fd)
+
+
+def _wait_for_lock(fd: int, path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise SpateError(f"lmdb state directory {path} stayed locked by another process for {timeout_s} s"
+                                 ) from None
+            time.sleep(0.01)
+
+
+def copy_table(source: str, target: str, timeout_s: float = 60.0) -> int:
+    """Copy the committed state of the table in ``source`` to a new table directory ``target`` (a file copy,
+    while no process writes the source); returns the bytes copied."""
+    with held_for_reading(source, timeout_s):
+        os.makedirs(target, exist_ok=True)
+        shutil.copyfile(os.path.join(source, "data.mdb"), os.path.join(target, "data.mdb"))
+    return os.path.getsize(os.path.join(target, "data.mdb"))
+
+
+class ReadOnlyTable:
+    """The committed state of a table another subtask wrote, read while :func:`held_for_reading` keeps writers
+    away (so lmdb's own reader lock is not needed)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.env = lmdb.open(path, readonly=True, lock=False, subdir=True, max_dbs=0, readahead=False)
+        self._txn = self.env.begin()
+
+    def meta(self, name: str) -> bytes | None:
+        return self._txn.get(META_PREFIX + name.encode())  # type: ignore[no-any-return]
+
+    def key_group_flat(self, kg: int) -> list[bytes]:
+        return _flat(self._txn, kg)
+
+    def verify(self) -> str | None:
+        """As :meth:`LmdbTable.verify`."""
+        try:
+            return _digest_problem(self._txn)
+        except lmdb.Error as e:
+            return f"lmdb cannot read it ({e})"
+
+    def data_bytes(self) -> int:
+        return os.path.getsize(os.path.join(self.path, "data.mdb"))
+
+    def close(self) -> None:
+        self._txn.abort()
+        self.env.close()
+
+
+def _digest_problem(txn: lmdb.Transaction) -> str | None:
+    """None if the committed entries agree with the digest stored with them, else what is wrong."""
+    recorded, actual = _parse_digest(txn.get(_DIGEST_KEY)), _table_digest(txn)
+    if recorded is None:
+        return "it has no valid recorded digest (damaged, or written by an older spate)"
+    if recorded != actual:
+        return f"its entries do not match the digest recorded at its last commit ({actual} != {recorded})"
+    return None
 
 
 def _entry_hash(key: bytes, value: bytes) -> int:
