@@ -232,6 +232,22 @@ def test_lmdb_map_grows_instead_of_failing(tmp_path):
     table.close()
 
 
+def test_lmdb_map_grows_under_bulk_writes_too(tmp_path):
+    """``put_many`` filling the map mid-batch: the map grows, every entry lands, the digest stays right."""
+    table = LmdbTable(str(tmp_path / "grow"), map_size=1 << 20, commit_every=10**9)
+    table.env.set_mapsize(1 << 20)
+    table.put(0, b"first", b"y")
+    table.commit()  # the digest is known from here on: put_many takes its one-pass path
+    entries = [(i % MAXP, i.to_bytes(4, "big"), b"x" * 200) for i in range(20_000)]
+    for first in range(0, len(entries), 5_000):
+        table.put_many(entries[first:first + 5_000])
+    table.commit()
+    assert table.env.info()["map_size"] > 1 << 20
+    assert table.get_many([e[0] for e in entries], [e[1] for e in entries]) == [b"x" * 200] * len(entries)
+    assert table.verify() is None
+    table.close()
+
+
 def test_lmdb_is_locked_while_open_and_reopens_from_another_process(tmp_path):
     path = str(tmp_path / "shared")
     table = LmdbTable(path)

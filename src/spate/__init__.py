@@ -40,6 +40,7 @@ from spate.errors import (
 from spate.filemerging.config import FileMergingConfig
 from spate.fs import CheckpointStorage
 from spate.keygroups import default_max_parallelism, key_group, key_group_range, subtask_for_key_group
+from spate.runtime.autoscale import AutoscalePolicy, ScalingDecision
 from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyRows
 from spate.runtime.local import BatchResult, LocalRunner
 from spate.runtime.processor import Context, Processor
@@ -66,4 +67,5 @@ __all__ = [
     "default_max_parallelism", "key_group", "key_group_range", "keyed_state_entries", "load_checkpoint",
     "operator_state_elements", "subtask_for_key_group", "verify_checkpoint",
     "SessionWindows", "SlidingWindows", "TumblingWindows", "Window", "WindowedProcessor",
+    "AutoscalePolicy", "ScalingDecision",
 ]

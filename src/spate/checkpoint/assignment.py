@@ -41,13 +41,12 @@ def rescale_sources(old: list[tuple[list[KeyGroupsHandle], list[ChangeSetHandle]
         return [[] for _ in range(new_parallelism)]
     old_ranges = [key_group_range(max_parallelism, old_p, k) for k in range(old_p)]
     lineages = [Lineage.of(r, keyed, changelog).digest() for r, (keyed, changelog) in zip(old_ranges, old, strict=True)]
-    out = []
-    for i in range(new_parallelism):
-        new = key_group_range(max_parallelism, new_parallelism, i)
-        overlaps = [(min(new.stop, r.stop) - max(new.start, r.start), k) for k, r in enumerate(old_ranges)]
-        out.append([RescaleSource(k, old_ranges[k].start, old_ranges[k].stop, lineages[k])
-                    for n, k in sorted(overlaps, key=lambda o: (-o[0], o[1])) if n > 0])
-    return out
+    new_ranges = [key_group_range(max_parallelism, new_parallelism, i) for i in range(new_parallelism)]
+    overlaps = [[(min(new.stop, r.stop) - max(new.start, r.start), k) for k, r in enumerate(old_ranges)]
+                for new in new_ranges]
+    consumers = [sum(row[k][0] > 0 for row in overlaps) for k in range(old_p)]
+    return [[RescaleSource(k, old_ranges[k].start, old_ranges[k].stop, lineages[k], consumers[k])
+             for n, k in sorted(row, key=lambda o: (-o[0], o[1])) if n > 0] for row in overlaps]
 
 
 def assign_operator_state(old: list[OperatorStateHandle | None], new_parallelism: int,

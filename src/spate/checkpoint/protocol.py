@@ -19,13 +19,15 @@ from spate.snapshot.outputs import OutputsHandle
 @dataclass(frozen=True)
 class RescaleSource:
     """An old subtask whose key groups a new subtask takes over at a rescale: its ``index`` at the base's
-    parallelism, its key-group range ``[start, stop)``, and the fingerprint of the lineage a local copy of its
-    state at the base checkpoint carries (:meth:`spate.snapshot.lineage.Lineage.digest`)."""
+    parallelism, its key-group range ``[start, stop)``, the fingerprint of the lineage a local copy of its
+    state at the base checkpoint carries (:meth:`spate.snapshot.lineage.Lineage.digest`), and how many new
+    subtasks take over some of its key groups (``consumers``; one: its local copy may be moved, not copied)."""
 
     index: int
     start: int
     stop: int
     lineage: str
+    consumers: int = 0
 
     @property
     def key_groups(self) -> range:

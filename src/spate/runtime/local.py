@@ -23,6 +23,7 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.filemerging.config import FileMergingConfig
 from spate.keygroups import compile_key_hasher
+from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision
 from spate.runtime.batch import KeyedBatch
 from spate.runtime.driver import DriverLoop
 from spate.runtime.keys import KeyCheck
@@ -99,6 +100,8 @@ class LocalRunner:
             ``True``) merges the files of one checkpoint, ``"across"`` also later checkpoints', or a
             :class:`FileMergingConfig`. May change on any restart.
         clock: processing time in ms (defaults to wall-clock time).
+        autoscale: an :class:`AutoscalePolicy`: after each batch the runner rescales itself online when the
+            policy decides so (``decisions`` lists what it decided, each checkpoint that rescaled records why).
         fault_injector: test hook called at each protocol step (``"after_acks"``, ...); may raise.
     """
 
@@ -111,7 +114,7 @@ class LocalRunner:
                  compress: bool = False, changelog: bool | ChangelogConfig = False,
                  file_merging: bool | str | FileMergingConfig = False,
                  sink: Sink | None = None, output_serializer: str = "msgpack", output_schema: pa.Schema | None = None,
-                 clock: Callable[[], int] | None = None,
+                 clock: Callable[[], int] | None = None, autoscale: AutoscalePolicy | None = None,
                  fault_injector: FaultInjector | None = None) -> None:
         self._factory = processor_factory(processor)
         self._key = key_extractor(key)
@@ -145,6 +148,7 @@ class LocalRunner:
         self._loop = DriverLoop(self.coordinator, self._redeliver if sink is not None else None,
                                 lambda step, batch_id: self._fault(step, batch_id))
         self.redelivered = self._deliver_staged()
+        self.autoscaler = Autoscaler(autoscale, self.max_parallelism) if autoscale is not None else None
 
     def _new_subtasks(self) -> list[Subtask]:
         return [Subtask(i, self.parallelism, self._factory, self.config, self.services)
@@ -161,6 +165,8 @@ class LocalRunner:
         self.coordinator.rescale(parallelism, reason)
         if parallelism == self.parallelism:
             return
+        if self.autoscaler is not None:
+            self.autoscaler.note_rescaled(self.next_batch_id - 1, time.time())
         for subtask in self.subtasks:
             subtask.close()  # its lmdb state stays on disk, where the new subtasks copy it from
         self.parallelism = parallelism
@@ -232,8 +238,23 @@ class LocalRunner:
         restored = [i for i, st in enumerate(meta.subtasks) if st.recovery == RESTORED]
         if meta.rescaled_from is not None:  # the old parallelism's local copies are of no more use
             self._remove_other_parallelism_local_state()
-        return BatchResult(batch_id, outputs, meta, (time.perf_counter() - started) * 1000, checkpoint_ms,
-                           restored, self.parallelism, meta.rescaled_from)
+        result = BatchResult(batch_id, outputs, meta, (time.perf_counter() - started) * 1000, checkpoint_ms,
+                             restored, self.parallelism, meta.rescaled_from)
+        self._autoscale(result, len(rows))
+        return result
+
+    @property
+    def decisions(self) -> list[ScalingDecision]:
+        """What the autoscaling policy decided so far (empty without one)."""
+        return self.autoscaler.decisions if self.autoscaler is not None else []
+
+    def _autoscale(self, result: BatchResult, rows: int) -> None:
+        if self.autoscaler is None:
+            return
+        decision = self.autoscaler.observe(Observation(result.batch_id, self.parallelism, result.batch_ms, rows,
+                                                       at_s=time.time()))
+        if decision is not None:
+            self.rescale(decision.to_parallelism, decision.reason)
 
     def _initial_batches(self, plans: list[SubtaskPlan]) -> list[KeyedBatch | None]:
         """Each subtask's rows of the initial state, grouped by key, in the first batch of a new query."""

@@ -73,7 +73,8 @@ class Recovery:
     :data:`~spate.checkpoint.ackinfo.RECOVERY_KINDS`; ``restored_from`` the base checkpoint whose files were
     read (restored or caught up); ``caught_up_from`` the checkpoint the local copy was at; ``restore_bytes``
     and ``restore_ms`` what reading and replaying cost; ``replayed`` the change sets replayed; ``local_bytes``
-    what an online rescale copied from local copies of the old subtasks' state instead."""
+    what an online rescale copied from local copies of the old subtasks' state instead, ``local_moved_bytes``
+    what it took over by moving a copy no other new subtask needed."""
 
     kind: str
     restored_from: int | None = None
@@ -82,6 +83,7 @@ class Recovery:
     restore_ms: float = 0.0
     replayed: int = 0
     local_bytes: int = 0
+    local_moved_bytes: int = 0
 
 
 def full_restore(plan: SubtaskPlan, restore_ms: float) -> Recovery:

@@ -7,7 +7,8 @@ names, per new subtask, the old subtasks whose key groups it takes over, largest
 fingerprint of the lineage each copy must carry (:class:`~spate.checkpoint.protocol.RescaleSource`). Then:
 
 1. **Seed.** The first usable source is copied as a file (``data.mdb``, while no process writes it) into the new
-   subtask's directory: its key groups the new subtask keeps cost a sequential file copy, no decoding. Its other
+   subtask's directory, or moved there if no other new subtask needs any of it (scaling down): its key groups
+   the new subtask keeps cost a sequential file copy at most, no decoding. Its other
    key groups stay in the copy, unreachable (every read and iteration is by the subtask's own key groups), and
    are deleted a bounded number of entries per batch afterwards (:meth:`LmdbTable.trim_outside`): lmdb has no
    range delete, so dropping them at once would cost as much as the copy.
@@ -37,10 +38,10 @@ from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import restore_key_groups
 from spate.snapshot.lineage import LINEAGE_META, TAG_META, lineage_digest
 from spate.state.keyed import KeyedStateBackend
-from spate.state.lmdb_table import LmdbTable, ReadOnlyTable, copy_table, held_for_reading
+from spate.state.lmdb_table import LmdbTable, ReadOnlyTable, copy_table, held_for_reading, move_table
 
 log = logging.getLogger(__name__)
-TRIM_PER_BATCH = 100_000  # entries of key groups a subtask no longer owns deleted after each batch
+TRIM_PER_BATCH = 25_000  # entries of key groups a subtask no longer owns deleted after each later batch
 
 
 @dataclass
@@ -52,7 +53,8 @@ class LocalRescale:
     plan: SubtaskPlan
     local_dir: str
     trusted: set[str]
-    copied_bytes: int = 0  # read from local copies (the seed's file, merged entries)
+    copied_bytes: int = 0  # copied from local copies (the seed's file, merged entries)
+    moved_bytes: int = 0  # taken over without a copy (a seed no other new subtask needs, moved)
     missing: list[range] = field(default_factory=list)  # key groups to restore from checkpoint storage
     _seed: RescaleSource | None = None
 
@@ -85,8 +87,8 @@ class LocalRescale:
     def _copy(self, source: RescaleSource, target: str) -> LmdbTable | None:
         path = self._path(source)
         shutil.rmtree(target, ignore_errors=True)
-        try:
-            copied = copy_table(path, target)
+        try:  # the only new subtask that needs this copy takes it as it is
+            taken = move_table(path, target) if source.consumers == 1 else copy_table(path, target)
         except (FileNotFoundError, SpateError) as e:
             self._unusable(source, f"not copied ({e})")
             return None
@@ -97,7 +99,10 @@ class LocalRescale:
             self._unusable(source, problem)
             table.destroy()
             return None
-        self.copied_bytes += copied
+        if source.consumers == 1:
+            self.moved_bytes += taken
+        else:
+            self.copied_bytes += taken
         return table
 
     def _merge(self, source: RescaleSource, wanted: range, backend: KeyedStateBackend) -> bool:

@@ -288,7 +288,7 @@ class Subtask:
         self._lineage = Lineage.of(plan.key_groups, plan.keyed, plan.changelog)
         self.recovery = Recovery(RESCALED, plan.base_checkpoint_id, None, bytes_to_read([*keyed, *changelog],
                                  plan.operator), (time.perf_counter() - started) * 1000, len(changelog),
-                                 rescale.copied_bytes)
+                                 rescale.copied_bytes, rescale.moved_bytes)
         return True
 
     def _catch_up(self, plan: SubtaskPlan, table: StateTable, change_sets: list[ChangeSetHandle]) -> None:
@@ -577,20 +577,23 @@ class Subtask:
         stats = {"snapshot_ms": round(start_ms + finish_ms, 3), "snapshot_start_ms": round(start_ms, 3),
                  "keyed_bytes": sum(h.state_bytes for h in keyed_handles), "snapshot_reused": reuse,
                  "operator_bytes": op_handle.size if op_handle else 0}
-        if self.recovery.replayed:
-            stats["replayed_change_sets"] = self.recovery.replayed
-        if self.recovery.local_bytes:
-            stats["local_copy_bytes"] = self.recovery.local_bytes
+        r = self.recovery
+        if r.replayed:
+            stats["replayed_change_sets"] = r.replayed
+        if r.local_bytes:
+            stats["local_copy_bytes"] = r.local_bytes
+        if r.local_moved_bytes:
+            stats["local_moved_bytes"] = r.local_moved_bytes
         lmdb = self._lmdb()
         if lmdb is not None:
             self.services.trusted_local.add(lmdb.path)  # this process wrote it
-            trimmed = lmdb.trim_outside(plan.key_groups, self.config.trim_per_batch)
-            if trimmed:
-                stats["trimmed_entries"] = trimmed
+            if r.kind != RESCALED:  # not in the rescaling batch: it has enough to do
+                trimmed = lmdb.trim_outside(plan.key_groups, self.config.trim_per_batch)
+                if trimmed:
+                    stats["trimmed_entries"] = trimmed
         stats.update(clog_stats)
         if self.clog is not None and self.config.sticky and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
             stats["materialization_started"] = True
-        r = self.recovery
         return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, changelog, op_handle, staged,
                           files, self._max_event_time(batch), stats, manager.worker_id if manager else None,
                           rows=batch.num_rows, staged=self.config.stage_outputs, recovery=r.kind,

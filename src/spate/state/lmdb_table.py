@@ -227,11 +227,13 @@ class LmdbTable(StateTable):
                 if old is not None:
                     digest -= crc(old, key_crc) + 1
                 done.append((key, value))
-        except (lmdb.MapFullError, lmdb.BadValsizeError):
+        except (lmdb.MapFullError, lmdb.BadValsizeError) as e:
             self._digest = digest & _MASK64
             self._ops.extend(done)
+            if isinstance(e, lmdb.MapFullError):  # the transaction is dead: grow the map and replay it first
+                self._grow_and_replay()
             for kg, primary, value in entries[len(done):]:
-                self._put(_KG[kg] + primary, value)  # grows the map and replays, or explains the bad value
+                self._put(_KG[kg] + primary, value)  # explains a bad value
             return
         self._digest = digest & _MASK64
         self._ops.extend(done)
@@ -328,16 +330,28 @@ class LmdbTable(StateTable):
         if start >= stop:
             return 0
         end = _KG[stop] if stop < len(_KG) else META_PREFIX
-        keys: list[bytes] = []
+        try:
+            return self._drop_range(_KG[start], end, limit)
+        except lmdb.MapFullError:  # copy-on-write pages can fill the map even on delete
+            self._grow_and_replay()
+            return self._drop_range(_KG[start], end, limit)
+
+    def _drop_range(self, start: bytes, end: bytes, limit: int | None) -> int:
+        """Delete entries with keys in ``[start, end)`` through one cursor (no lookup per key)."""
         cur = (self._txn or self._begin()).cursor()
-        if cur.set_range(_KG[start]):
-            for key in cur.iternext(keys=True, values=False):
-                if key >= end or (limit is not None and len(keys) >= limit):
-                    break
-                keys.append(key)  # type: ignore[arg-type]
-        for key in keys:
-            self._delete(key)
-        return len(keys)
+        digest, crc, ops, n = self._digest, zlib.crc32, self._ops, 0
+        found = cur.set_range(start)
+        while found and (limit is None or n < limit):
+            key: bytes = cur.key()  # type: ignore[assignment]
+            if key >= end:
+                break
+            if digest is not None:
+                digest -= crc(cur.value(), crc(key)) + 1  # type: ignore[arg-type]
+            ops.append((key, None))
+            found = cur.delete()
+            n += 1
+        self._digest = digest & _MASK64 if digest is not None else None
+        return n
 
     def trim_outside(self, key_groups: range, limit: int) -> int:
         """Delete up to ``limit`` entries of key groups outside ``key_groups`` (left in a copy made at a
@@ -487,6 +501,16 @@ def copy_table(source: str, target: str, timeout_s: float = 60.0) -> int:
     with held_for_reading(source, timeout_s):
         os.makedirs(target, exist_ok=True)
         shutil.copyfile(os.path.join(source, "data.mdb"), os.path.join(target, "data.mdb"))
+    return os.path.getsize(os.path.join(target, "data.mdb"))
+
+
+def move_table(source: str, target: str, timeout_s: float = 60.0) -> int:
+    """Move the table in ``source`` to the new table directory ``target`` (a rename on the same file system,
+    while no process writes or holds it); returns the bytes of its data file."""
+    with held_for_reading(source, timeout_s):
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.rename(source, target)
     return os.path.getsize(os.path.join(target, "data.mdb"))
 
 
