@@ -17,7 +17,9 @@ Options: ``--master spark://...`` runs the driver against a standalone cluster
 stream's settings (default ``{"local_dir": "OUT/local"}``; ``"local_dir": null`` keeps lmdb state on each
 executor's own local disk); ``--spark-checkpoint DIR`` is Spark's own checkpoint location,
 ``--spark-checkpoint-cache DIR`` the driver-local base directory of it for roots Hadoop cannot open;
-``--max-files N`` is the file source's ``maxFilesPerTrigger`` (default 1, 0: no limit).
+``--max-files N`` is the file source's ``maxFilesPerTrigger`` (default 1, 0: no limit); ``--rescale B:P,...``
+rescales the running query online to P subtasks from batch B+1 on (called in batch B's sink, as a user would
+between two batches).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def session(master: str | None):
 
 def main(source: str, root: str, out: str, parallelism: int, fault: str = "", master: str | None = None,
          settings: dict | None = None, spark_checkpoint: str | None = None, max_files: int = 1,
-         spark_checkpoint_cache: str | None = None) -> None:
+         spark_checkpoint_cache: str | None = None, rescale: dict[int, int] | None = None) -> None:
     ensure_java_home()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from spate.checkpoint.coordinator import Coordinator
@@ -128,6 +130,8 @@ def main(source: str, root: str, out: str, parallelism: int, fault: str = "", ma
             json.dump(rows, f)
         if kind == "driver-dies-after-checkpoint" and batch_id == fault_batch:
             os._exit(17)
+        if rescale and batch_id in rescale:
+            stream.rescale(rescale[batch_id])
 
     query = stream.start(sink, trigger={"availableNow": True}, spark_checkpoint=spark_checkpoint,
                          spark_checkpoint_cache=spark_checkpoint_cache)
@@ -152,6 +156,8 @@ if __name__ == "__main__":
     parser.add_argument("--spark-checkpoint")
     parser.add_argument("--spark-checkpoint-cache")
     parser.add_argument("--max-files", type=int, default=1)
+    parser.add_argument("--rescale", default="", type=lambda spec: {int(b): int(p) for b, p in
+                                                                    (x.split(":") for x in spec.split(",") if x)})
     a = parser.parse_args()
     main(a.source, a.root, a.out, a.parallelism, a.fault, a.master, a.settings, a.spark_checkpoint, a.max_files,
-         a.spark_checkpoint_cache)
+         a.spark_checkpoint_cache, a.rescale)

@@ -9,7 +9,6 @@ import os
 import pytest
 
 from spate.checkpoint.ackinfo import RECOVERY_KINDS
-from spate.runtime.local import LocalRunner
 
 CONTRACT = ("state_mb", "direction", "online_ms", "normal_batch_ms", "restart_ms", "bytes_read")
 
@@ -27,8 +26,6 @@ def test_moved_key_groups():
     assert len(moved_key_groups(128, 3, 5)) < 128
 
 
-@pytest.mark.skipif(not hasattr(LocalRunner, "rescale"), reason="LocalRunner.rescale (online rescaling) is not "
-                                                                 "implemented yet")
 def test_bench_rescale_quick_json(tmp_path, capsys):
     from spate.cli import main
 
@@ -51,7 +48,7 @@ def test_bench_rescale_quick_json(tmp_path, capsys):
         assert sum(r["recovery"].values()) == new_p
         assert set(r["recovery"]) <= set(RECOVERY_KINDS), r["recovery"]
         assert r["recovery"].get("rescaled", 0) >= 1, r["recovery"]
-        assert r["bytes_read"] + r["local_copy_bytes"] > 0  # the moved key groups came from somewhere
+        assert r["bytes_read"] + r["local_copy_bytes"] + r["local_moved_bytes"] > 0  # the state came from somewhere
         # stop + restart at another parallelism cannot use the local copies: it reads from storage
         assert r["restart_bytes_read"] >= r["moved_bytes"]
     for name in ("rescale.png", "rescale-times.png"):

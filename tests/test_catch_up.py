@@ -39,6 +39,7 @@ from spate.runtime.subtask import BatchOutput, Subtask, SubtaskConfig, processor
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_table import LmdbTable
+from spate.state.overlay import SharedReaders
 
 MAXP = 16
 KEYS = ["a", "b", "c", "d", "e", "f", 1, 2, (3, "x")]
@@ -58,9 +59,11 @@ def now_of(batch_id: int) -> int:
 class Worker:
     """A Python worker of an executor: its own services, and the subtasks it keeps between batches."""
 
-    def __init__(self, root: str, local_dir: str, changelog: ChangelogConfig | None, processor: Any) -> None:
+    def __init__(self, root: str, local_dir: str, changelog: ChangelogConfig | None, processor: Any,
+                 readers: SharedReaders) -> None:
         self.root, self.local_dir, self.changelog, self.processor = root, local_dir, changelog, processor
-        self.services = WorkerServices(root, None, changelog)
+        self.readers = readers  # this test's workers share one process, where lmdb opens a file once
+        self.services = WorkerServices(root, None, changelog, readers)
         self.subtasks: dict[tuple[int, int], Subtask] = {}
 
     def subtask(self, index: int, parallelism: int) -> Subtask:
@@ -84,7 +87,7 @@ class Worker:
         """The process dies: what it held goes; a new process (new services) takes its place."""
         self.evict()
         self.services.close()
-        self.services = WorkerServices(self.root, None, self.changelog)
+        self.services = WorkerServices(self.root, None, self.changelog, self.readers)
 
 
 class Cluster:
@@ -92,7 +95,8 @@ class Cluster:
 
     def __init__(self, tmp: Path, changelog: ChangelogConfig | None = CHANGELOG, processor: Any = ModelJob) -> None:
         self.root = str(tmp / "root")
-        self.workers = {name: Worker(self.root, str(tmp / name.split("/")[0]), changelog, processor)
+        readers = SharedReaders()
+        self.workers = {name: Worker(self.root, str(tmp / name.split("/")[0]), changelog, processor, readers)
                         for name in WORKERS}
         self.hash = compile_key_hasher(None)
         self.coord: Coordinator | None = None

@@ -20,7 +20,6 @@ from spate import LocalRunner, Processor, load_checkpoint, operator_state_elemen
 from spate.checkpoint.ackinfo import RESCALED
 from spate.errors import IncompatibleStateError
 from spate.fs import CheckpointStorage
-from spate.keygroups import key_group_range
 from spate.runtime.localstate import local_state_dir
 from spate.state.lmdb_table import LmdbTable
 
@@ -111,6 +110,11 @@ def test_online_rescales_equal_the_model(raw, start, rescales, table, changelog,
     run_online(raw, start, rescales, table, changelog, merging).cleanup()
 
 
+def _local_bytes(subtask: Any) -> int:
+    """Bytes a rescaled subtask took from local copies: copied, moved or hard-linked."""
+    return subtask.stats.get("local_copy_bytes", 0) + subtask.stats.get("local_moved_bytes", 0)
+
+
 def _operator_bytes(result: Any) -> int:
     """Operator state bytes of a batch's checkpoint (what a rescaled subtask reads at most, keyed state aside)."""
     return sum(s.stats["operator_bytes"] for s in result.checkpoint.subtasks)
@@ -134,9 +138,7 @@ def test_up_and_down_with_crashes_builds_state_from_local_copies():
         assert {st_.recovery for st_ in res.checkpoint.subtasks} == {RESCALED}
         from_storage = [st_.restore_bytes > _operator_bytes(before) for st_ in res.checkpoint.subtasks]
         assert any(from_storage) == (res.parallelism == 3), "keyed state read from checkpoint storage"
-        local = [st_.stats.get("local_copy_bytes", 0) + st_.stats.get("local_moved_bytes", 0)
-                 for st_ in res.checkpoint.subtasks]
-        assert all(local)
+        assert all(_local_bytes(st_) for st_ in res.checkpoint.subtasks)
     assert [res.checkpoint.rescale_reason for _, res in rescaling] == ["requested"] * 3
     sc.cleanup()
 
@@ -151,7 +153,7 @@ def test_a_missing_local_copy_is_read_from_checkpoint_storage_for_its_key_groups
     sc.run(r, 2)
     subtasks = sc.results[-1].checkpoint.subtasks
     # new subtasks 0 and 1 take over old subtask 0's key groups, 2 and 3 old subtask 1's
-    assert [s.stats.get("local_copy_bytes", 0) > 0 for s in subtasks] == [True, True, False, False]
+    assert [_local_bytes(s) > 0 for s in subtasks] == [True, True, False, False]
     operator = _operator_bytes(sc.results[-2])
     assert [s.restore_bytes <= operator for s in subtasks] == [True, True, False, False]
     sc.run(r, 3)
@@ -160,39 +162,47 @@ def test_a_missing_local_copy_is_read_from_checkpoint_storage_for_its_key_groups
     sc.cleanup()
 
 
-def test_key_groups_a_subtask_no_longer_owns_are_dropped_from_its_local_copy():
-    sc = Scenario(_every_op(3), "lmdb", False, "off")
+def test_a_rescaled_table_folds_its_bases_in_and_lets_them_go():
+    """1 → 2: both new subtasks read the old table through a hard link; the batches after the rescale (not the
+    rescaling one) fold it in, a bounded number of entries each, until the tables are plain ones again."""
+    sc = Scenario(_every_op(1) + [[(KEYS[0], "ladd", b), (KEYS[1], "mdel", b)] for b in range(5)], "lmdb", False,
+                  "off")
     r = sc.runner(1)
+    r.config.fold_per_batch = 30
     sc.run(r, 0)
     r.rescale(2)
     sc.run(r, 1)
-    assert not any(s.stats.get("trimmed_entries") for s in sc.results[-1].checkpoint.subtasks), \
-        "the rescaling batch trimmed: that is work for the batches after it"
-    sc.run(r, 2)
-    trimmed = [s.stats.get("trimmed_entries", 0) for s in sc.results[-1].checkpoint.subtasks]
-    assert all(t > 0 for t in trimmed)
+    assert not any(s.stats.get("folded_entries") for s in sc.results[-1].checkpoint.subtasks), \
+        "the rescaling batch folded: that is work for the batches after it"
+    assert all(s.stats["local_moved_bytes"] > 0 and not s.stats.get("local_copy_bytes")
+               for s in sc.results[-1].checkpoint.subtasks), "linked, not copied"
     qid = r.coordinator.query.query_id
-    assert not os.path.exists(local_state_dir(sc.local_dir, qid, 0, 1)), "the old copy outlived the rescale"
+    assert not os.path.exists(local_state_dir(sc.local_dir, qid, 0, 1)), "the old directory outlived the rescale"
+    for n in range(2, 6):
+        sc.run(r, n)
+    folded = [sum(s.stats.get("folded_entries", 0) for s in res.checkpoint.subtasks) for res in sc.results[2:]]
+    assert folded[0] > 0 and folded[-1] == 0, folded
     r.close()
     for i in range(2):
-        table = LmdbTable(local_state_dir(sc.local_dir, qid, i, 2))
-        own = key_group_range(128, 2, i)
-        assert table.trim_outside(own, 10**6) == 0, f"subtask {i} still holds key groups it does not own"
-        assert table.verify() is None
+        path = local_state_dir(sc.local_dir, qid, i, 2)
+        assert [f for f in os.listdir(path) if f.startswith("base-")] == [], "a folded base is unlinked"
+        table = LmdbTable(path)
+        assert table.committed_meta("bases") in (None, b"") and table.verify() is None
+        assert not table.scan(b"\xff\xfe"), "no tombstone outlives the last base"
         table.close()
     sc.check()
     sc.cleanup()
 
 
 def test_key_groups_left_in_a_copy_from_an_earlier_parallelism_never_come_back():
-    """With nothing trimmed, 1 → 2 → 1 → 2: each copy keeps every key group of its seed, stale ones too (the
-    state they held before the last rescale); the key groups a subtask takes over must replace them."""
+    """With nothing folded, 1 → 2 → 1 → 2: tables over bases, moved and read entry by entry at the next rescales,
+    with deletions of keys the bases hold; nothing deleted comes back."""
     puts = [(k, op, x) for k in KEYS for op, x in [("vput", 5), ("timer", 1), *(("mput", x) for x in range(4))]]
     deletes = [(k, op, x) for k in KEYS for op, x in [("vclear", 0), ("untimer", 0), *(("mdel", x) for x in range(4))]]
     reads = [(k, "ladd", 1) for k in KEYS]
     sc = Scenario([puts, deletes, reads, reads, puts, reads], "lmdb", True, "off")
     r = sc.runner(1)
-    r.config.trim_per_batch = 0
+    r.config.fold_per_batch = 0
     for n, parallelism in enumerate([1, 2, 2, 1, 1, 2]):
         r.rescale(parallelism)
         sc.run(r, n)

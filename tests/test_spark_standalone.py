@@ -42,14 +42,14 @@ def cluster():
 
 
 def drive(cluster: StandaloneCluster, source: str, root: str, out: str, parallelism: int, fault: str = "",
-          spark_checkpoint: str | None = None, tick: Callable[[], None] | None = None) -> dict:
+          spark_checkpoint: str | None = None, tick: Callable[[], None] | None = None, extra: tuple = ()) -> dict:
     """Run tests/spark_job.py as a driver of ``cluster`` (its own process, at most DRIVER_TIMEOUT_S), calling
     ``tick`` every 0.1 s while it runs. Returns the job's summary, plus ``local``: per worker, the subtasks
     whose lmdb state was seen on that worker's local disk during the run (Spark removes an application's
     executor-local dirs when it ends)."""
     os.makedirs(out, exist_ok=True)
     cmd = [sys.executable, JOB, source, root, out, str(parallelism), fault, "--master", cluster.master_url,
-           "--settings", json.dumps(SETTINGS)]
+           "--settings", json.dumps(SETTINGS), *extra]
     if spark_checkpoint:
         cmd += ["--spark-checkpoint", spark_checkpoint]
     deadline = time.monotonic() + DRIVER_TIMEOUT_S

@@ -104,9 +104,9 @@ def test_counts_checkpoints_sink_and_rescale(spark, tmp_path, table, merging):
 JOB = os.path.join(os.path.dirname(__file__), "spark_job.py")
 
 
-def run_job(source, root, out, parallelism, fault="", expect=0):
-    proc = subprocess.run([sys.executable, JOB, source, root, out, str(parallelism), fault], capture_output=True,
-                          text=True, timeout=600)
+def run_job(source, root, out, parallelism, fault="", expect=0, extra=()):
+    proc = subprocess.run([sys.executable, JOB, source, root, out, str(parallelism), fault, *extra],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == expect, proc.stderr[-3000:]
     return proc
 

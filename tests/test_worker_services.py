@@ -194,10 +194,13 @@ def test_a_new_parallelism_closes_the_old_subtasks_and_removes_their_copies(tmp_
     spec = query.spec(str(tmp_path / "local"))
     (a,) = _workers(1, _Clock())
     query.batch({0: (a, spec), 1: (a, spec)})
-    query.coord.parallelism = 3  # online rescaling: the same run goes on at parallelism 3
+    query.coord.rescale(3)  # online rescaling: the same run goes on at parallelism 3
     query.batch({i: (a, spec) for i in range(3)})
     assert a.served(query.coord.storage.uri) == {(0, 3), (1, 3), (2, 3)}
     base = os.path.join(str(tmp_path / "local"), query.coord.query.query_id)
+    assert sorted(os.listdir(base)) == ["subtask-0-2", "subtask-0-3", "subtask-1-2", "subtask-1-3", "subtask-2-3"], \
+        "the old copies stay until a checkpoint at the new parallelism completed: a retry builds from them"
+    query.batch({i: (a, spec) for i in range(3)})
     assert sorted(os.listdir(base)) == ["subtask-0-3", "subtask-1-3", "subtask-2-3"]
     a.close()
 

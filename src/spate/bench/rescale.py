@@ -152,12 +152,12 @@ def prefill(runner: LocalRunner, keys: int, label: str) -> None:
 
 
 def settle(job: Job, runner: LocalRunner) -> int:
-    """Batches until one trims nothing: after an online rescale, the new subtasks delete the key groups they no
-    longer own a bounded number of entries per batch, so the first batches at the new parallelism are not normal
-    ones yet. Returns how many batches it took (at most :data:`MAX_SETTLE_BATCHES`)."""
+    """Batches until one folds nothing: after an online rescale, the new subtasks move the old tables' entries
+    they read from into their own a bounded number per batch, so the first batches at the new parallelism are
+    not normal ones yet. Returns how many batches it took (at most :data:`MAX_SETTLE_BATCHES`)."""
     for n in range(1, MAX_SETTLE_BATCHES + 1):
         result = job.batch(runner)
-        if not any(st.stats.get("trimmed_entries", 0) for st in result.checkpoint.subtasks):
+        if not any(st.stats.get("folded_entries", 0) for st in result.checkpoint.subtasks):
             return n
     return MAX_SETTLE_BATCHES
 
@@ -185,10 +185,12 @@ def online(job: Job, runner: LocalRunner, new_p: int, state_mb: int) -> dict[str
     moved_bytes = sum(n for kg, n in per_kg.items() if kg in moved)
     bytes_read = sum(st.restore_bytes for st in subtasks)
     local_copy_bytes = sum(st.stats.get("local_copy_bytes", 0) for st in subtasks)
+    local_moved_bytes = sum(st.stats.get("local_moved_bytes", 0) for st in subtasks)
     restore_ms = max((st.restore_ms for st in subtasks), default=0.0)
     return {"variant": f"{old_p}->{new_p}", "state_mb": state_mb, "direction": f"{old_p}->{new_p}",
             "online_ms": round(result.batch_ms, 1), "normal_batch_ms": round(normal_ms, 1),
-            "bytes_read": bytes_read, "local_copy_bytes": local_copy_bytes, "moved_bytes": moved_bytes,
+            "bytes_read": bytes_read, "local_copy_bytes": local_copy_bytes, "local_moved_bytes": local_moved_bytes,
+            "moved_bytes": moved_bytes,
             "state_bytes": state_bytes, "checkpoint_bytes": base.state_bytes,
             "bytes_read_share": _share(bytes_read, state_bytes), "moved_share": _share(moved_bytes, state_bytes),
             "rescale_call_ms": round(rescale_call_ms, 1), "online_restore_ms": round(restore_ms, 1),

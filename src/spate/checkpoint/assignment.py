@@ -41,12 +41,22 @@ def rescale_sources(old: list[tuple[list[KeyGroupsHandle], list[ChangeSetHandle]
         return [[] for _ in range(new_parallelism)]
     old_ranges = [key_group_range(max_parallelism, old_p, k) for k in range(old_p)]
     lineages = [Lineage.of(r, keyed, changelog).digest() for r, (keyed, changelog) in zip(old_ranges, old, strict=True)]
-    new_ranges = [key_group_range(max_parallelism, new_parallelism, i) for i in range(new_parallelism)]
-    overlaps = [[(min(new.stop, r.stop) - max(new.start, r.start), k) for k, r in enumerate(old_ranges)]
-                for new in new_ranges]
-    consumers = [sum(row[k][0] > 0 for row in overlaps) for k in range(old_p)]
-    return [[RescaleSource(k, old_ranges[k].start, old_ranges[k].stop, lineages[k], consumers[k])
-             for n, k in sorted(row, key=lambda o: (-o[0], o[1])) if n > 0] for row in overlaps]
+    overlaps = overlapping_subtasks(max_parallelism, old_p, new_parallelism)
+    consumers = [sum(k in row for row in overlaps) for k in range(old_p)]
+    return [[RescaleSource(k, old_ranges[k].start, old_ranges[k].stop, lineages[k], consumers[k]) for k in row]
+            for row in overlaps]
+
+
+def overlapping_subtasks(max_parallelism: int, old_parallelism: int, new_parallelism: int) -> list[list[int]]:
+    """Per new subtask, the old subtasks owning some of its key groups, the largest part first (ties: the
+    lowest index)."""
+    old_ranges = [key_group_range(max_parallelism, old_parallelism, k) for k in range(old_parallelism)]
+    out = []
+    for i in range(new_parallelism):
+        new = key_group_range(max_parallelism, new_parallelism, i)
+        sizes = [(min(new.stop, r.stop) - max(new.start, r.start), k) for k, r in enumerate(old_ranges)]
+        out.append([k for n, k in sorted(sizes, key=lambda o: (-o[0], o[1])) if n > 0])
+    return out
 
 
 def assign_operator_state(old: list[OperatorStateHandle | None], new_parallelism: int,

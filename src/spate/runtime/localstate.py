@@ -33,11 +33,13 @@ def _real_dir(path: str) -> bool:
     return os.path.isdir(path) and not os.path.islink(path)
 
 
-def remove_other_parallelisms(local_dir: str, query_id: str, parallelism: int) -> list[str]:
-    """Delete the query's local lmdb directories of another parallelism that no process holds open: their
-    state can never be reused (a restore at that parallelism finds a newer base). Returns those deleted."""
+def remove_other_parallelisms(local_dir: str, query_id: str, parallelism: int, keep: int | None = None) -> list[str]:
+    """Delete the query's local lmdb directories of another parallelism than ``parallelism`` (and ``keep``: the
+    base's during a rescale) that no process holds open: their state can never be reused (a restore at that
+    parallelism finds a newer base). Returns those deleted."""
     base = os.path.join(local_dir, query_id)
-    mine = {os.path.basename(local_state_dir(local_dir, query_id, i, parallelism)) for i in range(parallelism)}
+    kept = [parallelism] if keep is None else [parallelism, keep]
+    mine = {os.path.basename(local_state_dir(local_dir, query_id, i, p)) for p in kept for i in range(p)}
     return [name for name in _copies(local_dir, query_id)
             if name not in mine and remove_if_unused(os.path.join(base, name))]
 

@@ -1,34 +1,39 @@
 """An online rescale on local disk: a new subtask's lmdb state built from the local copies the old subtasks left
-on this machine, reading checkpoint storage only for key groups no usable copy holds.
+on this machine, without copying them, reading checkpoint storage only for key groups no usable copy holds.
 
 When the parallelism changes between two batches of a running query, the old subtasks' lmdb tables are still on
 the workers' disks, tagged with the base checkpoint and its lineage (:mod:`spate.runtime.recovery`). The plan
 names, per new subtask, the old subtasks whose key groups it takes over, largest overlap first, with the
-fingerprint of the lineage each copy must carry (:class:`~spate.checkpoint.protocol.RescaleSource`). Then:
+fingerprint of the lineage each copy must carry and how many new subtasks take over some of its key groups
+(:class:`~spate.checkpoint.protocol.RescaleSource`). Per source, in that order:
 
-1. **Seed.** The first usable source is copied as a file (``data.mdb``, while no process writes it) into the new
-   subtask's directory, or moved there if no other new subtask needs any of it (scaling down): its key groups
-   the new subtask keeps cost a sequential file copy at most, no decoding. Its other
-   key groups stay in the copy, unreachable (every read and iteration is by the subtask's own key groups), and
-   are deleted a bounded number of entries per batch afterwards (:meth:`LmdbTable.trim_outside`): lmdb has no
-   range delete, so dropping them at once would cost as much as the copy.
-2. **Merge.** Key groups of the other sources are read from their local copies, entry by entry, with state ids
-   mapped to the seed's registry.
-3. **The rest** (a copy that is missing, from another attempt, or damaged): the caller restores those key groups
-   from checkpoint storage (:func:`missing_parts`).
+1. **Moved.** A copy that only this new subtask needs (scaling down) becomes its table: a rename.
+2. **Linked.** Otherwise the copy's data file is hard-linked into the new subtask's directory as a *base* of
+   an :class:`~spate.state.overlay.OverlayTable`, read for the key groups of the source that the new subtask
+   owns; the subtask writes its own table over it, and folds the bases into it a bounded number of entries per
+   later batch. A second source is linked too when it numbers its states as the table does.
+3. **Merged.** A copy that numbers its states otherwise, or still reads from bases of an earlier rescale, is
+   read entry by entry, state ids mapped by name.
+4. **The rest** (a copy that is missing, from another attempt, or damaged): the caller restores those key
+   groups from checkpoint storage (:func:`missing_parts`).
 
-Old copies are only read, never changed (they are another parallelism's directories), so every new subtask of
-the rescale can use them, in any order and in any process on the machine, and a failed rescale batch can be
-retried from them; they are deleted once a checkpoint at the new parallelism completed.
+Taking over a copy costs O(1) in its size when moved or linked. Old copies are only read, never changed (they
+are another parallelism's directories; a table directory is deleted and made anew, never rewritten in place,
+before it is used at another checkpoint), so every new subtask of the rescale can use them, in any process on
+the machine, and a failed rescaling batch can be retried from them (except a copy it moved: that one's key
+groups are then read from checkpoint storage). They are deleted once a checkpoint at the new parallelism
+completed; a base lives on as long as a table reads from it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import lmdb
 import msgpack
 
 from spate.checkpoint.protocol import RescaleSource, SubtaskPlan
@@ -38,10 +43,19 @@ from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import restore_key_groups
 from spate.snapshot.lineage import LINEAGE_META, TAG_META, lineage_digest
 from spate.state.keyed import KeyedStateBackend
-from spate.state.lmdb_table import LmdbTable, ReadOnlyTable, copy_table, held_for_reading, move_table
+from spate.state.lmdb_table import LmdbTable, ReadOnlyTable, held_for_reading, move_table
+from spate.state.overlay import (
+    BASES_META,
+    Base,
+    OverlayTable,
+    OverlayView,
+    SharedReaders,
+    listed_bases,
+    open_local_table,
+)
 
 log = logging.getLogger(__name__)
-TRIM_PER_BATCH = 25_000  # entries of key groups a subtask no longer owns deleted after each later batch
+FOLD_PER_BATCH = 25_000  # entries moved from bases into a rescaled table after each later batch
 
 
 @dataclass
@@ -53,27 +67,39 @@ class LocalRescale:
     plan: SubtaskPlan
     local_dir: str
     trusted: set[str]
-    copied_bytes: int = 0  # copied from local copies (the seed's file, merged entries)
-    moved_bytes: int = 0  # taken over without a copy (a seed no other new subtask needs, moved)
+    readers: SharedReaders
+    copied_bytes: int = 0  # copied entry by entry from local copies
+    moved_bytes: int = 0  # taken over without a copy: moved, or hard-linked as a base
     missing: list[range] = field(default_factory=list)  # key groups to restore from checkpoint storage
-    _seed: RescaleSource | None = None
+    _used: list[RescaleSource] = field(default_factory=list)  # sources the table was built on
 
-    def seed(self, target: str) -> LmdbTable | None:
-        """A copy of the first usable source in ``target``, with the new subtask's key groups the source did not
-        own emptied; None if no source is usable (then everything comes from checkpoint storage)."""
+    def build(self, target: str) -> LmdbTable | OverlayTable | None:
+        """The new subtask's table in ``target``: the first usable source moved there (if no other new subtask
+        needs it) or hard-linked as a base, then every other source with the same state ids hard-linked as a
+        base; None if no source is usable (then everything comes from checkpoint storage)."""
+        table = None
         for source in self.plan.rescale_sources:
-            table = self._copy(source, target)
+            table = self._move(source, target) if source.consumers == 1 else self._link(source, target, None)
             if table is not None:
-                self._seed = source
-                self._drop_stale(table, source)
-                return table
-        return None
+                self._used.append(source)
+                break
+        if table is None:
+            return None
+        for source in self.plan.rescale_sources:
+            if source not in self._used:
+                linked = self._link(source, target, table)
+                if linked is not None:
+                    table = linked
+                    self._used.append(source)
+        table.commit()
+        return table
 
     def merge_into(self, backend: KeyedStateBackend) -> None:
-        """Add the other sources' key groups from their local copies to ``backend`` (over the seeded table);
-        those that cannot be read locally end up in :attr:`missing`."""
+        """Add the key groups of the sources :meth:`build` could not link (other state ids) from their local
+        copies, entry by entry, to ``backend`` (over the built table); those no usable copy holds end up in
+        :attr:`missing`."""
         for source in self.plan.rescale_sources:
-            if source is self._seed:
+            if source in self._used:
                 continue
             wanted = _overlap(source.key_groups, self.plan.key_groups)
             if not self._merge(source, wanted, backend):
@@ -84,42 +110,83 @@ class LocalRescale:
         assert self.plan.base_parallelism is not None
         return local_state_dir(self.local_dir, self.plan.query_id, source.index, self.plan.base_parallelism)
 
-    def _copy(self, source: RescaleSource, target: str) -> LmdbTable | None:
+    def _move(self, source: RescaleSource, target: str) -> LmdbTable | OverlayTable | None:
+        """The source's table, moved to ``target``: no other new subtask needs any of it, so it holds only key
+        groups of the new subtask (a table only ever holds its own: bases are read within their range)."""
         path = self._path(source)
-        shutil.rmtree(target, ignore_errors=True)
-        try:  # the only new subtask that needs this copy takes it as it is
-            taken = move_table(path, target) if source.consumers == 1 else copy_table(path, target)
-        except (FileNotFoundError, SpateError) as e:
-            self._unusable(source, f"not copied ({e})")
+        try:
+            taken = move_table(path, target)
+            table = open_local_table(target, self.readers)
+        except (FileNotFoundError, SpateError, lmdb.Error) as e:
+            self._unusable(source, f"not moved ({e})")
             return None
-        table = LmdbTable(target)
         problem = self._problem(source, table.committed_meta(TAG_META), table.committed_meta(LINEAGE_META),
                                 path, table.verify)
         if problem is not None:
             self._unusable(source, problem)
             table.destroy()
             return None
-        if source.consumers == 1:
-            self.moved_bytes += taken
-        else:
-            self.copied_bytes += taken
+        self.moved_bytes += taken
         return table
+
+    def _link(self, source: RescaleSource, target: str,
+              table: LmdbTable | OverlayTable | None) -> LmdbTable | OverlayTable | None:
+        """``table`` (None: a new, empty one in ``target``) with the source's table hard-linked into ``target``
+        as the base of the key groups it owns of the new subtask's; None if the source is not usable, or (with
+        ``table``) numbers its states differently."""
+        path, name = self._path(source), f"base-{source.index}-{self.plan.base_parallelism}.mdb"
+        try:
+            with held_for_reading(path):
+                reader = self.readers.open(path)
+                try:
+                    problem = self._problem(source, reader.meta(TAG_META), reader.meta(LINEAGE_META), path,
+                                            reader.verify) or _layered(reader)
+                    states = _registry(reader.meta("states"))
+                finally:
+                    self.readers.release(reader)
+                if problem is not None:
+                    self._unusable(source, problem)
+                    return None
+                if table is not None and not _compatible(_registry(table.get_meta("states")), states):
+                    return None  # merged entry by entry instead
+                if table is None:
+                    shutil.rmtree(target, ignore_errors=True)
+                    os.makedirs(target)
+                os.link(os.path.join(path, "data.mdb"), os.path.join(target, name))
+        except (FileNotFoundError, SpateError, OSError) as e:
+            self._unusable(source, f"not linked ({e})")
+            return None
+        if table is None:
+            table = LmdbTable(target)
+        overlay = table if isinstance(table, OverlayTable) else OverlayTable(table, [], self.readers)
+        wanted = _overlap(source.key_groups, self.plan.key_groups)
+        base = self.readers.open(os.path.join(target, name), file=True)
+        overlay.add_base(Base(name, wanted.start, wanted.stop, base),
+                         _union(_registry(overlay.get_meta("states")), states))
+        self.moved_bytes += overlay.bases[-1].table.data_bytes()
+        return overlay
 
     def _merge(self, source: RescaleSource, wanted: range, backend: KeyedStateBackend) -> bool:
         path = self._path(source)
         try:
             with held_for_reading(path):
-                reader = ReadOnlyTable(path)
+                reader = self.readers.open(path)
+                bases: list[Base] = []
                 try:
                     problem = self._problem(source, reader.meta(TAG_META), reader.meta(LINEAGE_META), path,
                                             reader.verify)
                     if problem is not None:
                         self._unusable(source, problem)
                         return False
-                    states = tuple(msgpack.unpackb(reader.meta("states") or msgpack.packb([])))
-                    restore_key_groups(backend, states, self._counted(_groups(reader, wanted)))
+                    bases = [Base(name, start, stop, self.readers.open(os.path.join(path, name), file=True))
+                             for name, start, stop in listed_bases(reader.meta(BASES_META))]
+                    states = tuple(_registry(reader.meta("states")))
+                    view = OverlayView(reader, bases)  # a copy still reading from an earlier rescale's bases
+                    restore_key_groups(backend, states, self._counted(_groups(view, wanted)))
                 finally:
-                    reader.close()
+                    for b in bases:
+                        self.readers.release(b.table)
+                    self.readers.release(reader)
         except (FileNotFoundError, SpateError) as e:
             self._unusable(source, f"not read ({e})")
             return False
@@ -144,14 +211,6 @@ class LocalRescale:
             self.trusted.add(path)
         return None
 
-    def _drop_stale(self, table: LmdbTable, source: RescaleSource) -> None:
-        """Entries the seed holds of the new subtask's key groups that its source did not own are left from an
-        earlier parallelism: the key groups are filled from elsewhere, so they must start empty."""
-        mine = self.plan.key_groups
-        table.drop_key_groups(mine.start, min(mine.stop, source.start))
-        table.drop_key_groups(max(mine.start, source.stop), mine.stop)
-        table.commit()
-
     def _unusable(self, source: RescaleSource, why: str) -> None:
         log.info("subtask %d: the local copy of old subtask %d is not used: %s; its key groups are read from "
                  "checkpoint storage", self.plan.index, source.index, why)
@@ -159,16 +218,43 @@ class LocalRescale:
 
 def missing_parts(plan: SubtaskPlan, missing: list[range]) -> tuple[list[KeyGroupsHandle], list[ChangeSetHandle]]:
     """The parts of the plan's handles holding the ``missing`` key groups (what checkpoint storage must give)."""
-    keyed = [part for r in missing for h in plan.keyed if (part := h.intersect(r)) is not None]
-    changelog = [part for r in missing for h in plan.changelog if (part := h.intersect(r)) is not None]
+    keyed = [k for r in missing for h in plan.keyed if (k := h.intersect(r)) is not None]
+    changelog = [c for r in missing for h in plan.changelog if (c := h.intersect(r)) is not None]
     return keyed, changelog
+
+
+def _layered(reader: ReadOnlyTable) -> str | None:
+    """A copy that still reads from bases of its own (an earlier rescale not folded yet) cannot be a base."""
+    return "it still reads from an earlier rescale's copies" if reader.meta(BASES_META) else None
+
+
+def _registry(raw: bytes | None) -> list[dict]:
+    return list(msgpack.unpackb(raw)) if raw else []
+
+
+def _compatible(mine: list[dict], theirs: list[dict]) -> bool:
+    """Whether entries written with state registry ``theirs`` read right under ``mine``: every state has the
+    same id and kind in both, or is unknown to ``mine`` under an id ``mine`` does not use."""
+    by_name = {m["name"]: m for m in mine}
+    used = {m["sid"] for m in mine}
+    for m in theirs:
+        known = by_name.get(m["name"])
+        if known is None and m["sid"] in used or known is not None and (known["sid"], known["kind"]) != (
+                m["sid"], m["kind"]):
+            return False
+    return True
+
+
+def _union(mine: list[dict], theirs: list[dict]) -> bytes:
+    names = {m["name"] for m in mine}
+    return msgpack.packb([*mine, *(m for m in theirs if m["name"] not in names)])
 
 
 def _overlap(a: range, b: range) -> range:
     return range(max(a.start, b.start), min(a.stop, b.stop))
 
 
-def _groups(reader: ReadOnlyTable, key_groups: range) -> Iterator[tuple[int, list[bytes]]]:
+def _groups(reader: OverlayView, key_groups: range) -> Iterator[tuple[int, list[bytes]]]:
     for kg in key_groups:
         flat = reader.key_group_flat(kg)
         if flat:

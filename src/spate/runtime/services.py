@@ -16,6 +16,7 @@ from spate.changelog.upload import BatchingUploadScheduler
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import FileMergingManager
 from spate.fs import CheckpointStorage
+from spate.state.overlay import SharedReaders
 
 MATERIALIZER_THREADS = 2  # materializations of one worker's subtasks that run at once
 
@@ -28,10 +29,11 @@ class WorkerServices:
         uri: the checkpoint root.
         file_merging: the file-merging settings (None: merging off, no manager).
         changelog: the changelog settings (None: changelog off, no scheduler and no materializer threads).
+        readers: the process's :class:`SharedReaders`, when several workers are simulated in one process.
     """
 
     def __init__(self, uri: str, file_merging: FileMergingConfig | None = None,
-                 changelog: ChangelogConfig | None = None) -> None:
+                 changelog: ChangelogConfig | None = None, readers: SharedReaders | None = None) -> None:
         self.storage = CheckpointStorage(uri)
         self.merging = FileMergingManager(self.storage, file_merging) if file_merging is not None else None
         self.scheduler: BatchingUploadScheduler | None = None
@@ -42,6 +44,9 @@ class WorkerServices:
             self.materializers = ThreadPoolExecutor(MATERIALIZER_THREADS, thread_name_prefix="spate-materialize")
         self._read_only: dict[str, CheckpointStorage] = {}
         self.trusted_local: set[str] = set()  # local lmdb directories this worker wrote or checked (digest)
+        # read-only lmdb files open in this worker (bases of rescaled tables); lmdb opens a file once per process,
+        # so workers simulated in one process pass one
+        self.readers = readers or SharedReaders()
         self.closed = False
 
     @property

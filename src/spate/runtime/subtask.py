@@ -23,6 +23,7 @@ from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_
 from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, RESCALED, REUSED
 from spate.checkpoint.metadata import checkpoint_dir, staged_dir
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.errors import SpateError
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import FileMergingManager, subtask_dir
 from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyedRow
@@ -39,7 +40,7 @@ from spate.runtime.recovery import (
     full_restore,
     recovery_kind,
 )
-from spate.runtime.rescale import TRIM_PER_BATCH, LocalRescale, missing_parts
+from spate.runtime.rescale import FOLD_PER_BATCH, LocalRescale, missing_parts
 from spate.runtime.services import WorkerServices
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.serde import check_pickle_allowed, resolve_serializer
@@ -53,6 +54,7 @@ from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_table import LmdbTable
 from spate.state.operator import OperatorStateBackend, RestoredOperatorState
+from spate.state.overlay import OverlayTable, open_local_table
 from spate.state.table import StateTable
 from spate.state.timed import TimedTable
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
@@ -80,7 +82,7 @@ class SubtaskConfig:
     file_merging: FileMergingConfig | None = None
     output_schema: Any = None  # a pyarrow.Schema the output rows must match (checked before each checkpoint)
     profile: bool = False  # time the state table's reads and writes (ack stats "profile": "table_ms")
-    trim_per_batch: int = TRIM_PER_BATCH  # entries of key groups no longer owned deleted after each batch
+    fold_per_batch: int = FOLD_PER_BATCH  # entries moved from a rescaled table's bases into it per batch
 
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:
@@ -229,7 +231,14 @@ class Subtask:
         recovery, keyed state is not downloaded (operator state, being small, always is). Otherwise delete it.
         Returns whether the state is at the base now."""
         started = time.perf_counter()
-        table = LmdbTable(self._lmdb_dir(plan))
+        try:
+            table = open_local_table(self._lmdb_dir(plan), self.services.readers)
+        except FileNotFoundError:  # a base it reads from is gone
+            shutil.rmtree(self._lmdb_dir(plan), ignore_errors=True)
+            return False
+        except SpateError as e:  # a base it reads from cannot be opened in this process
+            log.info("subtask %d: local state not reused: %s", self.index, e)
+            return False
         tag = _read_tag(table)
         start = catch_up_start(*tag, plan) if tag is not None else None
         if start is None or not self._intact(table):
@@ -266,8 +275,8 @@ class Subtask:
             return False
         started = time.perf_counter()
         assert self.config.local_dir is not None
-        rescale = LocalRescale(plan, self.config.local_dir, self.services.trusted_local)
-        table = rescale.seed(self._lmdb_dir(plan))
+        rescale = LocalRescale(plan, self.config.local_dir, self.services.trusted_local, self.services.readers)
+        table = rescale.build(self._lmdb_dir(plan))
         if table is None:
             return False
         state = self._with_changelog(plan, table)
@@ -301,7 +310,7 @@ class Subtask:
                             change_sets, self._restore_context(plan))
         _write_tag(table, plan.base_checkpoint_id, Lineage.of(plan.key_groups, plan.keyed, plan.changelog))
 
-    def _intact(self, table: LmdbTable) -> bool:
+    def _intact(self, table: LmdbTable | OverlayTable) -> bool:
         """Whether the local table still holds exactly what it held at its last commit. Checked once per
         process: the check reads the whole table, and on Spark a subtask's table moves between the Python
         workers of an executor every few batches (each keeps the digest up to date as it writes)."""
@@ -587,10 +596,11 @@ class Subtask:
         lmdb = self._lmdb()
         if lmdb is not None:
             self.services.trusted_local.add(lmdb.path)  # this process wrote it
-            if r.kind != RESCALED:  # not in the rescaling batch: it has enough to do
-                trimmed = lmdb.trim_outside(plan.key_groups, self.config.trim_per_batch)
-                if trimmed:
-                    stats["trimmed_entries"] = trimmed
+            overlay = self._overlay()
+            if overlay is not None and r.kind != RESCALED:  # not in the rescaling batch: it has enough to do
+                folded = overlay.fold(self.config.fold_per_batch)
+                if folded:
+                    stats["folded_entries"] = folded
         stats.update(clog_stats)
         if self.clog is not None and self.config.sticky and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
             stats["materialization_started"] = True
@@ -599,6 +609,12 @@ class Subtask:
                           rows=batch.num_rows, staged=self.config.stage_outputs, recovery=r.kind,
                           restored_from=r.restored_from, caught_up_from=r.caught_up_from,
                           restore_bytes=r.restore_bytes, restore_ms=round(r.restore_ms, 3))
+
+    def _overlay(self) -> OverlayTable | None:
+        table = self.keyed.table if self.keyed is not None else None
+        while table is not None and not isinstance(table, OverlayTable):
+            table = getattr(table, "inner", None)
+        return table
 
     def _max_event_time(self, batch: KeyedBatch) -> int | None:
         col = self.config.event_time_column
@@ -629,7 +645,7 @@ class Subtask:
         self._tag, self._handles, self._lineage = None, None, None
 
 
-def _read_tag(table: LmdbTable) -> tuple[int, Lineage | None] | None:
+def _read_tag(table: LmdbTable | OverlayTable) -> tuple[int, Lineage | None] | None:
     """(checkpoint, lineage) a local table's state was committed as (None: unknown or changed since)."""
     raw = table.committed_meta(TAG_META)
     if raw is None or raw == _DIRTY:

@@ -27,6 +27,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from spate.checkpoint.assignment import overlapping_subtasks
 from spate.checkpoint.protocol import SubtaskAck
 from spate.spark.procfs import cmdline, parent
 
@@ -99,20 +100,28 @@ class Placement:
             else:
                 self._executors.pop(ack.index, None)
 
-    def locations(self, parallelism: int, alive: Collection[str] | None = None) -> list[list[str]]:
+    def locations(self, parallelism: int, alive: Collection[str] | None = None,
+                  max_parallelism: int | None = None) -> list[list[str]]:
         """Per subtask, its preferred locations (none known: no preference).
 
+        At a new parallelism (an online rescale, given ``max_parallelism``), subtask i prefers the executor of
+        the old subtask holding the largest part of its key groups: the one whose local copy it starts from.
         With ``alive`` (the ids of the application's live executors), an executor that is gone is preferred
         by nobody, and one holding more than its share (``ceil(P / alive executors)``) keeps its preference
         for the lowest-numbered subtasks only: the others go where Spark has room (e.g. the replacement of a
         lost executor) and recover there once, instead of queueing behind each other on one executor."""
-        if parallelism != self._parallelism:
+        if parallelism == self._parallelism:
+            executors = self._executors
+        elif max_parallelism is not None and self._parallelism:
+            seeds = overlapping_subtasks(max_parallelism, self._parallelism, parallelism)
+            executors = {i: e for i, row in enumerate(seeds) if (e := self._executors.get(row[0])) is not None}
+        else:
             return [[] for _ in range(parallelism)]
         share = -(-parallelism // len(alive)) if alive else parallelism
         kept: dict[ExecutorId, int] = {}
         out: list[list[str]] = []
         for i in range(parallelism):
-            e = self._executors.get(i)
+            e = executors.get(i)
             if e is None or (alive is not None and e.executor_id not in alive) or kept.get(e, 0) >= share:
                 out.append([])
                 continue

@@ -16,17 +16,20 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spate.checkpoint.ackinfo import CAUGHT_UP, RESTORED, REUSED, AckInfo
+from spate.checkpoint.ackinfo import CAUGHT_UP, RESCALED, RESTORED, REUSED, AckInfo
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
 from spate.report import percentile
+from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision, progress_observation
 from spate.runtime.driver import DriverLoop
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
@@ -74,6 +77,7 @@ class BatchMetrics:
     deliver_ms: float = 0.0  # the sink's call
     worker_peak_rss_bytes: int = 0  # the largest peak RSS of the Python workers that ran the subtasks
     profile: dict[str, float] = field(default_factory=dict)  # settings.profile: per phase, the slowest subtask's ms
+    parallelism: int = 0  # the subtasks the batch ran on
 
 
 class StatefulStream:
@@ -87,11 +91,17 @@ class StatefulStream:
         output_schema: schema of the rows the processor yields (``StructType`` or DDL string).
         settings: a :class:`SpateSettings`; defaults come from the Spark conf (``spark.spate.*``) and keyword
             arguments override both (``checkpoint_root=...``, ``parallelism=...``, ...).
+        autoscale: an :class:`AutoscalePolicy`: after each batch the stream rescales itself online when the
+            policy decides so, from the batch's duration and the input backlog Spark's query progress reports
+            (Kafka's offsets behind latest); :meth:`summary` and each rescaling checkpoint say what it decided.
+
+    :meth:`rescale` changes the parallelism of the running query from its next batch on (no restart).
     """
 
     def __init__(self, df: Any, key: str | Sequence[str],
                  processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory, output_schema: Any,
-                 settings: SpateSettings | None = None, initial_state: Any = None, **overrides: Any) -> None:
+                 settings: SpateSettings | None = None, initial_state: Any = None,
+                 autoscale: AutoscalePolicy | None = None, **overrides: Any) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType, _parse_datatype_string
 
@@ -126,6 +136,12 @@ class StatefulStream:
         self.placement = Placement()  # where each subtask's state lives, learned from the acks
         self._loop: DriverLoop | None = None
         self._deliver_ms = 0.0  # the last sink call's
+        self.query: Any = None  # the StreamingQuery, once started
+        self._autoscale_policy = autoscale
+        self.autoscaler: Autoscaler | None = None
+        self._rescale_lock = threading.Lock()
+        self._requested: tuple[int, str] | None = None  # (parallelism, reason) for the next batch
+        self.rescales: list[dict[str, Any]] = []  # every online rescale: batch, from, to, reason
 
     # -- starting --------------------------------------------------------------------------------------
     def start(self, sink: Sink | None = None, *, trigger: dict[str, Any] | None = None,
@@ -161,7 +177,55 @@ class StatefulStream:
             writer = writer.trigger(**trigger)
         if query_name:
             writer = writer.queryName(query_name)
-        return writer.start()
+        if self._autoscale_policy is not None:
+            self.autoscaler = Autoscaler(self._autoscale_policy, self.coordinator.max_parallelism)
+        self.query = writer.start()
+        return self.query
+
+    def rescale(self, parallelism: int, reason: str = "requested") -> None:
+        """Run the query at ``parallelism`` subtasks from its next batch on, without stopping it. Keyed state
+        is redistributed by key group and operator state by the FLIP-8 rules, as on a restart; each new subtask
+        builds its lmdb state from the old subtasks' local copies on its executor (the batch prefers the
+        executor holding the largest part of its key groups) and reads from checkpoint storage only what no
+        copy there holds. Refused beyond the max parallelism. Callable from any thread."""
+        check_parallelism(parallelism, self.coordinator.max_parallelism if self.coordinator is not None
+                          else MAX_MAX_PARALLELISM)
+        with self._rescale_lock:
+            self._requested = (parallelism, reason)
+
+    def _apply_rescale(self, batch_id: int) -> None:
+        """The parallelism requested for this batch, if any (before it is planned)."""
+        with self._rescale_lock:
+            requested, self._requested = self._requested, None
+        if requested is None or self.coordinator is None or requested[0] == self.settings.parallelism:
+            return
+        parallelism, reason = requested
+        self.coordinator.rescale(parallelism, reason)
+        self.rescales.append({"batch_id": batch_id, "from": self.settings.parallelism, "to": parallelism,
+                              "reason": reason})
+        log.info("rescaling online at batch %d: %d → %d (%s)", batch_id, self.settings.parallelism, parallelism,
+                 reason)
+        self.settings = self.settings.replace(parallelism=parallelism)
+        if self.autoscaler is not None:
+            self.autoscaler.note_rescaled(batch_id - 1, time.time())
+
+    def _autoscale(self, metrics: BatchMetrics) -> None:
+        """Feed the batch to the autoscaler: its duration and rows as spate measured them, the backlog as
+        Spark's last query progress reports it; a decision applies from the next batch."""
+        if self.autoscaler is None:
+            return
+        progress = progress_observation(self.query.lastProgress, self.settings.parallelism, time.time()) \
+            if self.query is not None else None
+        backlog = progress.backlog_rows if progress is not None else None
+        decision = self.autoscaler.observe(Observation(metrics.batch_id, self.settings.parallelism, metrics.batch_ms,
+                                                       metrics.rows, backlog, at_s=time.time()))
+        if decision is not None:
+            self.rescale(decision.to_parallelism, decision.reason)
+
+    @property
+    def decisions(self) -> list[ScalingDecision]:
+        """What the autoscaling policy decided so far (empty without one)."""
+        return self.autoscaler.decisions if self.autoscaler is not None else []
 
     def close(self) -> None:
         """Let background deletions finish (call after the query stopped)."""
@@ -190,6 +254,7 @@ class StatefulStream:
             self.metrics.append(BatchMetrics(batch_id, 0, (time.perf_counter() - started) * 1000, 0.0,
                                              replayed=True))
             return
+        self._apply_rescale(batch_id)
         jobs = _JobCounter(self.spark.sparkContext)  # the query's own job group: stop() cancels these jobs
         sent: list[bytes] = []
         spark: dict[str, int] = {}
@@ -219,7 +284,9 @@ class StatefulStream:
                                          worker_peak_rss_bytes=max(st.stats.get("peak_rss_bytes", 0)
                                                                    for st in meta.subtasks),
                                          profile=_slowest_phases([st.stats.get("profile", {})
-                                                                  for st in meta.subtasks])))
+                                                                  for st in meta.subtasks]),
+                                         parallelism=meta.parallelism))
+        self._autoscale(self.metrics[-1])
 
     def _run_subtasks(self, batch_df: Any, batch_id: int, plans: list[bytes],
                       with_initial: bool = False) -> list[SubtaskAck]:
@@ -256,7 +323,7 @@ class StatefulStream:
         def task(items: Any) -> Any:
             return run_partition(spec, items)
 
-        locations = self.placement.locations(p, alive_executors(self.spark.sparkContext))
+        locations = self.placement.locations(p, alive_executors(self.spark.sparkContext), max_p)
         placed = placed_batch(routed, plans, locations)
         sc = self.spark.sparkContext
         note = (f"spate checkpoint {batch_id}: {p} subtasks, {sum(map(bool, locations))} placed where "
@@ -306,8 +373,9 @@ class StatefulStream:
     # -- figures ----------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """Rows/s, batch/checkpoint durations, and where subtasks found their state (``local_reuse``: the
-        fraction of subtask-batches that ran on their local state, live or caught up) over the processed
-        batches."""
+        fraction of subtask-batches that ran on their local state, live or caught up; ``rescaled``: those that
+        built it from local copies at an online rescale) over the processed batches; the current parallelism,
+        the online rescales and the autoscaler's decisions."""
         done = [m for m in self.metrics if not m.replayed]
         total_ms = sum(m.batch_ms for m in done)
         runs = [r for m in done for r in m.subtasks]
@@ -316,6 +384,9 @@ class StatefulStream:
                 if runs else None,
                 "caught_up": sum(r.recovery == CAUGHT_UP for r in runs),
                 "restored": sum(r.recovery == RESTORED for r in runs),
+                "rescaled": sum(r.recovery == RESCALED for r in runs),
+                "parallelism": self.settings.parallelism, "rescales": list(self.rescales),
+                "decisions": [d.to_dict() for d in self.decisions],
                 "restore_bytes": sum(r.restore_bytes for r in runs),
                 "rows_per_s": round(sum(m.rows for m in done) / (total_ms / 1000)) if total_ms else 0,
                 "batch_ms_p50": percentile([m.batch_ms for m in done], 50),

@@ -84,18 +84,20 @@ class _Run:
         self.services = WorkerServices(plan.checkpoint_uri, self.config.file_merging, self.config.changelog)
         self.served: dict[tuple[int, int], _Served] = {}
         self.latest = -1  # the newest checkpoint a plan of the run brought
-        self.parallelism: int | None = None
+        self._planned: tuple[int, int | None] | None = None  # the latest plan's parallelism, and its base's
         self._scanned_at = float("-inf")  # when this worker last looked for idle local copies
 
     def advance(self, plan: SubtaskPlan) -> bool:
         """Follow the run to ``plan``; True if it brings a newer batch. At a new parallelism the subtasks of
-        the old one are closed and their local copies, of no use any more, deleted."""
-        if plan.parallelism != self.parallelism:
-            self.parallelism = plan.parallelism
+        the old one are closed; local copies of other parallelisms are deleted, except the base's while the
+        rescale is not complete (the new subtasks build their state from them)."""
+        if (plan.parallelism, plan.base_parallelism) != self._planned:
+            self._planned = (plan.parallelism, plan.base_parallelism)
             for key in [k for k in self.served if k[1] != plan.parallelism]:
                 self.served.pop(key).subtask.close()
             if self._local_dir is not None:
-                remove_other_parallelisms(self._local_dir, self.query_id, plan.parallelism)
+                remove_other_parallelisms(self._local_dir, self.query_id, plan.parallelism,
+                                          keep=plan.base_parallelism)
         newer = plan.checkpoint_id > self.latest
         self.latest = max(self.latest, plan.checkpoint_id)
         return newer

@@ -13,6 +13,7 @@ import struct
 U16 = struct.Struct(">H")
 KEY_GROUP_LIMIT = 0x8000  # key groups are < 32768; prefixes >= 0xFF00 are reserved
 META_PREFIX = b"\xff\xff"  # table-level metadata (state registry, checkpoint tag)
+TOMBSTONE_PREFIX = b"\xff\xfe"  # in a table over read-only bases: this key of a base is deleted
 
 
 def length_prefixed(data: bytes) -> bytes:

@@ -323,21 +323,18 @@ class LmdbTable(StateTable):
                 raise SpateError(f"a restored state key is too large for the lmdb table (limit {MAX_LMDB_KEY} "
                                  "bytes); restore into the heap table") from e
 
-    def drop_key_groups(self, start: int, stop: int, limit: int | None = None) -> int:
-        """Delete the entries of key groups ``[start, stop)`` (at most ``limit``) in the open transaction, keeping
-        the digest; returns how many. lmdb has no range delete: this walks the range once."""
-        stop = min(stop, len(_KG))
-        if start >= stop:
-            return 0
-        end = _KG[stop] if stop < len(_KG) else META_PREFIX
+    def drop_prefix(self, prefix: bytes) -> int:
+        """Delete every entry whose key starts with ``prefix`` (lmdb has no range delete: one cursor walks the
+        range, no lookup per key); returns how many."""
+        end = (int.from_bytes(prefix, "big") + 1).to_bytes(len(prefix), "big")
         try:
-            return self._drop_range(_KG[start], end, limit)
+            return self._drop_range(prefix, end, None)
         except lmdb.MapFullError:  # copy-on-write pages can fill the map even on delete
             self._grow_and_replay()
-            return self._drop_range(_KG[start], end, limit)
+            return self._drop_range(prefix, end, None)
 
     def _drop_range(self, start: bytes, end: bytes, limit: int | None) -> int:
-        """Delete entries with keys in ``[start, end)`` through one cursor (no lookup per key)."""
+        """Delete entries with keys in ``[start, end)`` through one cursor."""
         cur = (self._txn or self._begin()).cursor()
         digest, crc, ops, n = self._digest, zlib.crc32, self._ops, 0
         found = cur.set_range(start)
@@ -353,15 +350,19 @@ class LmdbTable(StateTable):
         self._digest = digest & _MASK64 if digest is not None else None
         return n
 
-    def trim_outside(self, key_groups: range, limit: int) -> int:
-        """Delete up to ``limit`` entries of key groups outside ``key_groups`` (left in a copy made at a
-        rescale: no read ever reaches them); returns how many."""
-        if limit <= 0:
-            return 0
-        dropped = self.drop_key_groups(0, key_groups.start, limit)
-        if dropped < limit:
-            dropped += self.drop_key_groups(key_groups.stop, len(_KG), limit - dropped)
-        return dropped
+    # -- whole table keys (an overlay over read-only bases works with them) ---------------------------------
+    def get_key(self, key: bytes) -> bytes | None:
+        return (self._txn or self._begin()).get(key)  # type: ignore[no-any-return]
+
+    def put_key(self, key: bytes, value: bytes) -> None:
+        self._put(key, value)
+
+    def delete_key(self, key: bytes) -> bool:
+        return self._delete(key)
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Every (key, value) whose key starts with ``prefix``, in the open transaction, in key order."""
+        return list(_scan(self._w(), prefix))
 
     # -- metadata -------------------------------------------------------------------------------------
     def get_meta(self, name: str) -> bytes | None:
@@ -460,6 +461,12 @@ class _ReadView:
     def key_group_flat(self, kg: int) -> list[bytes]:
         return _flat(self._txn, kg)
 
+    def get_key(self, key: bytes) -> bytes | None:
+        return self._txn.get(key)  # type: ignore[no-any-return]
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        return list(_scan(self._txn, prefix))
+
 
 @contextlib.contextmanager
 def held_for_reading(path: str, timeout_s: float = 60.0) -> Iterator[None]:
@@ -495,15 +502,6 @@ def _wait_for_lock(fd: int, path: str, timeout_s: float) -> None:
             time.sleep(0.01)
 
 
-def copy_table(source: str, target: str, timeout_s: float = 60.0) -> int:
-    """Copy the committed state of the table in ``source`` to a new table directory ``target`` (a file copy,
-    while no process writes the source); returns the bytes copied."""
-    with held_for_reading(source, timeout_s):
-        os.makedirs(target, exist_ok=True)
-        shutil.copyfile(os.path.join(source, "data.mdb"), os.path.join(target, "data.mdb"))
-    return os.path.getsize(os.path.join(target, "data.mdb"))
-
-
 def move_table(source: str, target: str, timeout_s: float = 60.0) -> int:
     """Move the table in ``source`` to the new table directory ``target`` (a rename on the same file system,
     while no process writes or holds it); returns the bytes of its data file."""
@@ -515,32 +513,55 @@ def move_table(source: str, target: str, timeout_s: float = 60.0) -> int:
 
 
 class ReadOnlyTable:
-    """The committed state of a table another subtask wrote, read while :func:`held_for_reading` keeps writers
-    away (so lmdb's own reader lock is not needed)."""
+    """The committed state of a table another subtask wrote (a table directory, or with ``file=True`` a data file
+    alone), read while nothing writes it: :func:`held_for_reading` keeps writers away, and a base of an overlay
+    is never written (so lmdb's own reader lock is not needed). Each thread reads through its own transaction."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, file: bool = False) -> None:
         self.path = path
-        self.env = lmdb.open(path, readonly=True, lock=False, subdir=True, max_dbs=0, readahead=False)
-        self._txn = self.env.begin()
+        if file and not os.path.isfile(path):
+            raise FileNotFoundError(path)
+        self.env = lmdb.open(path, readonly=True, lock=False, subdir=not file, max_dbs=0, readahead=False)
+        self.size = os.path.getsize(path if file else os.path.join(path, "data.mdb"))
+        self._local = threading.local()
+        self._txns: list[lmdb.Transaction] = []
+        self._txns_lock = threading.Lock()
+
+    def _txn(self) -> lmdb.Transaction:
+        txn = getattr(self._local, "txn", None)
+        if txn is None:
+            txn = self._local.txn = self.env.begin()
+            with self._txns_lock:
+                self._txns.append(txn)
+        return txn
 
     def meta(self, name: str) -> bytes | None:
-        return self._txn.get(META_PREFIX + name.encode())  # type: ignore[no-any-return]
+        return self._txn().get(META_PREFIX + name.encode())  # type: ignore[no-any-return]
 
     def key_group_flat(self, kg: int) -> list[bytes]:
-        return _flat(self._txn, kg)
+        return _flat(self._txn(), kg)
+
+    def get_key(self, key: bytes) -> bytes | None:
+        return self._txn().get(key)  # type: ignore[no-any-return]
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        return list(_scan(self._txn(), prefix))
 
     def verify(self) -> str | None:
         """As :meth:`LmdbTable.verify`."""
         try:
-            return _digest_problem(self._txn)
+            return _digest_problem(self._txn())
         except lmdb.Error as e:
             return f"lmdb cannot read it ({e})"
 
     def data_bytes(self) -> int:
-        return os.path.getsize(os.path.join(self.path, "data.mdb"))
+        return self.size
 
     def close(self) -> None:
-        self._txn.abort()
+        with self._txns_lock:
+            for txn in self._txns:
+                txn.abort()
+            self._txns.clear()
         self.env.close()
 
 

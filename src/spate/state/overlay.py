@@ -1,0 +1,322 @@
+"""An lmdb table over read-only bases: state a subtask took over at an online rescale without copying it.
+
+At a rescale, old subtasks' local lmdb files are hard-linked into the new subtask's directory as *bases*, each
+owning a key-group range (``base-<i>.mdb``, listed in the table's ``bases`` metadata); the subtask writes only
+its own lmdb table, the *delta*. A read looks in the delta, then, unless the delta holds a tombstone for the key
+(``TOMBSTONE_PREFIX + key``), in the base owning the key group. Deleting a key a base may hold writes a
+tombstone; writing it again removes the tombstone. After each batch, :meth:`OverlayTable.fold` moves a bounded
+number of entries from the bases into the delta, a key group at a time; a folded base is unlinked, and with the
+last one the tombstones go: the table is a plain lmdb table again.
+
+Taking over a base costs a hard link, whatever its size. A base file is never written: nothing writes an old
+subtask's table once its parallelism is gone, and a table directory is deleted and made anew (a new file),
+never rewritten in place, before it is used at another checkpoint (see :mod:`spate.runtime.rescale`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import lmdb
+
+from spate.errors import SpateError
+from spate.state.layout import TOMBSTONE_PREFIX, U16, primary_length
+from spate.state.lmdb_table import LmdbTable, ReadOnlyTable
+from spate.state.table import StateTable
+
+BASES_META = "bases"  # the table metadata listing its bases: [[file name, first kg, stop], ...]
+
+
+@dataclass
+class Base:
+    """A read-only lmdb file of another subtask's state, owning key groups ``[start, stop)`` of this table."""
+
+    name: str
+    start: int
+    stop: int
+    table: ReadOnlyTable
+
+    def owns(self, kg: int) -> bool:
+        return self.start <= kg < self.stop
+
+
+class SharedReaders:
+    """The read-only lmdb files open in this process. lmdb opens a file once per process, and at a rescale
+    several new subtasks of one worker read the same old table (hard links of one file): they share one
+    :class:`ReadOnlyTable`, closed when the last of them lets go. Owned by the worker's services."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, int], list] = {}  # (device, inode) -> [table, users]
+        self._lock = threading.Lock()
+
+    def open(self, path: str, file: bool = False) -> ReadOnlyTable:
+        """The reader of the lmdb data file at ``path`` (a table directory, or with ``file`` the file itself)."""
+        st = os.stat(path if file else os.path.join(path, "data.mdb"))
+        with self._lock:
+            entry = self._open.get((st.st_dev, st.st_ino))
+            if entry is None:
+                try:
+                    table = ReadOnlyTable(path, file=file)
+                except lmdb.Error as e:  # e.g. open for writing elsewhere in this process
+                    raise SpateError(f"{path} cannot be read here: {e}") from e
+                entry = self._open[(st.st_dev, st.st_ino)] = [table, 0]
+            entry[1] += 1
+            return entry[0]  # type: ignore[no-any-return]
+
+    def release(self, table: ReadOnlyTable) -> None:
+        with self._lock:
+            for ident, entry in list(self._open.items()):
+                if entry[0] is table:
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        del self._open[ident]
+                        table.close()
+                    return
+
+
+def listed_bases(raw: bytes | None) -> list[tuple[str, int, int]]:
+    """The bases a table's ``bases`` metadata lists: (file name, first key group, stop); empty: none."""
+    return [tuple(b) for b in json.loads(raw)] if raw else []  # type: ignore[misc]
+
+
+def open_local_table(path: str, readers: SharedReaders) -> LmdbTable | OverlayTable:
+    """The lmdb table in ``path``: an :class:`OverlayTable` if it lists bases, else a plain one. Raises
+    FileNotFoundError (with the table closed) if a listed base file is missing."""
+    delta = LmdbTable(path)
+    listed = listed_bases(delta.committed_meta(BASES_META))
+    if not listed:
+        return delta
+    overlay = OverlayTable(delta, [], readers)
+    try:
+        for name, start, stop in listed:
+            overlay.bases.append(Base(name, start, stop, readers.open(os.path.join(path, name), file=True)))
+    except BaseException:
+        overlay.close()
+        raise
+    return overlay
+
+
+class OverlayTable(StateTable):
+    """``delta`` (this subtask's own table) over ``bases`` (see the module docstring)."""
+
+    kind = "lmdb"
+
+    def __init__(self, delta: LmdbTable, bases: list[Base], readers: SharedReaders) -> None:
+        self.inner = delta  # lock, tag and digest are the delta's (the unwrapping in runtime.subtask finds it)
+        self.bases = bases
+        self._readers = readers
+
+    @property
+    def path(self) -> str:
+        return self.inner.path
+
+    def _base(self, kg: int) -> Base | None:
+        for b in self.bases:
+            if b.owns(kg):
+                return b
+        return None
+
+    # -- single keys --------------------------------------------------------------------------------------
+    def _get(self, kg: int, key: bytes) -> bytes | None:
+        value = self.inner.get_key(key)
+        if value is not None:
+            return value
+        base = self._base(kg)
+        if base is None or self.inner.get_key(TOMBSTONE_PREFIX + key) is not None:
+            return None
+        return base.table.get_key(key)
+
+    def _put(self, kg: int, key: bytes, value: bytes) -> None:
+        self.inner.put_key(key, value)
+        if self._base(kg) is not None:
+            self.inner.delete_key(TOMBSTONE_PREFIX + key)
+
+    def _delete(self, kg: int, key: bytes) -> bool:
+        existed = self.inner.delete_key(key)
+        base = self._base(kg)
+        if base is not None and self.inner.get_key(TOMBSTONE_PREFIX + key) is None and \
+                base.table.get_key(key) is not None:
+            self.inner.put_key(TOMBSTONE_PREFIX + key, b"")
+            existed = True
+        return existed
+
+    def get(self, kg: int, primary: bytes) -> bytes | None:
+        return self._get(kg, U16.pack(kg) + primary)
+
+    def put(self, kg: int, primary: bytes, value: bytes) -> None:
+        self._put(kg, U16.pack(kg) + primary, value)
+
+    def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
+        for kg, primary, value in entries:
+            self._put(kg, U16.pack(kg) + primary, value)
+
+    def delete(self, kg: int, primary: bytes) -> None:
+        prefix = U16.pack(kg) + primary
+        if not self._delete(kg, prefix):  # not a value entry: every map entry under the primary
+            for key, _ in self._scan(kg, prefix):
+                self._delete(kg, key)
+
+    def map_get(self, kg: int, primary: bytes, user_key: bytes) -> bytes | None:
+        return self._get(kg, U16.pack(kg) + primary + user_key)
+
+    def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
+        self._put(kg, U16.pack(kg) + primary + user_key, value)
+
+    def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
+        self._delete(kg, U16.pack(kg) + primary + user_key)
+
+    # -- scans: the delta's entries, and the base's that the delta neither replaced nor deleted --------------
+    def _scan(self, kg: int, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        base = self._base(kg)
+        mine = self.inner.scan(prefix)
+        if base is None:
+            return mine
+        return merged(mine, base.table.scan(prefix), {k[2:] for k, _ in self.inner.scan(TOMBSTONE_PREFIX + prefix)})
+
+    def map_items(self, kg: int, primary: bytes) -> list[tuple[bytes, bytes]]:
+        prefix = U16.pack(kg) + primary
+        n = len(prefix)
+        return [(k[n:], v) for k, v in self._scan(kg, prefix)]
+
+    def state_entries(self, kg: int, sid_prefix: bytes) -> Iterator[tuple[bytes, bytes, bytes]]:
+        for k, v in self._scan(kg, U16.pack(kg) + sid_prefix):
+            flat = k[2:]
+            plen = primary_length(flat)
+            yield flat[:plen], flat[plen:], v
+
+    def key_group_flat(self, kg: int) -> list[bytes]:
+        return [x for k, v in self._scan(kg, U16.pack(kg)) for x in (k[2:], v)]
+
+    @contextlib.contextmanager
+    def consistent_view(self) -> Iterator[OverlayView]:
+        with self.inner.consistent_view() as view:
+            yield OverlayView(view, self.bases)
+
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
+        self.inner.restore_key_group(kg, flat, map_sids)
+        if self._base(kg) is not None:
+            prefix = TOMBSTONE_PREFIX + U16.pack(kg)
+            for key in flat[0::2]:
+                self.inner.delete_key(prefix + key)
+
+    def add_base(self, base: Base, states: bytes) -> None:
+        """Read ``base``'s key groups from it from now on; ``states``: the registry of the delta and the base."""
+        self.bases.append(base)
+        self.inner.put_meta("states", states)
+        self.inner.put_meta(BASES_META, self._listing())
+
+    # -- folding the bases into the delta --------------------------------------------------------------------
+    def fold(self, limit: int) -> int:
+        """Move at least ``limit`` entries (whole key groups) from the bases into the delta, or all that are
+        left; unlink the bases folded completely. Returns the entries moved."""
+        moved = 0
+        while self.bases and moved < limit:
+            base = self.bases[0]
+            moved += self._fold_key_group(base, base.start)
+            base.start += 1
+            if base.start >= base.stop:
+                self.bases.pop(0)
+                self._drop(base)
+            self.inner.put_meta(BASES_META, self._listing())
+        if not self.bases:
+            self.inner.drop_prefix(TOMBSTONE_PREFIX)
+        return moved
+
+    def _fold_key_group(self, base: Base, kg: int) -> int:
+        prefix = U16.pack(kg)
+        deleted = {k[2:] for k, _ in self.inner.scan(TOMBSTONE_PREFIX + prefix)}
+        moved = 0
+        for key, value in base.table.scan(prefix):
+            if key not in deleted and self.inner.get_key(key) is None:
+                self.inner.put_key(key, value)
+                moved += 1
+        for key in deleted:
+            self.inner.delete_key(TOMBSTONE_PREFIX + key)
+        return moved
+
+    def _drop(self, base: Base) -> None:
+        """Forget a folded base: committed first, so no committed state lists a file that is gone."""
+        self.inner.put_meta(BASES_META, self._listing())
+        self.inner.commit()
+        self._readers.release(base.table)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.path, base.name))
+
+    def _listing(self) -> bytes:
+        return json.dumps([[b.name, b.start, b.stop] for b in self.bases]).encode() if self.bases else b""
+
+    # -- the rest is the delta's ----------------------------------------------------------------------------
+    def get_meta(self, name: str) -> bytes | None:
+        return self.inner.get_meta(name)
+
+    def put_meta(self, name: str, value: bytes) -> None:
+        self.inner.put_meta(name, value)
+
+    def committed_meta(self, name: str) -> bytes | None:
+        return self.inner.committed_meta(name)
+
+    def commit(self) -> None:
+        self.inner.commit()
+
+    def approx_bytes(self) -> int:
+        return self.inner.approx_bytes() + sum(b.table.data_bytes() for b in self.bases)
+
+    def verify(self) -> str | None:
+        """The delta's and every base's entries against their digests."""
+        checks = [("", self.inner.verify), *((b.name, b.table.verify) for b in self.bases)]
+        for name, check in checks:
+            problem = check()
+            if problem is not None:
+                return f"{name}: {problem}" if name else problem
+        return None
+
+    def lock(self, timeout_s: float = 60.0) -> None:
+        self.inner.lock(timeout_s)
+
+    def unlock(self) -> None:
+        self.inner.unlock()
+
+    def close(self) -> None:
+        self._release_bases()
+        self.inner.close()
+
+    def destroy(self) -> None:
+        self._release_bases()
+        self.inner.destroy()
+
+    def _release_bases(self) -> None:
+        for b in self.bases:
+            self._readers.release(b.table)
+        self.bases = []
+
+
+class OverlayView:
+    """A consistent view of an overlay: a read transaction of the delta (or a :class:`ReadOnlyTable` of it) over
+    the (immutable) bases."""
+
+    def __init__(self, view: object, bases: list[Base]) -> None:
+        self._view, self._bases = view, list(bases)
+
+    def key_group_flat(self, kg: int) -> list[bytes]:
+        base = next((b for b in self._bases if b.owns(kg)), None)
+        view = self._view
+        if base is None:
+            return view.key_group_flat(kg)  # type: ignore[attr-defined,no-any-return]
+        prefix = U16.pack(kg)
+        deleted = {k[2:] for k, _ in view.scan(TOMBSTONE_PREFIX + prefix)}  # type: ignore[attr-defined]
+        entries = merged(view.scan(prefix), base.table.scan(prefix), deleted)  # type: ignore[attr-defined]
+        return [x for k, v in entries for x in (k[2:], v)]
+
+
+def merged(mine: list[tuple[bytes, bytes]], theirs: list[tuple[bytes, bytes]],
+           deleted: set[bytes]) -> list[tuple[bytes, bytes]]:
+    """The delta's entries ``mine`` and the base's ``theirs`` not replaced or ``deleted`` by it, in key order."""
+    if not theirs:
+        return mine
+    own = {k for k, _ in mine}
+    return sorted([*mine, *((k, v) for k, v in theirs if k not in own and k not in deleted)])
