@@ -20,6 +20,7 @@ from test_s3 import s3_uri  # noqa: F401  (the moto_server on loopback, a module
 from test_spark_stream import clicks, job_outputs, reference_outputs, state, write_files
 
 from spate import load_checkpoint, verify_checkpoint
+from spate.checkpoint.assignment import overlapping_subtasks
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.cli import main as cli
 from spate.fs import CheckpointStorage
@@ -165,6 +166,30 @@ def test_executor_killed_mid_batch(cluster, tmp_path):
     assert state(root) == counts(batches), "state counted once"
     verify_all(root, 3)
     assert summary["batches"] == 4
+
+
+def test_online_rescale_on_the_cluster(cluster, tmp_path):
+    """2 → 4 from batch 2 (whose first task attempt fails; Spark retries it) → 3 from batch 4, in one running
+    query on 2 workers: each new subtask runs where the old subtask holding most of its key groups ran and
+    builds its state from that executor's local copies; outputs and state equal a single-process run."""
+    source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    batches = BATCHES[:6]
+    write_files(source, batches)
+    summary = drive(cluster, source, root, out, 2, fault="task-fails-once:2", extra=("--rescale", "1:4,3:3"))
+    assert job_outputs(out, 6) == reference_outputs(batches)
+    assert state(root) == counts(batches)
+    verify_all(root, 3)
+    assert summary["batches"] == 6, "one query, no restart"
+    assert [m["parallelism"] for m in summary["metrics"]] == [2, 2, 4, 4, 3, 3]
+    ran_on = [[st["executor"] for st in m["subtasks"]] for m in summary["metrics"]]
+    assert len(set(ran_on[1])) == 2, f"the two old subtasks ran on both workers: {ran_on[1]}"
+    for batch, seeds in ((2, overlapping_subtasks(128, 2, 4)), (4, overlapping_subtasks(128, 4, 3))):
+        subtasks = summary["metrics"][batch]["subtasks"]
+        placed = [j for j, rows in enumerate(seeds) if ran_on[batch][j] == ran_on[batch - 1][rows[0]]]
+        assert placed, f"batch {batch}: no subtask ran where its state was: {ran_on[batch - 1]} → {ran_on[batch]}"
+        for j in placed:
+            assert subtasks[j]["recovery"] == "rescaled", (batch, j, subtasks[j])
+        assert {st["recovery"] for st in subtasks} <= {"rescaled", "restored"}, subtasks
 
 
 def test_checkpoint_root_on_s3(cluster, s3_uri, tmp_path, monkeypatch):  # noqa: F811

@@ -55,7 +55,7 @@ from spate.state.overlay import (
 )
 
 log = logging.getLogger(__name__)
-FOLD_PER_BATCH = 25_000  # entries moved from bases into a rescaled table after each later batch
+FOLD_PER_BATCH = 10_000  # entries moved from bases into a rescaled table after each later batch
 
 
 @dataclass

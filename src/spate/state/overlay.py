@@ -110,6 +110,7 @@ class OverlayTable(StateTable):
         self.inner = delta  # lock, tag and digest are the delta's (the unwrapping in runtime.subtask finds it)
         self.bases = bases
         self._readers = readers
+        self._tombstones = bool(delta.scan(TOMBSTONE_PREFIX))  # none yet: reads and writes skip looking for one
 
     @property
     def path(self) -> str:
@@ -127,22 +128,22 @@ class OverlayTable(StateTable):
         if value is not None:
             return value
         base = self._base(kg)
-        if base is None or self.inner.get_key(TOMBSTONE_PREFIX + key) is not None:
+        if base is None or self._tombstones and self.inner.get_key(TOMBSTONE_PREFIX + key) is not None:
             return None
         return base.table.get_key(key)
 
     def _put(self, kg: int, key: bytes, value: bytes) -> None:
         self.inner.put_key(key, value)
-        if self._base(kg) is not None:
+        if self._tombstones and self._base(kg) is not None:
             self.inner.delete_key(TOMBSTONE_PREFIX + key)
 
     def _delete(self, kg: int, key: bytes) -> bool:
         existed = self.inner.delete_key(key)
         base = self._base(kg)
-        if base is not None and self.inner.get_key(TOMBSTONE_PREFIX + key) is None and \
+        if base is not None and (not self._tombstones or self.inner.get_key(TOMBSTONE_PREFIX + key) is None) and \
                 base.table.get_key(key) is not None:
             self.inner.put_key(TOMBSTONE_PREFIX + key, b"")
-            existed = True
+            self._tombstones = existed = True
         return existed
 
     def get(self, kg: int, primary: bytes) -> bytes | None:
@@ -199,7 +200,7 @@ class OverlayTable(StateTable):
 
     def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
         self.inner.restore_key_group(kg, flat, map_sids)
-        if self._base(kg) is not None:
+        if self._tombstones and self._base(kg) is not None:
             prefix = TOMBSTONE_PREFIX + U16.pack(kg)
             for key in flat[0::2]:
                 self.inner.delete_key(prefix + key)
@@ -223,8 +224,9 @@ class OverlayTable(StateTable):
                 self.bases.pop(0)
                 self._drop(base)
             self.inner.put_meta(BASES_META, self._listing())
-        if not self.bases:
+        if not self.bases and self._tombstones:
             self.inner.drop_prefix(TOMBSTONE_PREFIX)
+            self._tombstones = False
         return moved
 
     def _fold_key_group(self, base: Base, kg: int) -> int:
