@@ -46,14 +46,21 @@ def _json_default(obj: Any) -> Any:
 
 def cmd_list(args: argparse.Namespace) -> int:
     storage = open_root(args.root)
-    rows = [checkpoint_summary(load_checkpoint(storage, n)) for n in list_complete_checkpoints(storage)]
+    metas = [load_checkpoint(storage, n) for n in list_complete_checkpoints(storage)]
+    rows = [checkpoint_summary(m) for m in metas]
+    rescales = metas[-1].rescales if metas else []
     if args.json:
-        _print_json({"root": args.root, "checkpoints": rows})
+        _print_json({"root": args.root, "checkpoints": rows, "rescales": rescales})
         return 0
     table = [{"checkpoint": r["checkpoint_id"], "parallelism": r["parallelism"], "max_par": r["max_parallelism"],
+              "rescaled": f"{m.rescaled_from} -> {m.parallelism}" if m.rescaled_from is not None else "",
               "files": r["files"], "segments": r["segments"], "size": human_bytes(r["state_bytes"]),
-              "watermark": r["watermark_ms"]} for r in rows]
+              "watermark": r["watermark_ms"]} for r, m in zip(rows, metas, strict=True)]
     print(format_table(table, title=f"complete checkpoints under {args.root}"))
+    if rescales:
+        print()
+        print(format_table([{"checkpoint": r["checkpoint_id"], "from": r["from"], "to": r["to"], "why": r["reason"]}
+                            for r in rescales], title="rescales (the latest, as the newest checkpoint records them)"))
     return 0
 
 

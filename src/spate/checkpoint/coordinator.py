@@ -35,6 +35,7 @@ from spate.checkpoint.metadata import (
     DELIVERED_FILE,
     METADATA_FILE,
     QUERY_FILE,
+    RESCALE_HISTORY,
     CheckpointMetadata,
     QueryInfo,
     SubtaskState,
@@ -488,14 +489,21 @@ class Coordinator:
             self.query.max_parallelism, pending.processing_time_ms,
             [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog, **a.ack_info()) for a in acks],
             max_event, watermark, batch_watermark_ms=self.base.watermark_ms if self.base else None,
-            **self._rescale_record(pending.parallelism))
+            **self._rescale_record(pending.checkpoint_id, pending.parallelism))
 
-    def _rescale_record(self, parallelism: int) -> dict[str, Any]:
-        """``rescaled_from`` and ``rescale_reason`` of a checkpoint whose base had another parallelism."""
-        if self.base is None or self.base.parallelism == parallelism:
+    def _rescale_record(self, checkpoint_id: int, parallelism: int) -> dict[str, Any]:
+        """``rescaled_from`` and ``rescale_reason`` of a checkpoint whose base had another parallelism, and the
+        history of rescales it carries forward from its base."""
+        if self.base is None:
             return {}
-        return {"rescaled_from": self.base.parallelism,
-                "rescale_reason": self.rescale_reason or "started at another parallelism"}
+        history = list(self.base.rescales)
+        if self.base.parallelism == parallelism:
+            return {"rescales": history}
+        reason = self.rescale_reason or "started at another parallelism"
+        history.append({"checkpoint_id": checkpoint_id, "from": self.base.parallelism, "to": parallelism,
+                        "reason": reason})
+        return {"rescaled_from": self.base.parallelism, "rescale_reason": reason,
+                "rescales": history[-RESCALE_HISTORY:]}
 
     def _mark_completed(self) -> None:
         """From the first commit of this epoch on, losing every checkpoint of the root is an error. Best

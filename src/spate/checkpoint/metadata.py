@@ -66,6 +66,9 @@ class SubtaskState(AckInfo):
                             [ChangeSetHandle.from_dict(h) for h in data.get("changelog", [])], **info)
 
 
+RESCALE_HISTORY = 20  # rescales a checkpoint's metadata carries forward from its base
+
+
 @dataclass
 class CheckpointMetadata:
     """Everything needed to restore a query from checkpoint ``checkpoint_id``."""
@@ -84,6 +87,7 @@ class CheckpointMetadata:
     format_version: int = METADATA_FORMAT_VERSION
     rescaled_from: int | None = None  # the base's parallelism, when this checkpoint's differs (a rescale)
     rescale_reason: str | None = None  # why (informational): "requested", an autoscaler's decision, ...
+    rescales: list[dict[str, Any]] = field(default_factory=list)  # the latest RESCALE_HISTORY rescales, oldest first
 
     def segments(self) -> list[FileRef]:
         """Every logical file this checkpoint references (once each)."""
@@ -116,7 +120,7 @@ class CheckpointMetadata:
                 "max_event_time_ms": self.max_event_time_ms, "watermark_ms": self.watermark_ms,
                 "batch_watermark_ms": self.batch_watermark_ms, "is_savepoint": self.is_savepoint,
                 "rescaled_from": self.rescaled_from, "rescale_reason": self.rescale_reason,
-                "subtasks": [s.to_dict() for s in self.subtasks]}
+                "rescales": self.rescales, "subtasks": [s.to_dict() for s in self.subtasks]}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> CheckpointMetadata:
@@ -125,7 +129,7 @@ class CheckpointMetadata:
             data["timestamp_ms"], [SubtaskState.from_dict(s) for s in data["subtasks"]],
             data.get("max_event_time_ms"), data.get("watermark_ms"), data.get("is_savepoint", False),
             data.get("batch_watermark_ms"), data["format_version"], data.get("rescaled_from"),
-            data.get("rescale_reason"))
+            data.get("rescale_reason"), list(data.get("rescales", [])))
 
     def to_bytes(self) -> bytes:
         return frame(FrameKind.METADATA, json.dumps(self.to_dict(), separators=(",", ":")).encode())

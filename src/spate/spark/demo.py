@@ -107,9 +107,16 @@ def _summarize(source: list[list[dict]], root: str, last_output: dict[str, int],
         "state_files_alive": len(state_files), "segments": len(meta.segments()),
         "rescale": {"stopped_after_batch": stop_at - 1, "from_parallelism": phases[0][0],
                     "to_parallelism": phases[-1][0],
-                    "subtasks_restored": first_after.restored_subtasks if first_after else []},
+                    "subtasks_restored": _recovered(first_after, "restored"),
+                    "subtasks_from_local_copies": _recovered(first_after, "rescaled")},
         "checks": checks, "verified": all(checks.values()), "problems": problems,
     }
+
+
+def _recovered(metrics: BatchMetrics | None, kind: str) -> list[int]:
+    """The subtasks of a batch whose state got to its base that way (``restored``: from checkpoint storage;
+    ``rescaled``: from the old subtasks' local copies, which a restart on the same machines finds too)."""
+    return [i for i, st in enumerate(metrics.subtasks) if st.recovery == kind] if metrics is not None else []
 
 
 def _chart(phases: list[tuple[int, list[BatchMetrics]]], path: str) -> str | None:
@@ -148,7 +155,8 @@ def _print(s: dict[str, Any]) -> None:
                                    f"{s['segments']} segments, {s['state_files_alive']} files under the root"},
         {"what": "rescale", "value": f"stopped after batch {r['stopped_after_batch']}, restarted at parallelism "
                                      f"{r['to_parallelism']} (was {r['from_parallelism']}); subtasks "
-                                     f"{r['subtasks_restored']} restored"},
+                                     f"{r['subtasks_restored']} restored from checkpoint storage, "
+                                     f"{r['subtasks_from_local_copies']} from local copies"},
         {"what": "chart", "value": s["chart"] or "skipped (matplotlib is not installed)"},
     ], title="summary"))
     print_checks(s)
