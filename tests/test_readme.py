@@ -47,3 +47,9 @@ def test_readme_windows_example_runs(capsys):
 def test_readme_batch_processor_example_runs(capsys):
     run_block(python_block("BatchProcessor"), "readme_batch_example")
     assert capsys.readouterr().out.splitlines() == ["0 [('ann', 2), ('bob', 1)]", "1 [('ann', 3)]"]
+
+
+def test_readme_rescale_example_runs(capsys):
+    run_block(python_block("runner.rescale(4)"), "readme_rescale_example")
+    assert capsys.readouterr().out.splitlines() == [
+        "4 2 [2, 2, 4]", "['rescaled', 'rescaled', 'rescaled', 'rescaled']", "[(1, 2), (2, 4)]"]

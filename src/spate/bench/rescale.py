@@ -7,8 +7,8 @@ keeps each key's latest 500-byte value; :class:`~spate.bench.blog.ValueInput` ma
 
 1. pre-fill the state at parallelism 4 (not measured): keys written in bulk into each subtask's state, checkpointed
    and materialized, so the measured part starts from a settled checkpoint;
-2. batches until one does no clean-up work (``settle_batches``: after an online rescale the new subtasks delete
-   the key groups they no longer own a bounded number of entries per batch), 3 normal batches at 4, then
+2. batches until one does no clean-up work (``settle_batches``: after an online rescale the new subtasks fold the
+   old tables they read from into their own a bounded number of entries per batch), 3 normal batches at 4, then
    ``rescale(8)`` and one batch (online 4 → 8);
 3. the same at 8, then ``rescale(4)`` and one batch (online 8 → 4);
 4. stop + restart: close the runner, a new one on the same root and local directory at 8 runs one batch (its
@@ -20,7 +20,9 @@ the median of the 3 normal batches right before the rescale, at the old parallel
 batch's ``batch_ms``; ``restart_ms`` from constructing the new runner until its first batch is done.
 
 Bytes: ``bytes_read`` is what the rescaling batch's subtasks read from checkpoint storage (``restore_bytes``),
-``local_copy_bytes`` what they copied from local lmdb copies of the old parallelism. ``moved_bytes`` is the share
+``local_copy_bytes`` what they copied entry by entry from local lmdb copies of the old parallelism and
+``local_moved_bytes`` the size of the local copies they took over as they were (moved, or hard-linked as read-only
+bases: no bytes are copied; see :mod:`spate.runtime.rescale`). ``moved_bytes`` is the share
 of the state in key groups that moved: every new subtask inherits the local state of at most one old subtask (the
 one it overlaps most in key groups, ties to the lowest index, each old subtask inherited once) and every other key
 group of its range moved. Per key group bytes are those of the base checkpoint's handles (materialized snapshot
@@ -55,10 +57,7 @@ NORMAL_BATCHES = 3
 MAX_SETTLE_BATCHES = 30
 MAX_PARALLELISM = 128
 OLD_P, NEW_P = 4, 8
-# keys per bulk write during pre-fill: the lmdb table's commit interval, so every such write takes its entry-by-entry
-# path, which grows the map when it fills (its one-pass path for smaller writes fails on a full map: lmdb's
-# transaction is dead after MDB_MAP_FULL and the fallback reuses it)
-BULK_PUT = 50_000
+BULK_PUT = 50_000  # keys per bulk write during pre-fill
 GOALS = "at 1 GB: online/normal ≤ 2×, restart/online ≥ 10×, bytes read ≤ moved key groups' bytes"
 
 
@@ -151,15 +150,17 @@ def prefill(runner: LocalRunner, keys: int, label: str) -> None:
     runner.run_batch(runner.next_batch_id, [])
 
 
-def settle(job: Job, runner: LocalRunner) -> int:
+def settle(job: Job, runner: LocalRunner) -> tuple[int, float]:
     """Batches until one folds nothing: after an online rescale, the new subtasks move the old tables' entries
     they read from into their own a bounded number per batch, so the first batches at the new parallelism are
-    not normal ones yet. Returns how many batches it took (at most :data:`MAX_SETTLE_BATCHES`)."""
-    for n in range(1, MAX_SETTLE_BATCHES + 1):
+    not normal ones yet. Returns how many batches it took (at most :data:`MAX_SETTLE_BATCHES`) and their median ms."""
+    times = []
+    for _ in range(MAX_SETTLE_BATCHES):
         result = job.batch(runner)
+        times.append(result.batch_ms)
         if not any(st.stats.get("folded_entries", 0) for st in result.checkpoint.subtasks):
-            return n
-    return MAX_SETTLE_BATCHES
+            break
+    return len(times), statistics.median(times)
 
 
 def normal_batches(job: Job, runner: LocalRunner) -> tuple[float, BatchResult]:
@@ -171,7 +172,7 @@ def normal_batches(job: Job, runner: LocalRunner) -> tuple[float, BatchResult]:
 def online(job: Job, runner: LocalRunner, new_p: int, state_mb: int) -> dict[str, Any]:
     """Normal batches at the runner's parallelism, then ``rescale(new_p)`` and one batch: the row's online part."""
     old_p = runner.parallelism
-    settled = settle(job, runner)
+    settled, settle_ms = settle(job, runner)
     normal_ms, last = normal_batches(job, runner)
     base = last.checkpoint
     started = time.perf_counter()
@@ -196,7 +197,8 @@ def online(job: Job, runner: LocalRunner, new_p: int, state_mb: int) -> dict[str
             "rescale_call_ms": round(rescale_call_ms, 1), "online_restore_ms": round(restore_ms, 1),
             "online_checkpoint_ms": round(result.checkpoint_ms, 1),
             "recovery": dict(Counter(st.recovery for st in subtasks)), "keys": job.source.next_key,
-            "batch_rows": BATCH_ROWS, "settle_batches": settled}
+            "batch_rows": BATCH_ROWS, "settle_batches": settled,
+            "settle_batch_ms_p50": round(settle_ms, 1)}
 
 
 def restart(job: Job, parallelism: int) -> tuple[float, BatchResult]:
@@ -262,8 +264,10 @@ def table(results: list[dict[str, Any]]) -> str:
     rows = [{"state size": f"{r['state_mb']:,} MB", "direction": r["direction"],
              "normal batch ms": r["normal_batch_ms"], "online ms": r["online_ms"], "restart ms": r["restart_ms"],
              "online/normal": r["online/normal"], "restart/online": r["restart/online"],
-             "read from storage": human_bytes(r["bytes_read"]), "local copies": human_bytes(r["local_copy_bytes"]),
-             "moved": human_bytes(r["moved_bytes"]), "state bytes": human_bytes(r["state_bytes"]),
+             "read from storage": human_bytes(r["bytes_read"]),
+             "local copies: copied / moved or linked": f"{human_bytes(r['local_copy_bytes'])} / "
+                                                       f"{human_bytes(r['local_moved_bytes'])}",
+             "moved key groups": human_bytes(r["moved_bytes"]), "state bytes": human_bytes(r["state_bytes"]),
              "read share": r["bytes_read_share"], "moved share": r["moved_share"],
              "restart read": human_bytes(r["restart_bytes_read"]),
              "recovery": ", ".join(f"{k} {n}" for k, n in sorted(r["recovery"].items()))} for r in results]

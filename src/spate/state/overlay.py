@@ -110,6 +110,8 @@ class OverlayTable(StateTable):
         self.inner = delta  # lock, tag and digest are the delta's (the unwrapping in runtime.subtask finds it)
         self.bases = bases
         self._readers = readers
+        self._views = 0  # consistent views open (a materialization in another thread): no base is closed then
+        self._views_lock = threading.Lock()
         self._tombstones = bool(delta.scan(TOMBSTONE_PREFIX))  # none yet: reads and writes skip looking for one
 
     @property
@@ -195,8 +197,17 @@ class OverlayTable(StateTable):
 
     @contextlib.contextmanager
     def consistent_view(self) -> Iterator[OverlayView]:
-        with self.inner.consistent_view() as view:
-            yield OverlayView(view, self.bases)
+        """The delta's read transaction over the bases as they are now (folding later does not change what the
+        view reads: its transaction does not see the folded entries, so it keeps reading them from the bases,
+        which stay open until it is closed)."""
+        with self._views_lock:
+            self._views += 1
+        try:
+            with self.inner.consistent_view() as view:
+                yield OverlayView(view, self.bases)
+        finally:
+            with self._views_lock:
+                self._views -= 1
 
     def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
         self.inner.restore_key_group(kg, flat, map_sids)
@@ -218,11 +229,11 @@ class OverlayTable(StateTable):
         moved = 0
         while self.bases and moved < limit:
             base = self.bases[0]
-            moved += self._fold_key_group(base, base.start)
-            base.start += 1
-            if base.start >= base.stop:
-                self.bases.pop(0)
-                self._drop(base)
+            if base.start < base.stop:
+                moved += self._fold_key_group(base, base.start)
+                base.start += 1
+            if base.start >= base.stop and not self._drop(base):
+                break  # a view reads from it: dropped at a later fold
             self.inner.put_meta(BASES_META, self._listing())
         if not self.bases and self._tombstones:
             self.inner.drop_prefix(TOMBSTONE_PREFIX)
@@ -241,13 +252,19 @@ class OverlayTable(StateTable):
             self.inner.delete_key(TOMBSTONE_PREFIX + key)
         return moved
 
-    def _drop(self, base: Base) -> None:
-        """Forget a folded base: committed first, so no committed state lists a file that is gone."""
+    def _drop(self, base: Base) -> bool:
+        """Forget a folded base, unless a consistent view is open: committed first, so no committed state lists a
+        file that is gone. Returns whether it was dropped."""
+        with self._views_lock:
+            if self._views:
+                return False
+            self.bases.remove(base)
         self.inner.put_meta(BASES_META, self._listing())
         self.inner.commit()
         self._readers.release(base.table)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.path, base.name))
+        return True
 
     def _listing(self) -> bytes:
         return json.dumps([[b.name, b.start, b.stop] for b in self.bases]).encode() if self.bases else b""
@@ -302,16 +319,17 @@ class OverlayView:
     the (immutable) bases."""
 
     def __init__(self, view: object, bases: list[Base]) -> None:
-        self._view, self._bases = view, list(bases)
+        self._view = view
+        self._bases = [(b.start, b.stop, b.table) for b in bases]  # the ranges as they are now
 
     def key_group_flat(self, kg: int) -> list[bytes]:
-        base = next((b for b in self._bases if b.owns(kg)), None)
+        base = next((table for start, stop, table in self._bases if start <= kg < stop), None)
         view = self._view
         if base is None:
             return view.key_group_flat(kg)  # type: ignore[attr-defined,no-any-return]
         prefix = U16.pack(kg)
         deleted = {k[2:] for k, _ in view.scan(TOMBSTONE_PREFIX + prefix)}  # type: ignore[attr-defined]
-        entries = merged(view.scan(prefix), base.table.scan(prefix), deleted)  # type: ignore[attr-defined]
+        entries = merged(view.scan(prefix), base.scan(prefix), deleted)  # type: ignore[attr-defined]
         return [x for k, v in entries for x in (k[2:], v)]
 
 
