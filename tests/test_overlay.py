@@ -1,0 +1,102 @@
+"""The overlay table (a subtask's own lmdb table over read-only bases, :mod:`spate.state.overlay`) against a dict:
+random writes, deletions (value and map entries), folds and consistent views, then a reopen from disk."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spate.state.layout import U16, length_prefixed
+from spate.state.lmdb_table import LmdbTable
+from spate.state.overlay import Base, OverlayTable, SharedReaders, open_local_table
+
+BASE_RANGE = range(2, 6)  # the key groups the base is read for; it holds others too, never to be seen
+KGS = range(0, 8)
+
+
+def primary(sid: int, key: int) -> bytes:
+    return U16.pack(sid) + length_prefixed(key.to_bytes(2, "big")) + length_prefixed(b"")
+
+
+entry = st.tuples(st.sampled_from(KGS), st.integers(0, 1), st.integers(0, 5), st.sampled_from([b"", b"u1", b"u2"]))
+op = st.one_of(
+    st.tuples(st.just("put"), entry, st.binary(min_size=1, max_size=8)),
+    st.tuples(st.just("delete"), entry, st.none()),
+    st.tuples(st.just("delete_primary"), entry, st.none()),
+    st.tuples(st.just("fold"), st.integers(1, 6), st.none()),
+    st.tuples(st.just("view"), st.none(), st.none()),
+)
+
+
+def _key(e: tuple) -> tuple[int, bytes]:
+    kg, sid, k, uk = e
+    return kg, primary(sid, k) + uk
+
+
+def _flat_model(model: dict[tuple[int, bytes], bytes], kg: int) -> list[bytes]:
+    return [x for (g, k), v in sorted(model.items()) if g == kg for x in (k, v)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(entry, st.binary(min_size=1, max_size=8)), max_size=30), st.lists(op, max_size=40))
+def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops):
+    tmp = tmp_path_factory.mktemp("overlay")
+    old = LmdbTable(str(tmp / "old"))
+    for e, value in base_entries:
+        kg, key = _key(e)
+        old.put(kg, key, value)
+    old.commit()
+    old.close()
+    model = {_key(e): v for e, v in base_entries if e[0] in BASE_RANGE}
+    os.makedirs(tmp / "new")
+    os.link(tmp / "old" / "data.mdb", tmp / "new" / "base-0.mdb")
+    readers = SharedReaders()
+    table = OverlayTable(LmdbTable(str(tmp / "new")), [], readers)
+    table.add_base(Base("base-0.mdb", BASE_RANGE.start, BASE_RANGE.stop,
+                        readers.open(str(tmp / "new" / "base-0.mdb"), file=True)), b"\x90")
+    views = []
+    for name, arg, value in ops:
+        if name == "put":
+            kg, key = _key(arg)
+            table.put(kg, key, value)
+            model[(kg, key)] = value
+        elif name == "delete":
+            kg, key = _key(arg)
+            table.map_delete(kg, key, b"") if arg[3] else table.delete(kg, key)
+            model.pop((kg, key), None)
+        elif name == "delete_primary":  # a value entry, or every map entry under the primary
+            kg, key = _key((*arg[:3], b""))
+            table.delete(kg, key)
+            if (kg, key) in model:
+                del model[(kg, key)]
+            else:
+                for k in [k for k in model if k[0] == kg and k[1].startswith(key)]:
+                    del model[k]
+        elif name == "fold":
+            table.fold(arg)
+        else:
+            opened = table.consistent_view()
+            views.append(({kg: _flat_model(model, kg) for kg in KGS}, opened, opened.__enter__()))
+        for kg in KGS:
+            assert table.key_group_flat(kg) == _flat_model(model, kg)
+    for e, _ in base_entries:
+        kg, key = _key(e)
+        assert table.get(kg, key) == model.get((kg, key))
+    for want, opened, view in views:  # a view reads the state of when it was opened, whatever happened since
+        assert {kg: view.key_group_flat(kg) for kg in KGS} == want
+        opened.__exit__(None, None, None)
+    table.commit()
+    table.close()
+    again = open_local_table(str(tmp / "new"), readers)
+    for kg in KGS:
+        assert again.key_group_flat(kg) == _flat_model(model, kg)
+    while isinstance(again, OverlayTable) and again.bases:
+        again.fold(100)
+    for kg in KGS:
+        assert again.key_group_flat(kg) == _flat_model(model, kg)
+    plain = again.inner if isinstance(again, OverlayTable) else again
+    assert not plain.scan(b"\xff\xfe"), "no tombstone outlives the last base"
+    assert not os.path.exists(tmp / "new" / "base-0.mdb")
+    again.close()
