@@ -5,6 +5,7 @@ one takes over). Outputs, checkpointed keyed state, timers and operator state al
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -63,7 +64,7 @@ class Scenario:
             if str(e) in ("after_complete", "after_sink_before_mark"):
                 self.completed[n] = r.parallelism
             raise
-        self.completed[n] = r.parallelism
+        self.completed[n] = self.results[-1].parallelism  # an autoscaler may have rescaled the runner since
 
     def check(self) -> None:
         check_against_model(self.root, self.batches, self.deliveries, self.completed)
@@ -270,3 +271,30 @@ def test_operator_state_is_redistributed_online_exactly_as_on_restart(table):
                       for name in ("split", "union", "broadcast")})
     assert metas[0] == metas[1]
     assert len(metas[0]["split"]) == 5
+
+
+def test_the_cli_lists_the_latest_rescales_with_their_reasons(capsys):
+    """Rescales by hand and by the autoscaler, as `spate checkpoints list` prints them (table and --json),
+    carried forward by every checkpoint after them."""
+    from spate import AutoscalePolicy
+    from spate.cli import main as cli
+
+    sc = Scenario(_every_op(5), "lmdb", True, "off")
+    policy = AutoscalePolicy(min_parallelism=1, max_parallelism=3, target_batch_ms=1e9, cooldown_batches=0)
+    r = LocalRunner(ModelJob, key="k", checkpoint_root=sc.root, parallelism=3, max_parallelism=128, table="lmdb",
+                    local_dir=sc.local_dir, sink=sc._sink, clock=lambda: sc.clock[0], autoscale=policy)  # noqa: SLF001
+    r.rescale(2, "by hand")
+    for n in range(5):
+        sc.run(r, n)
+    r.close()
+    sc.check()
+    capsys.readouterr()
+    assert cli(["checkpoints", "list", sc.root, "--json"]) == 0
+    rescales = json.loads(capsys.readouterr().out)["rescales"]
+    assert [(x["checkpoint_id"], x["from"], x["to"]) for x in rescales] == [(1, 2, 1)], rescales
+    assert "target 1,000,000,000 ms" in rescales[0]["reason"], rescales
+    assert [d.to_parallelism for d in r.decisions] == [1]
+    assert cli(["checkpoints", "list", sc.root]) == 0
+    printed = capsys.readouterr().out
+    assert "rescales (the latest" in printed and "target 1,000,000,000 ms" in printed, printed
+    sc.cleanup()
