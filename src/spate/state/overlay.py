@@ -241,16 +241,18 @@ class OverlayTable(StateTable):
         return moved
 
     def _fold_key_group(self, base: Base, kg: int) -> int:
+        """Move the base's entries of ``kg`` that the delta neither replaced nor deleted into the delta, in one
+        bulk write; then drop the key group's tombstones."""
         prefix = U16.pack(kg)
-        deleted = {k[2:] for k, _ in self.inner.scan(TOMBSTONE_PREFIX + prefix)}
-        moved = 0
-        for key, value in base.table.scan(prefix):
-            if key not in deleted and self.inner.get_key(key) is None:
-                self.inner.put_key(key, value)
-                moved += 1
+        deleted = {k[2:] for k, _ in self.inner.scan(TOMBSTONE_PREFIX + prefix)} if self._tombstones else set()
+        get = self.inner.get_key
+        flat = [x for key, value in base.table.scan(prefix) if key not in deleted and get(key) is None
+                for x in (key[2:], value)]
+        if flat:
+            self.inner.restore_key_group(kg, flat, frozenset())
         for key in deleted:
             self.inner.delete_key(TOMBSTONE_PREFIX + key)
-        return moved
+        return len(flat) // 2
 
     def _drop(self, base: Base) -> bool:
         """Forget a folded base, unless a consistent view is open: committed first, so no committed state lists a
