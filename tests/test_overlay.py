@@ -39,7 +39,7 @@ def _flat_model(model: dict[tuple[int, bytes], bytes], kg: int) -> list[bytes]:
     return [x for (g, k), v in sorted(model.items()) if g == kg for x in (k, v)]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=int(os.environ.get("SPATE_OVERLAY_EXAMPLES", "150")), deadline=None)
 @given(st.lists(st.tuples(entry, st.binary(min_size=1, max_size=8)), max_size=30), st.lists(op, max_size=40))
 def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops):
     tmp = tmp_path_factory.mktemp("overlay")

@@ -55,7 +55,7 @@ from spate.state.overlay import (
 )
 
 log = logging.getLogger(__name__)
-FOLD_PER_BATCH = 10_000  # entries moved from bases into a rescaled table after each later batch
+FOLD_PER_BATCH = 2_500  # entries of a rescaled table's bases folded into it after each later batch
 
 
 @dataclass
@@ -179,7 +179,7 @@ class LocalRescale:
                         self._unusable(source, problem)
                         return False
                     bases = [Base(name, start, stop, self.readers.open(os.path.join(path, name), file=True))
-                             for name, start, stop in listed_bases(reader.meta(BASES_META))]
+                             for name, start, stop, _ in listed_bases(reader.meta(BASES_META))]
                     states = tuple(_registry(reader.meta("states")))
                     view = OverlayView(reader, bases)  # a copy still reading from an earlier rescale's bases
                     restore_key_groups(backend, states, self._counted(_groups(view, wanted)))

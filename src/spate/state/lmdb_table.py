@@ -357,6 +357,23 @@ class LmdbTable(StateTable):
     def put_key(self, key: bytes, value: bytes) -> None:
         self._put(key, value)
 
+    def add_new(self, items: list[tuple[bytes, bytes]]) -> None:
+        """Put entries whose keys the table does not hold, in the open transaction, in one bulk write (the
+        digest gains each entry; no lookup of a value replaced)."""
+        txn = self._txn or self._begin()
+        digest = self._digest
+        if digest is not None:
+            crc = zlib.crc32
+            digest += sum(crc(v, crc(k)) + 1 for k, v in items)
+        try:
+            txn.cursor().putmulti(items)
+        except lmdb.MapFullError:
+            self._grow_and_replay()
+            self.add_new(items)
+            return
+        self._digest = digest & _MASK64 if digest is not None else None
+        self._ops.extend(items)
+
     def delete_key(self, key: bytes) -> bool:
         return self._delete(key)
 
@@ -546,6 +563,17 @@ class ReadOnlyTable:
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         return list(_scan(self._txn(), prefix))
+
+    def scan_from(self, start: bytes, prefix: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` entries with keys from ``start`` on that start with ``prefix``, in key order."""
+        out: list[tuple[bytes, bytes]] = []
+        cur = self._txn().cursor()
+        if cur.set_range(start):
+            for k, v in cur:
+                if len(out) >= limit or not k.startswith(prefix):
+                    break
+                out.append((k, v))  # type: ignore[arg-type]
+        return out
 
     def verify(self) -> str | None:
         """As :meth:`LmdbTable.verify`."""

@@ -40,6 +40,7 @@ class Base:
     start: int
     stop: int
     table: ReadOnlyTable
+    resume: bytes = b""  # folding key group ``start`` goes on from this key (b"": from its first)
 
     def owns(self, kg: int) -> bool:
         return self.start <= kg < self.stop
@@ -79,9 +80,11 @@ class SharedReaders:
                     return
 
 
-def listed_bases(raw: bytes | None) -> list[tuple[str, int, int]]:
-    """The bases a table's ``bases`` metadata lists: (file name, first key group, stop); empty: none."""
-    return [tuple(b) for b in json.loads(raw)] if raw else []  # type: ignore[misc]
+def listed_bases(raw: bytes | None) -> list[tuple[str, int, int, bytes]]:
+    """The bases a table's ``bases`` metadata lists: (file name, first key group, stop, key to resume folding
+    the first key group from); empty: none."""
+    return [(name, start, stop, bytes.fromhex(resume)) for name, start, stop, resume in json.loads(raw)] if raw \
+        else []
 
 
 def open_local_table(path: str, readers: SharedReaders) -> LmdbTable | OverlayTable:
@@ -93,8 +96,8 @@ def open_local_table(path: str, readers: SharedReaders) -> LmdbTable | OverlayTa
         return delta
     overlay = OverlayTable(delta, [], readers)
     try:
-        for name, start, stop in listed:
-            overlay.bases.append(Base(name, start, stop, readers.open(os.path.join(path, name), file=True)))
+        for name, start, stop, resume in listed:
+            overlay.bases.append(Base(name, start, stop, readers.open(os.path.join(path, name), file=True), resume))
     except BaseException:
         overlay.close()
         raise
@@ -224,35 +227,41 @@ class OverlayTable(StateTable):
 
     # -- folding the bases into the delta --------------------------------------------------------------------
     def fold(self, limit: int) -> int:
-        """Move at least ``limit`` entries (whole key groups) from the bases into the delta, or all that are
-        left; unlink the bases folded completely. Returns the entries moved."""
-        moved = 0
-        while self.bases and moved < limit:
+        """Look at up to ``limit`` entries of the bases, moving those the delta neither replaced nor deleted into
+        it; unlink the bases folded completely. Returns the entries looked at."""
+        seen = 0
+        while self.bases and seen < limit:
             base = self.bases[0]
             if base.start < base.stop:
-                moved += self._fold_key_group(base, base.start)
-                base.start += 1
+                seen += self._fold_some(base, limit - seen)
+                self.inner.put_meta(BASES_META, self._listing())  # with what was folded, in one transaction
             if base.start >= base.stop and not self._drop(base):
                 break  # a view reads from it: dropped at a later fold
-            self.inner.put_meta(BASES_META, self._listing())
         if not self.bases and self._tombstones:
             self.inner.drop_prefix(TOMBSTONE_PREFIX)
             self._tombstones = False
-        return moved
+        return seen
 
-    def _fold_key_group(self, base: Base, kg: int) -> int:
-        """Move the base's entries of ``kg`` that the delta neither replaced nor deleted into the delta, in one
-        bulk write; then drop the key group's tombstones."""
-        prefix = U16.pack(kg)
-        deleted = {k[2:] for k, _ in self.inner.scan(TOMBSTONE_PREFIX + prefix)} if self._tombstones else set()
-        get = self.inner.get_key
-        flat = [x for key, value in base.table.scan(prefix) if key not in deleted and get(key) is None
-                for x in (key[2:], value)]
-        if flat:
-            self.inner.restore_key_group(kg, flat, frozenset())
-        for key in deleted:
-            self.inner.delete_key(TOMBSTONE_PREFIX + key)
-        return len(flat) // 2
+    def _fold_some(self, base: Base, budget: int) -> int:
+        """Fold up to ``budget`` entries of the base's first key group from where it stopped (a key group done,
+        its tombstones go and the base moves on to the next). While a key group is half folded, reads of it
+        still look in the base: what was folded is in the delta too, with the same value."""
+        prefix = U16.pack(base.start)
+        entries = base.table.scan_from(base.resume or prefix, prefix, budget + 1)
+        done = len(entries) <= budget
+        if not done:
+            base.resume = entries.pop()[0]
+        get, tombstones = self.inner.get_key, self._tombstones
+        new = [(k, v) for k, v in entries
+               if get(k) is None and not (tombstones and get(TOMBSTONE_PREFIX + k) is not None)]
+        if new:
+            self.inner.add_new(new)
+        if done:
+            if self._tombstones:
+                for key, _ in self.inner.scan(TOMBSTONE_PREFIX + prefix):
+                    self.inner.delete_key(key)
+            base.start, base.resume = base.start + 1, b""
+        return len(entries)
 
     def _drop(self, base: Base) -> bool:
         """Forget a folded base, unless a consistent view is open: committed first, so no committed state lists a
@@ -269,7 +278,8 @@ class OverlayTable(StateTable):
         return True
 
     def _listing(self) -> bytes:
-        return json.dumps([[b.name, b.start, b.stop] for b in self.bases]).encode() if self.bases else b""
+        return json.dumps([[b.name, b.start, b.stop, b.resume.hex()] for b in self.bases]).encode() if self.bases \
+            else b""
 
     # -- the rest is the delta's ----------------------------------------------------------------------------
     def get_meta(self, name: str) -> bytes | None:
