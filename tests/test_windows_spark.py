@@ -202,4 +202,5 @@ def test_windows_equal_sparks_own_aggregation(spark, tmp_path, spark_emitted, ki
     storage = CheckpointStorage(str(tmp_path / "spate"))
     meta = load_checkpoint(storage)
     assert meta.parallelism == 3 and verify_checkpoint(storage, meta) == []
-    assert second.metrics[0].restored_subtasks == [0, 1, 2], "the restart at parallelism 3 restored every subtask"
+    recovered = [st.recovery for st in second.metrics[0].subtasks]  # from storage, or the local copies here
+    assert len(recovered) == 3 and set(recovered) <= {"restored", "rescaled"}, recovered
