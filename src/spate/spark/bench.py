@@ -85,8 +85,8 @@ def cases(quick: bool) -> tuple[Case, ...]:
     measured): each of theirs takes 20-95 s there on 2 cores (spate's about 1 s), and more would take the full
     run past ~25 minutes."""
     if quick:
-        return (Case("high", 3, 2_000, None, 3), Case("low", 3, 20_000, 1_000, 3),
-                Case("high-100k", 3, 10_000, None, 3))
+        return (Case("high", 2, 2_000, None, 2), Case("low", 2, 20_000, 1_000, 2),
+                Case("high-100k", 2, 10_000, None, 2))
     return (Case("high", 8, 20_000, None, 8), Case("low", 8, 200_000, 1_000, 8),
             Case("high-100k", 8, 100_000, None, 2))
 

@@ -188,8 +188,11 @@ class StatefulStream:
         builds its lmdb state from the old subtasks' local copies on its executor (the batch prefers the
         executor holding the largest part of its key groups) and reads from checkpoint storage only what no
         copy there holds. Refused beyond the max parallelism. Callable from any thread."""
-        check_parallelism(parallelism, self.coordinator.max_parallelism if self.coordinator is not None
-                          else MAX_MAX_PARALLELISM)
+        if self.coordinator is None:  # not started: it starts at that parallelism
+            check_parallelism(parallelism, MAX_MAX_PARALLELISM)
+            self.settings = self.settings.replace(parallelism=parallelism)
+            return
+        check_parallelism(parallelism, self.coordinator.max_parallelism)
         with self._rescale_lock:
             self._requested = (parallelism, reason)
 
