@@ -298,3 +298,27 @@ def test_the_cli_lists_the_latest_rescales_with_their_reasons(capsys):
     printed = capsys.readouterr().out
     assert "rescales (the latest" in printed and "target 1,000,000,000 ms" in printed, printed
     sc.cleanup()
+
+
+def test_a_table_another_directory_links_is_never_written_again():
+    """A stale attempt at the old parallelism must not write an old table a rescaled subtask reads as a base:
+    a table whose data file has another link is restored from checkpoint storage instead, and the file is
+    left as it was."""
+    sc = Scenario(_every_op(2), "lmdb", True, "off")
+    r = sc.runner(2)
+    sc.run(r, 0)
+    r.close()
+    qid = r.coordinator.query.query_id
+    data = os.path.join(local_state_dir(sc.local_dir, qid, 0, 2), "data.mdb")
+    other = os.path.join(sc.local_dir, "base-0-2.mdb")
+    os.link(data, other)
+    with open(other, "rb") as f:
+        before = f.read()
+    r = sc.runner(2)
+    sc.run(r, 1)
+    r.close()
+    assert [s.recovery for s in sc.results[-1].checkpoint.subtasks] == ["restored", "reused"]
+    with open(other, "rb") as f:
+        assert f.read() == before, "the linked file was written"
+    sc.check()
+    sc.cleanup()

@@ -85,13 +85,17 @@ class LocalRescale:
                 break
         if table is None:
             return None
-        for source in self.plan.rescale_sources:
-            if source not in self._used:
-                linked = self._link(source, target, table)
-                if linked is not None:
-                    table = linked
-                    self._used.append(source)
-        table.commit()
+        try:
+            for source in self.plan.rescale_sources:
+                if source not in self._used:
+                    linked = self._link(source, target, table)
+                    if linked is not None:
+                        table = linked
+                        self._used.append(source)
+            table.commit()
+        except BaseException:
+            table.destroy()
+            raise
         return table
 
     def merge_into(self, backend: KeyedStateBackend) -> None:
@@ -153,17 +157,22 @@ class LocalRescale:
                     shutil.rmtree(target, ignore_errors=True)
                     os.makedirs(target)
                 os.link(os.path.join(path, "data.mdb"), os.path.join(target, name))
-        except (FileNotFoundError, SpateError, OSError) as e:
+        except (FileNotFoundError, SpateError, OSError, lmdb.Error) as e:
+            self._unusable(source, f"not linked ({e})")
+            return None
+        try:
+            base = self.readers.open(os.path.join(target, name), file=True)
+        except (SpateError, lmdb.Error) as e:
+            os.unlink(os.path.join(target, name))
             self._unusable(source, f"not linked ({e})")
             return None
         if table is None:
             table = LmdbTable(target)
         overlay = table if isinstance(table, OverlayTable) else OverlayTable(table, [], self.readers)
         wanted = _overlap(source.key_groups, self.plan.key_groups)
-        base = self.readers.open(os.path.join(target, name), file=True)
         overlay.add_base(Base(name, wanted.start, wanted.stop, base),
                          _union(_registry(overlay.get_meta("states")), states))
-        self.moved_bytes += overlay.bases[-1].table.data_bytes()
+        self.moved_bytes += base.data_bytes()
         return overlay
 
     def _merge(self, source: RescaleSource, wanted: range, backend: KeyedStateBackend) -> bool:
@@ -173,13 +182,13 @@ class LocalRescale:
                 reader = self.readers.open(path)
                 bases: list[Base] = []
                 try:
+                    bases = [Base(name, start, stop, self.readers.open(os.path.join(path, name), file=True))
+                             for name, start, stop, _ in listed_bases(reader.meta(BASES_META))]
                     problem = self._problem(source, reader.meta(TAG_META), reader.meta(LINEAGE_META), path,
-                                            reader.verify)
+                                            lambda: reader.verify() or _first(b.table.verify() for b in bases))
                     if problem is not None:
                         self._unusable(source, problem)
                         return False
-                    bases = [Base(name, start, stop, self.readers.open(os.path.join(path, name), file=True))
-                             for name, start, stop, _ in listed_bases(reader.meta(BASES_META))]
                     states = tuple(_registry(reader.meta("states")))
                     view = OverlayView(reader, bases)  # a copy still reading from an earlier rescale's bases
                     restore_key_groups(backend, states, self._counted(_groups(view, wanted)))
@@ -187,7 +196,7 @@ class LocalRescale:
                     for b in bases:
                         self.readers.release(b.table)
                     self.readers.release(reader)
-        except (FileNotFoundError, SpateError) as e:
+        except (FileNotFoundError, SpateError, lmdb.Error) as e:  # before anything of it reached the backend
             self._unusable(source, f"not read ({e})")
             return False
         return True
@@ -226,6 +235,10 @@ def missing_parts(plan: SubtaskPlan, missing: list[range]) -> tuple[list[KeyGrou
 def _layered(reader: ReadOnlyTable) -> str | None:
     """A copy that still reads from bases of its own (an earlier rescale not folded yet) cannot be a base."""
     return "it still reads from an earlier rescale's copies" if reader.meta(BASES_META) else None
+
+
+def _first(problems: Iterator[str | None]) -> str | None:
+    return next((p for p in problems if p is not None), None)
 
 
 def _registry(raw: bytes | None) -> list[dict]:

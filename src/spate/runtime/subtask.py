@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import lmdb
+
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_keyed_state
 from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, RESCALED, REUSED
 from spate.checkpoint.metadata import checkpoint_dir, staged_dir
@@ -223,7 +225,7 @@ class Subtask:
                 plan.changelog):
             return False
         lmdb = self._lmdb()
-        return lmdb is None or _read_tag(lmdb) == (self._tag, self._lineage)
+        return lmdb is None or _read_tag(lmdb) == (self._tag, self._lineage) and not lmdb.linked_elsewhere()
 
     def _open_local_lmdb(self, plan: SubtaskPlan) -> bool:
         """Take over this subtask's lmdb directory if its tag shows the state of a completed checkpoint that
@@ -236,8 +238,12 @@ class Subtask:
         except FileNotFoundError:  # a base it reads from is gone
             shutil.rmtree(self._lmdb_dir(plan), ignore_errors=True)
             return False
-        except SpateError as e:  # a base it reads from cannot be opened in this process
+        except (SpateError, lmdb.Error) as e:  # e.g. a base it reads from cannot be opened in this process
             log.info("subtask %d: local state not reused: %s", self.index, e)
+            return False
+        inner = table.inner if isinstance(table, OverlayTable) else table
+        if inner.linked_elsewhere():  # a stale attempt at the old parallelism: a rescaled subtask reads this file
+            table.destroy()
             return False
         tag = _read_tag(table)
         start = catch_up_start(*tag, plan) if tag is not None else None

@@ -52,8 +52,13 @@ class LmdbTable(StateTable):
                              "local state may be open in one process at a time")
         data_file = os.path.join(path, "data.mdb")
         existing = os.path.getsize(data_file) if os.path.exists(data_file) else 0
-        self.env = lmdb.open(path, map_size=max(map_size, existing * 2, _MIN_MAP_SIZE), subdir=True,
-                             sync=False, metasync=False, readahead=False, max_dbs=0, lock=True)
+        try:
+            self.env = lmdb.open(path, map_size=max(map_size, existing * 2, _MIN_MAP_SIZE), subdir=True,
+                                 sync=False, metasync=False, readahead=False, max_dbs=0, lock=True)
+        except BaseException:
+            os.close(self._lock_fd)  # lets the lock go
+            os.close(self._hold_fd)
+            raise
         self._commit_every = commit_every
         self._txn: lmdb.Transaction | None = None
         self._open_views = 0  # read views in use (possibly by another thread)
@@ -323,6 +328,19 @@ class LmdbTable(StateTable):
                 raise SpateError(f"a restored state key is too large for the lmdb table (limit {MAX_LMDB_KEY} "
                                  "bytes); restore into the heap table") from e
 
+    def linked_elsewhere(self) -> bool:
+        """Whether another directory holds a hard link to this table's data file (a rescaled subtask reads it
+        as a base): then it must never be written again."""
+        try:
+            return os.stat(os.path.join(self.path, "data.mdb")).st_nlink > 1
+        except FileNotFoundError:
+            return False
+
+    def has_prefix(self, prefix: bytes) -> bool:
+        """Whether some entry's key starts with ``prefix``."""
+        cur = (self._txn or self._begin()).cursor()
+        return bool(cur.set_range(prefix)) and bytes(cur.key()).startswith(prefix)
+
     def drop_prefix(self, prefix: bytes) -> int:
         """Delete every entry whose key starts with ``prefix`` (lmdb has no range delete: one cursor walks the
         range, no lookup per key); returns how many."""
@@ -340,7 +358,7 @@ class LmdbTable(StateTable):
         found = cur.set_range(start)
         while found and (limit is None or n < limit):
             key: bytes = cur.key()  # type: ignore[assignment]
-            if key >= end:
+            if not key or key >= end:  # past the end, or the cursor ran off the last entry
                 break
             if digest is not None:
                 digest -= crc(cur.value(), crc(key)) + 1  # type: ignore[arg-type]

@@ -92,6 +92,10 @@ def open_local_table(path: str, readers: SharedReaders) -> LmdbTable | OverlayTa
     FileNotFoundError (with the table closed) if a listed base file is missing."""
     delta = LmdbTable(path)
     listed = listed_bases(delta.committed_meta(BASES_META))
+    names = {name for name, *_ in listed}
+    for name in os.listdir(path):  # a base whose drop was committed, but the process died before unlinking it
+        if name.startswith("base-") and name.endswith(".mdb") and name not in names:
+            os.unlink(os.path.join(path, name))
     if not listed:
         return delta
     overlay = OverlayTable(delta, [], readers)
@@ -115,7 +119,7 @@ class OverlayTable(StateTable):
         self._readers = readers
         self._views = 0  # consistent views open (a materialization in another thread): no base is closed then
         self._views_lock = threading.Lock()
-        self._tombstones = bool(delta.scan(TOMBSTONE_PREFIX))  # none yet: reads and writes skip looking for one
+        self._tombstones = delta.has_prefix(TOMBSTONE_PREFIX)  # none yet: reads and writes skip looking for one
 
     @property
     def path(self) -> str:
@@ -230,13 +234,13 @@ class OverlayTable(StateTable):
         """Look at up to ``limit`` entries of the bases, moving those the delta neither replaced nor deleted into
         it; unlink the bases folded completely. Returns the entries looked at."""
         seen = 0
-        while self.bases and seen < limit:
-            base = self.bases[0]
-            if base.start < base.stop:
+        for base in list(self.bases):
+            while base.start < base.stop and seen < limit:
                 seen += self._fold_some(base, limit - seen)
                 self.inner.put_meta(BASES_META, self._listing())  # with what was folded, in one transaction
-            if base.start >= base.stop and not self._drop(base):
-                break  # a view reads from it: dropped at a later fold
+            if base.start < base.stop:
+                break
+            self._drop(base)  # unless a view reads from it: then at a later fold
         if not self.bases and self._tombstones:
             self.inner.drop_prefix(TOMBSTONE_PREFIX)
             self._tombstones = False
