@@ -85,9 +85,7 @@ class LmdbTable(StateTable):
 
     # -- the lock: one process writes a subtask's local state at a time ------------------------------------
     def _try_lock(self) -> bool:
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try_flock(self._lock_fd):
             return False
         os.utime(self._lock_fd)  # the time of this use, for :func:`last_used`
         return True
@@ -102,14 +100,11 @@ class LmdbTable(StateTable):
 
     def lock(self, timeout_s: float = 60.0) -> None:
         """Take the lock back, waiting up to ``timeout_s`` for another process to release it."""
-        deadline = time.monotonic() + timeout_s
-        while not self.locked:
-            self.locked = self._try_lock()
-            if not self.locked:
-                if time.monotonic() > deadline:
-                    raise SpateError(f"lmdb state directory {self.path} stayed locked by another process for "
-                                     f"{timeout_s} s; is a second attempt of the same subtask still running?")
-                time.sleep(0.01)
+        if not self.locked:
+            _wait_for_lock(self._lock_fd, self.path, timeout_s,
+                           "; is a second attempt of the same subtask still running?")
+            os.utime(self._lock_fd)  # the time of this use, for :func:`last_used`
+            self.locked = True
 
     def _w(self) -> lmdb.Transaction:
         return self._txn or self._begin()
@@ -524,17 +519,21 @@ def held_for_reading(path: str, timeout_s: float = 60.0) -> Iterator[None]:
         os.close(hold_fd)
 
 
-def _wait_for_lock(fd: int, path: str, timeout_s: float) -> None:
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _wait_for_lock(fd: int, path: str, timeout_s: float, hint: str = "") -> None:
+    """Take the exclusive lock on ``fd``, waiting up to ``timeout_s`` for another process to release it."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise SpateError(f"lmdb state directory {path} stayed locked by another process for {timeout_s} s"
-                                 ) from None
-            time.sleep(0.01)
+    while not _try_flock(fd):
+        if time.monotonic() > deadline:
+            raise SpateError(f"lmdb state directory {path} stayed locked by another process for {timeout_s} s{hint}")
+        time.sleep(0.01)
 
 
 def move_table(source: str, target: str, timeout_s: float = 60.0) -> int:
