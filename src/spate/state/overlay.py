@@ -186,7 +186,8 @@ class OverlayTable(StateTable):
         mine = self.inner.scan(prefix)
         if base is None:
             return mine
-        return merged(mine, base.table.scan(prefix), {k[2:] for k, _ in self.inner.scan(TOMBSTONE_PREFIX + prefix)})
+        deleted = {k[2:] for k, _ in self.inner.scan(TOMBSTONE_PREFIX + prefix)} if self._tombstones else set()
+        return merged(mine, base.table.scan(prefix), deleted)
 
     def map_items(self, kg: int, primary: bytes) -> list[tuple[bytes, bytes]]:
         prefix = U16.pack(kg) + primary
