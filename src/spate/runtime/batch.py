@@ -43,6 +43,11 @@ class KeyRows(Sequence[Row]):
         self._rows: list[Row] | None = None
 
     @property
+    def batch(self) -> KeyedBatch:
+        """The batch these rows are part of."""
+        return self._batch
+
+    @property
     def start(self) -> int:
         """Index of the key's first row in :attr:`KeyedBatch.table`."""
         return self._start

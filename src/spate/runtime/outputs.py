@@ -12,7 +12,8 @@ Spark turns mismatched ones into nulls.
 
 Outputs of a ``pyspark`` ``StatefulProcessor`` (through :mod:`spate.spark.adapter`) are converted exactly as
 Spark converts them, so they get Spark's values or fail where Spark fails: DataFrames (:class:`ColumnChunk`)
-with Spark's own pandas-to-Arrow conversion (columns by name, extra ones ignored, Arrow casts checked as with
+with Spark's own pandas-to-Arrow conversion and the session's settings for it (:class:`PandasConversion`:
+columns by name, extra ones ignored; Arrow casts checked as with
 ``spark.sql.execution.pandas.convertToArrowArraySafely``, which follows ANSI mode, on in Spark 4), Rows
 (:class:`SparkRows`) with ``pyarrow``'s ``from_pylist`` as ``transformWithState`` does. One difference on
 purpose: a missing column or field (also inside a struct), which Spark's Row path and nested structs fill with
@@ -27,6 +28,7 @@ import datetime as _dt
 import decimal
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -153,6 +155,26 @@ def _bounds(t: pa.DataType) -> tuple[int, int]:
     return (0, 2 ** bits - 1) if pa.types.is_unsigned_integer(t) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
 
 
+@dataclass(frozen=True)
+class PandasConversion:
+    """The settings Spark's Python worker converts a yielded pandas DataFrame to Arrow with (a processor's
+    ``pandas_conversion``; Spark reads them from the session): the session time zone, checked casts
+    (``spark.sql.execution.pandas.convertToArrowArraySafely``), ints into decimal fields
+    (``spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled``) and columns assigned by name
+    (``spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName``). The defaults are Spark 4's."""
+
+    timezone: str = "UTC"
+    safecheck: bool = True
+    int_to_decimal: bool = False
+    assign_columns_by_name: bool = True
+
+    def array(self, values: Any, field: pa.Field) -> pa.Array:
+        """``values`` (a DataFrame's column) as an Arrow array of ``field``'s type. Here with pyarrow alone;
+        the Spark transport converts with the installed pyspark's own conversion
+        (:class:`spate.spark.python_worker.PandasOutput`)."""
+        return pa.Array.from_pandas(values, type=field.type, safe=self.safecheck)
+
+
 class Outputs:
     """A subtask's output rows of one batch: as dicts (:attr:`rows`) and, with an output schema, as an Arrow
     table (:attr:`table`); each form is built from the other on first use."""
@@ -223,6 +245,7 @@ class OutputBuffer:
 
     def __init__(self, processor: object, schema: pa.Schema | None) -> None:
         self.processor_name = getattr(processor, "display_name", None) or type(processor).__qualname__
+        self.conversion: PandasConversion = getattr(processor, "pandas_conversion", None) or PandasConversion()
         self.schema = schema
         self.names = frozenset(schema.names) if schema is not None else None
         self.fields = [_Field(f) for f in schema] if schema is not None else []
@@ -313,7 +336,7 @@ class OutputBuffer:
             joined = _joined(values)
             if joined is not None:
                 with contextlib.suppress(Exception):
-                    column = _spark_pandas_array(joined, f)
+                    column = self.conversion.array(joined, f)
             if column is None:
                 column = pa.chunked_array([self._part_array(cols[i], f, hook, key) for cols, hook, key in parts],
                                           type=f.type)
@@ -324,10 +347,10 @@ class OutputBuffer:
 
     def _assigned(self, part: Mapping[Any, Any], hook: str, key: Any) -> list[Any]:
         """A DataFrame's columns in schema order, assigned as Spark assigns them: by name when any column name is
-        a string (other columns ignored), else by position."""
+        a string (other columns ignored) and the session assigns by name, else by position."""
         assert self.schema is not None
         names = self.schema.names
-        if any(isinstance(label, str) for label in part):
+        if self.conversion.assign_columns_by_name and any(isinstance(label, str) for label in part):
             missing = [n for n in names if n not in part]
             if missing:
                 raise self._error(hook, key, self._missing_column_problem(part, missing[0]))
@@ -346,7 +369,7 @@ class OutputBuffer:
 
     def _part_array(self, values: Any, f: pa.Field, hook: str, key: Any) -> pa.Array:
         try:
-            return _spark_pandas_array(values, f)
+            return self.conversion.array(values, f)
         except Exception as e:  # whatever Spark's conversion raises fails the batch on Spark too
             said = str(e).split(" It can be caused by")[0]  # not Spark's hint at a Spark conf
             raise self._error(hook, key, f"produced column {f.name!r} that cannot be stored as {f.type}, as on "
@@ -483,22 +506,6 @@ def _joined(values: list[Any]) -> Any:
     if all(isinstance(v, pd.Series) for v in values):
         return pd.concat(values, ignore_index=True)
     return None
-
-
-def _spark_pandas_array(values: Any, field: pa.Field) -> pa.Array:
-    """``values`` (a column of a DataFrame a ``transformWithStateInPandas`` processor yielded) converted to
-    ``field``'s type by Spark's own conversion, with Spark 4's default settings (checked casts: ANSI mode)."""
-    import pandas as pd
-    from pyspark.sql.conversion import PandasToArrowConversion
-    from pyspark.sql.pandas.types import from_arrow_type
-    from pyspark.sql.types import StructField, StructType
-
-    series = values if isinstance(values, pd.Series) else pd.Series(values)
-    schema = StructType([StructField(field.name, from_arrow_type(field.type), field.nullable)])
-    batch = PandasToArrowConversion.convert([series], schema, timezone="UTC", safecheck=True, arrow_cast=True,
-                                            int_to_decimal_coercion_enabled=False)
-    column = batch.column(0)
-    return column if column.type == field.type else column.cast(field.type)
 
 
 def _has_struct(t: pa.DataType) -> bool:

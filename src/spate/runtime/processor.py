@@ -103,12 +103,16 @@ class Processor(ABC):
     ``processing_timers_first`` fires due processing-time timers before the batch's input (``False``: after
     it); ``watermark_floor_ms`` is the watermark before any event time is seen and a floor under it (Spark:
     0); ``drop_late_rows`` drops input rows whose event time is at or below the previous batch's watermark
-    before they are grouped.
+    before they are grouped; ``timers_deleted_after_firing`` keeps a firing timer registered while ``on_timer``
+    runs (it lists it, and may delete or re-register it) and deletes it after, and fires only the timers due
+    when firing began (Spark's order; ``False``: Flink's, the timer is gone when ``on_timer`` runs and timers
+    registered during firing fire in the same batch when due).
     """
 
     processing_timers_first: bool = True
     watermark_floor_ms: int | None = None
     drop_late_rows: bool = False
+    timers_deleted_after_firing: bool = False
 
     def open(self, ctx: Context) -> None:
         """Obtain state handles here: ``self.count = ctx.state(ValueStateDescriptor("count", default=0))``."""

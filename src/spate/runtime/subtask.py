@@ -506,7 +506,8 @@ class Subtask:
         keyed, ctx, proc = self.keyed, self.ctx, self.processor
         assert keyed is not None and ctx is not None and isinstance(proc, Processor)
         ctx.timer_domain = domain
-        for ts, namespace in keyed.timers.pop_due(domain, up_to):
+        due = keyed.timers.fire_then_delete if proc.timers_deleted_after_firing else keyed.timers.pop_due
+        for ts, namespace in due(domain, up_to):
             ctx.timer_namespace = namespace
             out.extend(proc.on_timer(keyed.current_key, ts, ctx), "on_timer", keyed.current_key)
         ctx.timer_domain = ctx.timer_namespace = None

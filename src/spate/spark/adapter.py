@@ -6,8 +6,10 @@ calls local reads and writes instead of round trips to the JVM.
 What Spark does and the adapter does the same way:
 
 - each batch of a subtask runs like a Spark task: a fresh copy of the processor, ``init`` with a new handle,
-  the keys' input rows (pandas: in DataFrames of at most ``max_records_per_batch`` rows), then the due
-  timers, then ``close``;
+  the keys' input rows as the installed Spark's Python worker hands them over (:mod:`spate.spark.python_worker`:
+  pandas chunks of at most ``maxRecordsPerBatch`` rows, timestamps naive in the session time zone; ``Row``
+  datetimes aware in it), then the due timers (each still listed while its handler runs, deleted after it),
+  then ``close``; yielded DataFrames are converted with the session's settings;
 - ``TimerValues``: ``(-1, -1)`` in timeMode ``None``; the batch's time and ``-1`` in ``ProcessingTime``; the
   batch's time and the watermark in ``EventTime``, where the watermark is 0 until event times raise it;
 - in ``EventTime``, input rows at or below the previous batch's watermark are dropped as late before they
@@ -19,12 +21,17 @@ What Spark does and the adapter does the same way:
 from __future__ import annotations
 
 import copy
+import dataclasses
+import datetime as _dt
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from spate.runtime.batch import KeyRows
-from spate.runtime.outputs import ColumnChunk, SparkRows
+import pyarrow as pa
+
+from spate.runtime.batch import KeyedBatch, KeyRows
+from spate.runtime.outputs import ColumnChunk, PandasConversion, SparkRows
 from spate.runtime.processor import Context, Processor, Row
+from spate.spark.python_worker import PythonWorkerConf, in_session_zone, pandas_chunks, pandas_input
 from spate.spark.tws_handle import StatefulProcessorHandle, StateSchemas, plain
 
 TIME_MODES = ("None", "ProcessingTime", "EventTime")
@@ -60,28 +67,44 @@ class StatefulProcessorAdapter(Processor):
         flavour: ``"pandas"`` (``transformWithStateInPandas``: rows arrive as pandas DataFrames, outputs are
             DataFrames) or ``"row"`` (``transformWithState``: ``Row`` in and out).
         time_mode: ``"None"``, ``"ProcessingTime"`` or ``"EventTime"``.
+        worker_conf: the settings of Spark's Python worker (:meth:`PythonWorkerConf.of_session` reads the
+            session's: its time zone, chunk limits, output conversion); Spark 4's defaults if not given.
         max_records_per_batch: pandas flavour: the most rows in one DataFrame ``handleInputRows`` receives
-            (Spark 4.3 chunks by ``spark.sql.execution.arrow.maxRecordsPerBatch``).
+            (overrides ``worker_conf``'s ``spark.sql.execution.arrow.maxRecordsPerBatch``).
     """
 
     processing_timers_first = False  # Spark processes a batch's input, then its timers
+    timers_deleted_after_firing = True  # Spark deletes a timer after its handler returned
 
     def __init__(self, processor: Any, flavour: str = "pandas", time_mode: str = "None",
-                 max_records_per_batch: int = 10_000) -> None:
+                 worker_conf: PythonWorkerConf | None = None, max_records_per_batch: int | None = None) -> None:
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
         if time_mode not in TIME_MODES:
             raise ValueError(f"timeMode must be one of {TIME_MODES}, got {time_mode!r}")
-        if not isinstance(max_records_per_batch, int) or max_records_per_batch <= 0:
-            raise ValueError(f"max_records_per_batch must be a positive int, got {max_records_per_batch!r}")
+        conf = worker_conf or PythonWorkerConf()
+        if max_records_per_batch is not None:
+            if not isinstance(max_records_per_batch, int) or max_records_per_batch <= 0:
+                raise ValueError(f"max_records_per_batch must be a positive int, got {max_records_per_batch!r}")
+            conf = dataclasses.replace(conf, max_records_per_batch=max_records_per_batch)
         self.processor, self.flavour, self.time_mode = processor, flavour, time_mode
-        self.max_records_per_batch = max_records_per_batch
+        self.worker_conf = conf
+        self._converted: tuple[KeyedBatch, Any, float] | None = None  # this batch's rows as Spark converts them
         self.watermark_floor_ms = 0 if time_mode == "EventTime" else None
         self.drop_late_rows = time_mode == "EventTime"
         self._schemas: StateSchemas | None = None
         self._running: Any = None  # this batch's copy of the processor, after its init
         self._opened = False  # open began the first batch's copy
         self.handle: StatefulProcessorHandle | None = None
+
+    @property
+    def max_records_per_batch(self) -> int:
+        return self.worker_conf.max_records_per_batch
+
+    @property
+    def pandas_conversion(self) -> PandasConversion:
+        """How yielded DataFrames become Arrow: the installed pyspark's conversion with the session's settings."""
+        return self.worker_conf.output
 
     @property
     def display_name(self) -> str:
@@ -109,7 +132,8 @@ class StatefulProcessorAdapter(Processor):
         self._running.init(self.handle)
 
     def process(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
-        return self._outputs(self._running.handleInputRows(_spark_key(key), self._inputs(rows), self._timers(ctx)))
+        return self._outputs(self._running.handleInputRows(self._spark_key(key), self._inputs(rows),
+                                                           self._timers(ctx)))
 
     def process_initial(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
         """``handleInitialState`` per DataFrame chunk (pandas) or per ``Row``, as Spark calls it."""
@@ -117,7 +141,7 @@ class StatefulProcessorAdapter(Processor):
         if handler is None:
             raise ValueError(f"{self.display_name} has no handleInitialState, but the query was given an initial "
                              "state")
-        spark_key, timers = _spark_key(key), self._timers(ctx)
+        spark_key, timers = self._spark_key(key), self._timers(ctx)
         for item in self._inputs(rows):
             handler(spark_key, item, timers)
         return None
@@ -126,10 +150,11 @@ class StatefulProcessorAdapter(Processor):
         handler = getattr(self._running, "handleExpiredTimer", None)
         if handler is None:
             return None
-        return self._outputs(handler(_spark_key(key), self._timers(ctx), ExpiredTimerInfo(timestamp_ms)))
+        return self._outputs(handler(self._spark_key(key), self._timers(ctx), ExpiredTimerInfo(timestamp_ms)))
 
     def end_batch(self, ctx: Context) -> Iterable[Row] | None:
         self.close()
+        self._converted = None
         return None
 
     def close(self) -> None:
@@ -144,12 +169,47 @@ class StatefulProcessorAdapter(Processor):
         return TimerValues(ctx.processing_time_ms, watermark)
 
     def _inputs(self, rows: Sequence[Row]) -> Iterator[Any]:
-        """The key's rows as Spark hands them over: pandas DataFrames of at most ``max_records_per_batch`` rows
-        (slices of the batch's, made once per batch from Arrow), or ``Row`` objects made from the batch's
-        columns."""
+        """The key's rows as Spark's worker hands them over (:mod:`spate.spark.python_worker`): pandas
+        DataFrames (slices of the batch's rows converted once per batch as Spark converts them), or ``Row``
+        objects; rows given as dicts (in process) as they are."""
+        if not isinstance(rows, KeyRows):
+            if self.flavour == "pandas":
+                return _chunks(_pandas_rows(rows), self.max_records_per_batch)
+            return _spark_rows(rows)
+        converted, row_bytes = self._batch_rows(rows.batch)
         if self.flavour == "pandas":
-            return _chunks(_pandas_rows(rows), self.max_records_per_batch)
-        return _spark_rows(rows)
+            return pandas_chunks(converted.iloc[rows.start:rows.stop], self.worker_conf, row_bytes)
+        return _arrow_rows(converted.slice(rows.start, rows.stop - rows.start))
+
+    def _batch_rows(self, batch: KeyedBatch) -> tuple[Any, float]:
+        """The batch's rows converted as Spark converts them (once per batch), and their Arrow bytes per row."""
+        if self._converted is None or self._converted[0] is not batch:
+            table = batch.table
+            if self.flavour == "pandas":
+                converted = pandas_input(table, self.worker_conf)
+            else:
+                converted = in_session_zone(table, self.worker_conf)
+            self._converted = (batch, converted, table.nbytes / max(table.num_rows, 1))
+        return self._converted[1], self._converted[2]
+
+    def _spark_key(self, key: Any) -> tuple:
+        """The grouping key as Spark passes it: a tuple of its columns, timestamps as the flavour gives them
+        (pandas: a naive ``Timestamp`` in the session time zone; Row: an aware ``datetime`` in it)."""
+        parts = key if isinstance(key, tuple) else (key,)
+        if not any(isinstance(p, _dt.datetime) for p in parts):
+            return parts
+        return tuple(self._spark_time(p) if isinstance(p, _dt.datetime) else p for p in parts)
+
+    def _spark_time(self, value: _dt.datetime) -> Any:
+        tz = self.worker_conf.timezone
+        if value.tzinfo is None:
+            return value
+        aware = pa.scalar(value, type=pa.timestamp("us", tz=tz)).as_py()
+        if self.flavour == "pandas":
+            import pandas as pd
+
+            return pd.Timestamp(aware).tz_localize(None)
+        return aware
 
     def _outputs(self, produced: Any) -> ColumnChunk | list[Row]:
         """What the processor yielded: DataFrames as one chunk of columns (no dict per row), Rows as dicts (as
@@ -181,24 +241,25 @@ class StatefulProcessorAdapter(Processor):
 
 
 def _pandas_rows(rows: Sequence[Row]) -> Any:
-    """A key's rows as a pandas DataFrame with a fresh index: a slice of the batch's DataFrame for row views,
-    else built from the dicts."""
+    """Rows given as dicts (in process) as a pandas DataFrame."""
     import pandas as pd
 
-    if isinstance(rows, KeyRows):
-        frame = rows.pandas()
-        frame.index = pd.RangeIndex(len(frame))
-        return frame
     return pd.DataFrame(list(rows))
 
 
 def _spark_rows(rows: Sequence[Row]) -> Iterator[Any]:
     from pyspark.sql import Row as SparkRow
 
-    if isinstance(rows, KeyRows):
-        make = SparkRow(*rows.column_names)
-        return (make(*values) for values in rows.tuples())
     return (SparkRow(**r) for r in rows)
+
+
+def _arrow_rows(table: pa.Table) -> Iterator[Any]:
+    """``Row`` objects of the table's columns, each value Arrow's ``as_py`` (as Spark's Row flavour makes them)."""
+    from pyspark.sql import Row as SparkRow
+
+    make = SparkRow(*table.column_names)
+    columns = [c.to_pylist() for c in table.columns]
+    return (make(*values) for values in zip(*columns, strict=True))
 
 
 _PLAIN_TYPES = (str, int, float, bool, type(None), bytes)
@@ -207,11 +268,6 @@ _PLAIN_TYPES = (str, int, float, bool, type(None), bytes)
 def _flat_plain(row: Row) -> bool:
     """Whether every value of ``row`` is a plain Python scalar (then ``plain`` has nothing to do)."""
     return all(type(v) in _PLAIN_TYPES for v in row.values())
-
-
-def _spark_key(key: Any) -> tuple:
-    """Spark passes the grouping key as a tuple of its columns."""
-    return key if isinstance(key, tuple) else (key,)
 
 
 def _chunks(frame: Any, size: int) -> Iterator[Any]:

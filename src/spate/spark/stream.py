@@ -35,6 +35,7 @@ from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_fact
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
 from spate.spark.placement import Placement, alive_executors, placed_batch
+from spate.spark.python_worker import PythonWorkerConf
 from spate.spark.routing import routing_values
 from spate.spark.settings import SpateSettings
 from spate.spark.spark_checkpoint import (
@@ -473,7 +474,6 @@ class _JobCounter:
 
 
 OUTPUT_MODES = ("Update", "Append")
-MAX_RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"  # what Spark 4.3's worker chunks by
 
 
 def transform_with_state(df: Any, key: str | Sequence[str], processor: Any, output_schema: Any, *,
@@ -490,8 +490,10 @@ def transform_with_state(df: Any, key: str | Sequence[str], processor: Any, outp
     query only, before that batch's input.
 
     The processor's ``init`` runs once here, on a copy, as Spark's driver does: a state schema Spark refuses
-    (a NOT NULL field) fails now. ``pandas`` input arrives in DataFrames of at most the session's
-    ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (the setting Spark 4.3's Python worker chunks by)."""
+    (a NOT NULL field) fails now. The session's settings for Spark's Python worker are read here
+    (:class:`~spate.spark.python_worker.PythonWorkerConf`: its time zone, ``maxRecordsPerBatch`` and
+    ``maxBytesPerBatch``, the output conversion's), so input and outputs are converted as this session's
+    ``transformWithStateInPandas`` converts them."""
     if output_mode not in OUTPUT_MODES:
         raise ValueError(f"output_mode {output_mode!r} is not supported: transformWithState emits what the processor "
                          "yields, once (\"Update\" or \"Append\"); for \"Complete\" keep the full result in an "
@@ -502,7 +504,5 @@ def transform_with_state(df: Any, key: str | Sequence[str], processor: Any, outp
     if event_time_column:
         overrides = {**overrides, "event_time_column": event_time_column, "watermark_delay_ms": watermark_delay_ms}
     declared_states(processor)
-    max_records = int(df.sparkSession.conf.get(MAX_RECORDS_CONF, "10000"))
-    max_records = max_records if max_records > 0 else 2**31 - 1  # Spark: 0 or less is no limit
-    adapter = StatefulProcessorAdapter(processor, flavour, time_mode, max_records_per_batch=max_records)
+    adapter = StatefulProcessorAdapter(processor, flavour, time_mode, PythonWorkerConf.of_session(df.sparkSession))
     return StatefulStream(df, key, adapter, output_schema, settings, initial_state=initial_state, **overrides)

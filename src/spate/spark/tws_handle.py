@@ -223,11 +223,15 @@ class StatefulProcessorHandle:
             self._ctx.delete_processing_time_timer(int(expiryTimestampMs))
 
     def listTimers(self) -> Iterator[int]:  # noqa: N802
+        """The key's timers in the order Spark lists them: its state store's, where a timestamp is a long
+        stored little-endian (so 0, 10**12, 1, -5), not by time."""
         if self._time_mode == "EventTime":
-            return iter(self._ctx.event_time_timers())
-        if self._time_mode == "ProcessingTime":
-            return iter(self._ctx.processing_time_timers())
-        return iter(())
+            timers = self._ctx.event_time_timers()
+        elif self._time_mode == "ProcessingTime":
+            timers = self._ctx.processing_time_timers()
+        else:
+            return iter(())
+        return iter(sorted(timers, key=_spark_timer_order))
 
     def deleteIfExists(self, stateName: str) -> None:  # noqa: N802,N803
         """Remove state ``stateName`` for every key of this subtask, also one this run's processor no longer
@@ -248,6 +252,11 @@ class StatefulProcessorHandle:
             keyed.set_current_key(current)
         else:
             keyed.clear_current_key()
+
+
+def _spark_timer_order(timestamp_ms: int) -> bytes:
+    """Where Spark's RocksDB state store lists a timer: by the bytes of its timestamp in an UnsafeRow."""
+    return timestamp_ms.to_bytes(8, "little", signed=True)
 
 
 class DeclaringHandle:

@@ -93,6 +93,26 @@ class TimerService:
             b.set_current_key_encoded(kg, key_bytes)
             yield ts, (decode_key(ns) if ns else None)
 
+    def fire_then_delete(self, domain: str, up_to: int) -> Iterator[tuple[int, Any]]:
+        """Spark's order (transformWithState): the timers ≤ ``up_to`` when firing begins, in timestamp order, each
+        yielded with the backend's current key set to its key while it is still registered (its handler lists
+        it, and may delete or re-register it) and deleted once the consumer asks for the next one. The list is
+        fixed when firing begins, as Spark reads it: a timer an earlier handler deleted still fires, and one
+        registered meanwhile fires in a later batch."""
+        heap, b = self._heaps[domain], self._b
+        due: list[tuple[int, int, bytes]] = []
+        while heap and heap[0][0] <= up_to:
+            entry = heapq.heappop(heap)
+            ts, kg, primary = entry
+            if (not due or due[-1] != entry) and b.table.map_get(kg, primary, _ts_bytes(ts)) is not None:
+                due.append(entry)  # a timer registered twice is one timer
+        for ts, kg, primary in due:
+            _sid, key_bytes, ns = split_primary(primary)
+            b.set_current_key_encoded(kg, key_bytes)
+            yield ts, (decode_key(ns) if ns else None)
+            b.table.map_delete(kg, primary, _ts_bytes(ts))
+            b.dirty = True
+
     @staticmethod
     def _domain(domain: str) -> str:
         if domain not in TIMER_SIDS:
