@@ -5,9 +5,13 @@ the session's time zone), the state values Spark accepts, and the session settin
 from __future__ import annotations
 
 import datetime as dt
+import decimal
+import re
 import sys
 from collections.abc import Iterator
+from typing import NamedTuple
 
+import numpy as np
 import pandas as pd
 import pytest
 from pyspark import cloudpickle
@@ -80,9 +84,9 @@ LOS_ANGELES = {"spark.sql.session.timeZone": "America/Los_Angeles"}
 
 
 def _run_both(spark, tmp_path, batches, processor, flavour, schema=TIMES, output="user string, value string",
-              **conf):
-    """The same files through Spark's transformWithState and spate's, each batch's outputs sorted."""
-    from spate.spark.stream import transform_with_state
+              only=None, **conf):
+    """The same files through Spark's transformWithState and spate's (``only``: one of them), each batch's
+    outputs sorted."""
 
     source = str(tmp_path / "in")
     write_files(source, batches)
@@ -96,24 +100,36 @@ def _run_both(spark, tmp_path, batches, processor, flavour, schema=TIMES, output
     got: dict = {}
     rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     with _conf(spark, **{"spark.sql.streaming.stateStore.providerClass": rocksdb, **conf}):
-        df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(source)
-        grouped = df.groupBy("user")
-        apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
-        query = apply(processor, output, "Update", "None").writeStream.foreachBatch(sink(want)).option(
-            "checkpointLocation", str(tmp_path / "spark")).start()
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-        df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(source)
-        stream = transform_with_state(df, "user", processor, output, flavour=flavour,
-                                      checkpoint_root=str(tmp_path / "spate"), parallelism=2,
-                                      local_dir=str(tmp_path / "spate-local"))
-        try:
-            stream.start(sink(got), trigger={"availableNow": True}).awaitTermination()
-        finally:
-            stream.close()
+        if only != "spate":
+            _run_spark(spark, source, tmp_path / "spark", processor, flavour, schema, output, sink(want))
+        if only != "spark":
+            _run_spate(spark, source, tmp_path, processor, flavour, schema, output, sink(got))
     return got, want
+
+
+def _run_spark(spark, source, checkpoint, processor, flavour, schema, output, sink):
+    df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(source)
+    grouped = df.groupBy("user")
+    apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
+    query = apply(processor, output, "Update", "None").writeStream.foreachBatch(sink).option(
+        "checkpointLocation", str(checkpoint)).start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+def _run_spate(spark, source, tmp_path, processor, flavour, schema, output, sink):
+    from spate.spark.stream import transform_with_state
+
+    df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(source)
+    stream = transform_with_state(df, "user", processor, output, flavour=flavour,
+                                  checkpoint_root=str(tmp_path / "spate"), parallelism=2,
+                                  local_dir=str(tmp_path / "spate-local"))
+    try:
+        stream.start(sink, trigger={"availableNow": True}).awaitTermination()
+    finally:
+        stream.close()
 
 
 class PandasTimeProbe(StatefulProcessor):
@@ -168,3 +184,134 @@ def test_timestamps_and_dates_arrive_as_on_spark_in_the_session_time_zone(spark,
         assert "datetime64[ns]" in values and "hour=1" in values and "span=7200.0" in values
     else:
         assert "01:30:00-08:00 hour=1" in values  # aware, in the session's zone
+
+
+# -- state values as Spark accepts them --------------------------------------------------------------------
+
+class _Pair(NamedTuple):
+    v: int
+
+
+SCHEMAS = {
+    "one_long": "v long", "one_int": "v int", "one_double": "v double", "one_string": "v string",
+    "two": "a long, b string", "nested": "s struct<x: int, y: string>", "arr": "arr array<int>",
+    "mp": "m map<string, int>", "ts": "t timestamp", "dec": "d decimal(10, 2)", "bin": "b binary",
+    "bool": "f boolean", "date": "d date", "flt": "f float",
+}
+# (state, value): what Spark's client and JVM make of each (a value of another type is null, a bare value is
+# iterated, a dict gives its keys, Rows are positional, ...); none of these fails the task
+VALUES = [
+    ("one_long", (5,)), ("one_long", [5]), ("one_long", 5), ("one_long", "5"), ("one_long", Row(v=5)),
+    ("one_long", {"v": 5}), ("one_long", np.int64(5)), ("one_long", (np.int64(7),)), ("one_long", (5.5,)),
+    ("one_long", (None,)), ("one_long", (True,)), ("one_long", ("5",)), ("one_long", (2**70,)),
+    ("one_long", _Pair(9)), ("one_long", None), ("one_int", (2**40,)), ("one_int", (7,)), ("one_int", (7.0,)),
+    ("one_double", (5,)), ("one_double", (2.5,)), ("one_double", (np.float32(1.5),)), ("one_double", ("1.5",)),
+    ("one_double", (decimal.Decimal("1.5"),)), ("one_string", ("abc",)), ("one_string", (5,)),
+    ("one_string", ([1, 2],)), ("one_string", (1.5,)), ("one_string", (1e300,)), ("one_string", (True,)),
+    ("two", (1, "x")), ("two", ("x", 1)), ("two", {"a": 1, "b": "x"}), ("two", Row(b="x", a=1)), ("two", [1, "x"]),
+    ("nested", ((1, "y"),)), ("nested", (Row(x=1, y="y"),)), ("nested", ({"x": 1, "y": "y"},)),
+    ("nested", ([1, "y"],)), ("nested", ("xy",)), ("arr", ([1, 2],)), ("arr", ((1, 2),)), ("arr", ([1, None],)),
+    ("arr", (["a"],)), ("arr", ([1.5],)), ("mp", ({"a": 1},)), ("mp", ({1: 1},)), ("mp", ({"a": "b"},)),
+    ("mp", ([("a", 1)],)), ("ts", (dt.datetime(2026, 1, 1, 12, 0),)),
+    ("ts", (dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC),)), ("ts", (pd.Timestamp("2026-01-01 12:00"),)),
+    ("ts", (1_700_000_000_000,)), ("ts", (dt.date(2026, 1, 1),)), ("ts", (np.datetime64("2026-01-01T12:00"),)),
+    ("dec", (decimal.Decimal("1.234"),)), ("dec", (decimal.Decimal("1.2"),)), ("dec", (5,)), ("dec", (1.5,)),
+    ("bin", (b"ab",)), ("bin", ("ab",)), ("bin", (bytearray(b"ab"),)), ("bool", (True,)), ("bool", (1,)),
+    ("bool", (np.bool_(True),)), ("bool", ("true",)), ("date", (dt.date(2026, 1, 2),)),
+    ("date", (dt.datetime(2026, 1, 2, 3),)), ("date", (5,)), ("flt", (1.5,)), ("flt", (1,)), ("flt", (1e300,)),
+]
+LISTS = [[(1,), (2,)], [1, 2], [(1,), "2"], [(None,)]]
+MAP_KEYS = [("k",), "k", (1,), Row(k="k"), {"k": "k"}]
+
+
+def _outcome(attempt) -> str:
+    try:
+        return f"ok {attempt()!r}"
+    except Exception as e:  # the type and Spark's error class, as a processor catching it sees them
+        found = re.search(r"\[([A-Z_0-9.]+)\]", str(e))
+        return f"{type(e).__name__} {found.group(1) if found else str(e).splitlines()[0][:80]}"
+
+
+class StateValues(StatefulProcessor):
+    """Stores each value of VALUES in its state and reports what get() returns (or what was raised)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.states = {name: handle.getValueState(name, schema) for name, schema in SCHEMAS.items()}
+        self.list = handle.getListState("lst", "v long")
+        self.map = handle.getMapState("mp_state", "k string", "v long")
+
+    def _value(self, name, value):
+        self.states[name].update(value)
+        return self.states[name].get()
+
+    def _list(self, values):
+        self.list.put(values)
+        return list(self.list.get())
+
+    def _map_key(self, key):
+        self.map.clear()
+        self.map.updateValue(key, (1,))
+        return list(self.map.keys())
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        for _ in rows:
+            pass
+        out = [f"{name} {v!r} => {_outcome(lambda n=name, v=v: self._value(n, v))}" for name, v in VALUES]
+        out += [f"list {v!r} => {_outcome(lambda v=v: self._list(v))}" for v in LISTS]
+        out += [f"map key {k!r} => {_outcome(lambda k=k: self._map_key(k))}" for k in MAP_KEYS]
+        yield pd.DataFrame({"user": [key[0]] * len(out), "value": out})
+
+    def close(self) -> None:
+        pass
+
+
+def test_state_values_mean_what_they_mean_on_spark(spark, tmp_path):
+    got, want = _run_both(spark, tmp_path, [[{"user": "a"}]], StateValues(), "pandas", schema="user string")
+    assert got == want
+    said = dict(v.split(" => ", 1) for _u, v in want[0])
+    assert said["one_long 5"] == "TypeError 'int' object is not iterable"  # a bare value is iterated
+    assert said["one_double (5,)"] == "ok (None,)"  # an int in a double field is null on Spark
+    assert said["two {'a': 1, 'b': 'x'}"] == "ok (None, 'b')"  # a dict gives its keys
+
+
+class FailsTheTask(StatefulProcessor):
+    """Stores one value Spark's state server refuses (which fails Spark's task)."""
+
+    def __init__(self, case: str) -> None:
+        self.case = case
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.value = handle.getValueState("v", "v long")
+        self.dec = handle.getValueState("d", "d decimal(10, 2)")
+        self.list = handle.getListState("lst", "v long")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        for _ in rows:
+            pass
+        if self.case == "wrong arity":
+            self.value.update(())
+        elif self.case == "decimal overflow":
+            self.dec.update((decimal.Decimal("123456789012.5"),))
+        elif self.case == "empty put":
+            self.list.put([])
+        else:
+            self.list.appendList([])
+        yield pd.DataFrame({"user": [key[0]], "value": ["stored"]})
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("case", "error_class"), [
+    ("wrong arity", "STRUCT_ARRAY_LENGTH_MISMATCH"),
+    ("decimal overflow", "NUMERIC_VALUE_OUT_OF_RANGE.WITHOUT_SUGGESTION"),
+    ("empty put", "ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE"),
+    ("empty append", "ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE"),
+])
+def test_what_sparks_state_server_refuses_fails_the_batch_with_its_error_class(spark, tmp_path, case, error_class):
+    with pytest.raises(Exception) as on_spark:  # noqa: PT011 - Spark's task fails (its worker loses the server)
+        _run_both(spark, tmp_path, [[{"user": "a"}]], FailsTheTask(case), "pandas", schema="user string", only="spark")
+    assert "terminated with exception" in str(on_spark.value)
+    with pytest.raises(Exception) as on_spate:  # noqa: PT011
+        _run_both(spark, tmp_path, [[{"user": "a"}]], FailsTheTask(case), "pandas", schema="user string", only="spate")
+    assert f"[{error_class}]" in str(on_spate.value)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyspark.errors import PySparkValueError
 from pyspark.sql.types import Row, StructType
 
 from spate import LocalRunner
@@ -20,6 +21,7 @@ from spate.spark.state_schema import (
     evolve,
     parse_schema,
 )
+from spate.spark.state_values import StateValueError
 
 SIMPLE_TYPES = {"long": st.integers(-2**63, 2**63 - 1), "int": st.integers(-2**31, 2**31 - 1),
                 "double": st.floats(allow_nan=False), "string": st.text(max_size=5), "boolean": st.booleans(),
@@ -105,8 +107,10 @@ def test_nested_values_come_back_as_spark_gives_them():
     assert codec.value(codec.stored(value)) == (
         Row(x=2, y="y"), [Row(p=7)], {"k": 3}, decimal.Decimal("1.50"), dt.date(2026, 1, 2),
         dt.datetime(2026, 1, 2, 3, 4, 5))  # naive, in the process's time zone (UTC here), as Spark returns it
-    with pytest.raises(StateSchemaError, match="2 values for the 6 fields"):
+    with pytest.raises(PySparkValueError, match="UNEXPECTED_TUPLE_WITH_STRUCT"):  # Spark's client: 1 is no struct
         codec.stored((1, 2))
+    with pytest.raises(StateValueError, match=r"\[STRUCT_ARRAY_LENGTH_MISMATCH\].*2 fields are required while 3"):
+        evolve("w", "value", parse_schema("a long, b long"), None, None, None).codec("w").stored((1, 2, 3))
 
 
 def test_documented_bytes_are_real(tmp_path):

@@ -16,7 +16,6 @@ themselves.
 
 from __future__ import annotations
 
-import decimal
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from pyspark.sql.types import (
 )
 
 from spate.errors import SpateError
+from spate.spark.state_values import spark_internal
 
 SCHEMAS_STATE = "spark.state_schemas"
 """Broadcast operator state holding each state's schema history (state name → :class:`StateSchemaRecord`)."""
@@ -243,35 +243,6 @@ def check_evolution(state: str, old: StructType, new: StructType) -> None:
 
 # -- values ----------------------------------------------------------------------------------------------
 
-def _internal(value: Any, dtype: DataType, where: str) -> Any:
-    """``value`` in Spark's internal form for ``dtype`` (decimals at the type's scale)."""
-    if value is None:
-        return None
-    if isinstance(dtype, StructType):
-        if isinstance(value, dict):
-            items = [value.get(f.name) for f in dtype.fields]
-        elif isinstance(value, (tuple, list)):
-            if len(value) != len(dtype.fields):
-                raise StateSchemaError(f"{where}: {len(value)} values for the {len(dtype.fields)} fields of "
-                                       f"{dtype.simpleString()}")
-            items = list(value)
-        else:
-            raise StateSchemaError(f"{where}: expected a tuple or Row for {dtype.simpleString()}, got "
-                                   f"{type(value).__name__}")
-        return tuple(_internal(v, f.dataType, f"{where}.{f.name}") for v, f in zip(items, dtype.fields,
-                                                                                    strict=True))
-    if isinstance(dtype, ArrayType):
-        return [_internal(v, dtype.elementType, where + "[]") for v in value]
-    if isinstance(dtype, MapType):
-        return [(_internal(k, dtype.keyType, where + "{key}"), _internal(v, dtype.valueType, where + "{}"))
-                for k, v in value.items()]
-    if isinstance(dtype, DecimalType):
-        return decimal.Decimal(value).quantize(decimal.Decimal(1).scaleb(-dtype.scale))
-    if dtype.needConversion():
-        return dtype.toInternal(value)
-    return value
-
-
 def _external(value: Any, dtype: DataType) -> Any:
     """Spark's Python value for internal ``value`` (structs as ``Row``)."""
     if value is None:
@@ -316,8 +287,9 @@ class StateCodec:
         return self.versions[-1]
 
     def stored(self, value: Any) -> list[Any]:
-        """``value`` (tuple, list, Row, dict or NamedTuple per the schema) as stored."""
-        return [len(self.versions) - 1, *_internal(value, self.schema, f"state {self.name!r}")]
+        """``value`` as stored, with the meaning Spark gives it (:func:`~spate.spark.state_values.spark_internal`:
+        iterated into the schema's fields, values of another type null, wrong arity refused)."""
+        return [len(self.versions) - 1, *spark_internal(value, self.schema, f"state {self.name!r}")]
 
     def row(self, stored: list[Any]) -> Row:
         """A stored value as a ``Row`` of the current schema."""
@@ -338,7 +310,7 @@ class KeyCodec:
     schema: StructType
 
     def stored(self, key: Any, state: str) -> tuple:
-        return _hashable(_internal(key, self.schema, f"map state {state!r} key"))
+        return _hashable(spark_internal(key, self.schema, f"map state {state!r} key"))
 
     def value(self, stored: Any) -> tuple:
         return tuple(_external(_listy(stored, self.schema), self.schema))

@@ -25,6 +25,7 @@ from spate.spark.state_schema import (
     evolve,
     parse_schema,
 )
+from spate.spark.state_values import refused
 from spate.state.descriptors import ListStateDescriptor, MapStateDescriptor, StateDescriptor, ValueStateDescriptor
 
 _DESCRIPTORS = {"value": ValueStateDescriptor, "list": ListStateDescriptor, "map": MapStateDescriptor}
@@ -110,7 +111,7 @@ class ValueState(_StateVar):
         return None if stored is None else self._codec.value(stored)
 
     def update(self, newValue: tuple) -> None:  # noqa: N803 - Spark's API
-        self._live("updating value state").update(self._codec.stored(plain(newValue)))
+        self._live("updating value state").update(self._codec.stored(newValue))
 
     def clear(self) -> None:
         self._live("clearing value state").clear()
@@ -126,13 +127,19 @@ class ListState(_StateVar):
         return iter([self._codec.value(v) for v in self._live("getting list state").get()])
 
     def put(self, newState: list[tuple]) -> None:  # noqa: N803
-        self._live("putting list state").update([self._codec.stored(plain(v)) for v in newState])
+        self._live("putting list state").update(self._non_empty([self._codec.stored(v) for v in newState]))
 
     def appendValue(self, newState: tuple) -> None:  # noqa: N802,N803
-        self._live("appending value to list state").add(self._codec.stored(plain(newState)))
+        self._live("appending value to list state").add(self._codec.stored(newState))
 
     def appendList(self, newState: list[tuple]) -> None:  # noqa: N802,N803
-        self._live("appending list to list state").add_all([self._codec.stored(plain(v)) for v in newState])
+        self._live("appending list to list state").add_all(self._non_empty([self._codec.stored(v) for v in newState]))
+
+    def _non_empty(self, values: list[Any]) -> list[Any]:
+        if not values:
+            raise refused("ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE", "Illegal value provided to the State Store "
+                          f"Cannot write empty list values to State Store for StateName {self._name}")
+        return values
 
     def clear(self) -> None:
         self._live("clearing list state").clear()
@@ -147,7 +154,7 @@ class MapState(_StateVar):
         self._keys = key_codec
 
     def _key(self, key: tuple) -> tuple:
-        return self._keys.stored(plain(key), self._name)
+        return self._keys.stored(key, self._name)
 
     def exists(self) -> bool:
         return not self._live("checking map state exists").is_empty()
@@ -160,7 +167,7 @@ class MapState(_StateVar):
         return bool(self._live("checking map state contains key").contains(self._key(key)))
 
     def updateValue(self, key: tuple, value: tuple) -> None:  # noqa: N802
-        self._live("updating value in map state").put(self._key(key), self._codec.stored(plain(value)))
+        self._live("updating value in map state").put(self._key(key), self._codec.stored(value))
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
         return iter([(self._keys.value(k), self._codec.value(v)) for k, v in self._live("iterating map state").items()])
