@@ -315,3 +315,50 @@ def test_what_sparks_state_server_refuses_fails_the_batch_with_its_error_class(s
     with pytest.raises(Exception) as on_spate:  # noqa: PT011
         _run_both(spark, tmp_path, [[{"user": "a"}]], FailsTheTask(case), "pandas", schema="user string", only="spate")
     assert f"[{error_class}]" in str(on_spate.value)
+
+
+# -- the session's settings for the conversion ------------------------------------------------------------
+
+class Converted(StatefulProcessor):
+    """Yields values whose conversion depends on the session: a float for a long (checked casts), ints for a
+    decimal (int-to-decimal coercion), a naive timestamp (the session time zone), and the sizes of the chunks
+    it received (maxRecordsPerBatch, maxBytesPerBatch)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        pass
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        sizes = [len(df) for df in rows]
+        yield pd.DataFrame({"user": [key[0]], "l": [1.5], "d": [5], "t": [pd.Timestamp("2026-01-01 12:00")],
+                            "chunks": [str(sizes)]})
+
+    def close(self) -> None:
+        pass
+
+
+CONVERTED = "user string, l long, d decimal(10, 2), t timestamp, chunks string"
+
+
+@pytest.mark.parametrize("settings", [
+    {"spark.sql.execution.pandas.convertToArrowArraySafely": "false",
+     "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled": "true",
+     "spark.sql.execution.arrow.maxRecordsPerBatch": "3", **LOS_ANGELES},
+    {"spark.sql.execution.pandas.convertToArrowArraySafely": "false",
+     "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled": "true",
+     "spark.sql.execution.arrow.maxBytesPerBatch": "64", "spark.sql.session.timeZone": "Asia/Kolkata"},
+], ids=["records-los-angeles", "bytes-kolkata"])
+def test_outputs_are_converted_with_the_sessions_settings(spark, tmp_path, settings):
+    rows = [[{"user": "a", "n": i} for i in range(8)] + [{"user": "b", "n": 1}]]
+    got, want = _run_both(spark, tmp_path, rows, Converted(), "pandas", schema="user string, n long",
+                          output=CONVERTED, **settings)
+    assert got == want
+    assert want[0][0][1:3] == (1, decimal.Decimal("5.00"))  # truncated, and coerced
+    assert want[0][0][4] in ("[3, 3, 2]", "[5, 3]")  # chunked by rows, or by bytes
+
+
+def test_checked_casts_fail_the_batch_as_on_spark(spark, tmp_path):
+    """With Spark 4's defaults (ANSI mode: checked casts, no int-to-decimal coercion) the same outputs fail."""
+    for only in ("spark", "spate"):
+        with pytest.raises(Exception, match="(?i)truncat|decimal|convert"):  # noqa: PT011
+            _run_both(spark, tmp_path / only, [[{"user": "a", "n": 1}]], Converted(), "pandas",
+                      schema="user string, n long", output=CONVERTED, only=only)
