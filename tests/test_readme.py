@@ -53,3 +53,9 @@ def test_readme_rescale_example_runs(capsys):
     run_block(python_block("runner.rescale(4)"), "readme_rescale_example")
     assert capsys.readouterr().out.splitlines() == [
         "4 2 [2, 2, 4]", "['rescaled', 'rescaled', 'rescaled', 'rescaled']", "[(1, 2), (2, 4)]"]
+
+
+def test_readme_idle_batch_example_runs(capsys):
+    run_block(python_block("runner.run_idle()"), "readme_idle_example")
+    assert capsys.readouterr().out.splitlines() == [
+        "60000 [{'device': 'boiler', 'silent_since_ms': 0}]", "None"]

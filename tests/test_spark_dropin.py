@@ -20,6 +20,8 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from test_spark_semantics import _conf, _data_batches, run_spark, run_spate
 from test_spark_stream import write_files
 
+from spate.spark.ticks import AVAILABLE_NOW
+
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -267,6 +269,7 @@ class StateValues(StatefulProcessor):
 
 def test_state_values_mean_what_they_mean_on_spark(spark, tmp_path):
     got, want = _run_both(spark, tmp_path, [[{"user": "a"}]], StateValues(), "pandas", schema="user string")
+    assert sorted(set(got[0]) - set(want[0])) == sorted(set(want[0]) - set(got[0])) == []
     assert got == want
     said = dict(v.split(" => ", 1) for _u, v in want[0])
     assert said["one_long 5"] == "TypeError 'int' object is not iterable"  # a bare value is iterated
@@ -362,3 +365,75 @@ def test_checked_casts_fail_the_batch_as_on_spark(spark, tmp_path):
         with pytest.raises(Exception, match="(?i)truncat|decimal|convert"):  # noqa: PT011
             _run_both(spark, tmp_path / only, [[{"user": "a", "n": 1}]], Converted(), "pandas",
                       schema="user string, n long", output=CONVERTED, only=only)
+
+
+# -- timers fire on an idle stream ---------------------------------------------------------------------------
+
+class SilenceAlert(StatefulProcessor):
+    """Alerts when a device went silent: every row re-arms a processing-time timer 2 s ahead."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        for _ in rows:
+            pass
+        for ts in self.handle.listTimers():
+            self.handle.deleteTimer(ts)
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 2_000)
+        return iter(())
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        yield pd.DataFrame({"user": [key[0]], "value": ["silent"]})
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_timer_fires_when_no_input_arrives(spark, tmp_path):
+    """Every device goes silent after one file: the alerts still come, in batches without input, once each."""
+    import time
+
+    from spate.spark.stream import transform_with_state
+
+    source = str(tmp_path / "in")
+    write_files(source, [[{"user": "a"}, {"user": "b"}]])
+    outputs: dict = {}
+
+    def sink(df, batch_id):
+        outputs.setdefault(batch_id, []).extend(sorted(tuple(r) for r in df.collect()))
+
+    df = spark.readStream.schema("user string").json(source)
+    stream = transform_with_state(df, "user", SilenceAlert(), "user string, value string",
+                                  time_mode="ProcessingTime", checkpoint_root=str(tmp_path / "spate"), parallelism=2,
+                                  local_dir=str(tmp_path / "local"), idle_batches=True)  # the default from 4.2 on
+    query = stream.start(sink, trigger={"processingTime": "500 milliseconds"},
+                         spark_checkpoint_cache=str(tmp_path / "cache"))
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and sum(len(v) for v in outputs.values()) < 2:
+            time.sleep(0.2)
+        time.sleep(2.5)  # nothing more is due: no more batches
+        batches = len(stream.metrics)
+        time.sleep(1.5)
+        assert len(stream.metrics) == batches, "an idle query with nothing due runs no batch"
+    finally:
+        query.stop()
+        stream.close()
+    alerts = [row for rows in outputs.values() for row in rows]
+    assert sorted(alerts) == [("a", "silent"), ("b", "silent")]
+    assert min(b for b, rows in outputs.items() if rows) > 0, "fired in a batch without input"
+
+
+@pytest.mark.skipif(not AVAILABLE_NOW, reason="pyspark < 4.2: a Python source cannot take part in AvailableNow")
+def test_no_data_batches_where_spark_runs_them(spark, tmp_path):
+    """Event time: Spark runs a batch without input whenever the watermark moved (its timers fire there, and
+    the late-row bound moves); spate runs the same batches, so every batch, with or without input, is equal."""
+    from test_spark_semantics import LateRowsAndTimers, _late_batches
+
+    source, batches = str(tmp_path / "in"), _late_batches()
+    write_files(source, batches)
+    want = run_spark(spark, source, tmp_path / "spark", LateRowsAndTimers(), "EventTime")
+    got = run_spate(spark, source, tmp_path / "spate", LateRowsAndTimers(), "EventTime")
+    assert len(want) > len(batches), "Spark ran batches without input"
+    assert got == want

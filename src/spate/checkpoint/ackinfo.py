@@ -32,6 +32,9 @@ class AckInfo:
             local copy held (the ack's ``stats["local_copy_bytes"]`` says what was copied locally).
         restore_ms: how long that took.
         executor: where it ran (filled in by the transport, e.g. the Spark executor id; None in-process).
+        next_processing_timer_ms / next_event_timer_ms: the earliest timer of each time domain still registered
+            after the batch (a lower bound: it may have been deleted since), None without one. The driver runs a
+            batch without input when one is due (:mod:`spate.runtime.idle`).
     """
 
     rows: int = 0
@@ -42,6 +45,8 @@ class AckInfo:
     restore_bytes: int = 0
     restore_ms: float = 0.0
     executor: str | None = None
+    next_processing_timer_ms: int | None = None
+    next_event_timer_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.recovery not in (*RECOVERY_KINDS, UNKNOWN):

@@ -24,11 +24,12 @@ from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.filemerging.config import FileMergingConfig
 from spate.keygroups import compile_key_hasher
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision
-from spate.runtime.batch import KeyedBatch
+from spate.runtime.batch import BatchProcessor, KeyedBatch
 from spate.runtime.driver import DriverLoop
+from spate.runtime.idle import IdleBatches
 from spate.runtime.keys import KeyCheck
 from spate.runtime.localstate import remove_other_parallelisms
-from spate.runtime.processor import Row
+from spate.runtime.processor import Processor, Row
 from spate.runtime.services import WorkerServices
 from spate.runtime.settings import SpateSettings
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, Subtask, SubtaskConfig, processor_factory
@@ -50,6 +51,10 @@ class BatchResult:
     restored_subtasks: list[int] = field(default_factory=list)
     parallelism: int = 0  # the subtasks the batch ran on
     rescaled_from: int | None = None  # the parallelism before, if the batch rescaled the query online
+
+
+def _is_factory(processor: Any) -> bool:
+    return not isinstance(processor, (Processor, BatchProcessor, type))
 
 
 def key_extractor(key: KeySpec) -> Callable[[Row], Any]:
@@ -117,6 +122,7 @@ class LocalRunner:
                  clock: Callable[[], int] | None = None, autoscale: AutoscalePolicy | None = None,
                  fault_injector: FaultInjector | None = None) -> None:
         self._factory = processor_factory(processor)
+        self._idle = IdleBatches.of(processor) if not _is_factory(processor) else IdleBatches()
         self._key = key_extractor(key)
         self._keys = KeyCheck(key_columns(key))
         self._hash = compile_key_hasher(key_types)
@@ -202,6 +208,22 @@ class LocalRunner:
         complete checkpoint already covers) up to ``until`` (exclusive) or the end of ``source``."""
         end = len(source) if until is None else min(until, len(source))
         return [self.run_batch(n, source[n]) for n in range(self.next_batch_id, end)]
+
+    @property
+    def idle_batch_due_at(self) -> int | None:
+        """When (processing time, epoch ms) the next batch is due even without input: a processing-time timer's
+        time, or now when the watermark moves past an event-time timer (or at all, for a processor that asks
+        for it, as Spark's transformWithState in event time does); None: not before input arrives."""
+        return self._idle.due_at(self.coordinator.latest)
+
+    def run_idle(self) -> BatchResult | None:
+        """Run the next batch without input if one is due by the runner's clock (as Spark runs a no-data batch
+        for its stateful operators): its timers fire, the watermark moves. None, and nothing runs or is written,
+        when nothing is due. ``run_batch(n, [])`` runs one unconditionally."""
+        due = self.idle_batch_due_at
+        if due is None or due > self._clock():
+            return None
+        return self.run_batch(self.next_batch_id, [])
 
     def run_batch(self, batch_id: int, rows: Sequence[Row]) -> BatchResult:
         """One micro-batch = one checkpoint (:class:`DriverLoop`). If processing or the checkpoint fails, the

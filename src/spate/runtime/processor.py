@@ -106,13 +106,16 @@ class Processor(ABC):
     before they are grouped; ``timers_deleted_after_firing`` keeps a firing timer registered while ``on_timer``
     runs (it lists it, and may delete or re-register it) and deletes it after, and fires only the timers due
     when firing began (Spark's order; ``False``: Flink's, the timer is gone when ``on_timer`` runs and timers
-    registered during firing fire in the same batch when due).
+    registered during firing fire in the same batch when due); ``idle_batch_on_watermark_move`` runs a batch
+    without input whenever the watermark moved (Spark's rule for transformWithState in event time; ``False``: only
+    when an event-time timer is due then, see :mod:`spate.runtime.idle`).
     """
 
     processing_timers_first: bool = True
     watermark_floor_ms: int | None = None
     drop_late_rows: bool = False
     timers_deleted_after_firing: bool = False
+    idle_batch_on_watermark_move: bool = False
 
     def open(self, ctx: Context) -> None:
         """Obtain state handles here: ``self.count = ctx.state(ValueStateDescriptor("count", default=0))``."""

@@ -611,11 +611,14 @@ class Subtask:
         stats.update(clog_stats)
         if self.clog is not None and self.config.sticky and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
             stats["materialization_started"] = True
+        timers = keyed.timers
         return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, changelog, op_handle, staged,
                           files, self._max_event_time(batch), stats, manager.worker_id if manager else None,
                           rows=batch.num_rows, staged=self.config.stage_outputs, recovery=r.kind,
                           restored_from=r.restored_from, caught_up_from=r.caught_up_from,
-                          restore_bytes=r.restore_bytes, restore_ms=round(r.restore_ms, 3))
+                          restore_bytes=r.restore_bytes, restore_ms=round(r.restore_ms, 3),
+                          next_processing_timer_ms=timers.earliest(PROCESSING_TIME),
+                          next_event_timer_ms=timers.earliest(EVENT_TIME))
 
     def _overlay(self) -> OverlayTable | None:
         table = self.keyed.table if self.keyed is not None else None

@@ -92,6 +92,7 @@ class StatefulProcessorAdapter(Processor):
         self._converted: tuple[KeyedBatch, Any, float] | None = None  # this batch's rows as Spark converts them
         self.watermark_floor_ms = 0 if time_mode == "EventTime" else None
         self.drop_late_rows = time_mode == "EventTime"
+        self.idle_batch_on_watermark_move = time_mode == "EventTime"  # Spark's no-data batch when it moved
         self._schemas: StateSchemas | None = None
         self._running: Any = None  # this batch's copy of the processor, after its init
         self._opened = False  # open began the first batch's copy

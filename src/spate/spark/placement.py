@@ -148,7 +148,7 @@ def placed_batch(routed_df: Any, plans: list[bytes], locations: list[list[str]])
     empty (each holds its subtask's heartbeat row)."""
     sc = routed_df.sparkSession.sparkContext
     jvm = sc._jvm
-    rows = routed_df._jdf.toArrowBatchRdd(0, "UTC", False, False)  # 0: no row limit, one batch per partition
+    rows = _arrow_batches(routed_df)
     scala = jvm.scala.jdk.javaapi.CollectionConverters
     items = jvm.java.util.ArrayList()
     for plan, where in zip(plans, locations, strict=True):
@@ -159,6 +159,31 @@ def placed_batch(routed_df: Any, plans: list[bytes], locations: list[list[str]])
     byte_array = jvm.scala.reflect.ClassTag.apply(jvm.java.lang.Class.forName("[B"))
     plan_rdd = sc._jsc.sc().makeRDD(scala.asScala(items).toList(), byte_array)
     return rows.toJavaRDD().zip(plan_rdd.toJavaRDD())
+
+
+_MAX_RECORDS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+def _arrow_batches(routed_df: Any) -> Any:
+    """The JVM RDD of ``routed_df`` as one Arrow record batch per partition (no row limit). Spark 4.2 takes the
+    limit as an argument; 4.0 and 4.1 read it (and the time zone) from the session when called, so it is set
+    on the batch's session for the call."""
+    from py4j.protocol import Py4JError
+
+    jdf = routed_df._jdf  # noqa: SLF001
+    try:
+        return jdf.toArrowBatchRdd(0, "UTC", False, False)
+    except Py4JError:  # Spark 4.0, 4.1: no such overload
+        conf = routed_df.sparkSession.conf
+        before = conf.get(_MAX_RECORDS, None)
+        conf.set(_MAX_RECORDS, "0")
+        try:
+            return jdf.toArrowBatchRdd()
+        finally:
+            if before is None:
+                conf.unset(_MAX_RECORDS)
+            else:
+                conf.set(_MAX_RECORDS, before)
 
 
 __all__ = ["ExecutorId", "Placement", "alive_executors", "placed_batch", "this_executor"]

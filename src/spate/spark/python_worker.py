@@ -200,6 +200,17 @@ def _version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def arrow_schema(schema: Any) -> pa.Schema:
+    """Spark's Arrow schema for a ``StructType``, timestamps in UTC (``to_arrow_schema``, whose arguments changed
+    in pyspark 4.2)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    parameters = inspect.signature(to_arrow_schema).parameters
+    if "timezone" in parameters:
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema, **({"timestamp_utc": True} if "timestamp_utc" in parameters else {}))
+
+
 def _arrow_to_pandas(table: pa.Table, conf: PythonWorkerConf) -> list[Any]:
     from pyspark.sql import conversion
 
@@ -249,4 +260,5 @@ def _accepted(function: Any, **arguments: Any) -> dict[str, Any]:
     return {k: v for k, v in arguments.items() if k in parameters}
 
 
-__all__ = ["PandasOutput", "PythonWorkerConf", "pandas_chunks", "pandas_input", "rebuilds_chunks", "in_session_zone"]
+__all__ = ["PandasOutput", "PythonWorkerConf", "arrow_schema", "in_session_zone", "pandas_chunks", "pandas_input",
+           "rebuilds_chunks"]

@@ -79,11 +79,12 @@ def refused(error_class: str | None, message: str) -> StateValueError:
 
 def _client_internal(value: Any, schema: StructType) -> Any:
     """What the installed pyspark's client sends for ``value``: its own ``_serialize_to_bytes``, unpickled."""
-    from pyspark.serializers import PickleSerializer
-    from pyspark.sql.streaming.stateful_processor_api_client import StatefulProcessorApiClient
+    from pyspark.sql.streaming import stateful_processor_api_client as api
 
-    client = types.SimpleNamespace(pickleSer=PickleSerializer())
-    return pickle.loads(StatefulProcessorApiClient._serialize_to_bytes(client, schema, value))  # noqa: SLF001
+    # the serializer the installed client pickles with (CPickleSerializer, a cloudpickle one, before 4.2)
+    serializer = getattr(api, "CPickleSerializer", None) or api.PickleSerializer
+    client = types.SimpleNamespace(pickleSer=serializer())
+    return pickle.loads(api.StatefulProcessorApiClient._serialize_to_bytes(client, schema, value))  # noqa: SLF001
 
 
 class _Refused(Exception):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -30,18 +31,22 @@ from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
 from spate.report import percentile
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision, progress_observation
+from spate.runtime.batch import BatchProcessor
 from spate.runtime.driver import DriverLoop
+from spate.runtime.idle import IdleBatches
+from spate.runtime.processor import Processor
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
 from spate.spark.placement import Placement, alive_executors, placed_batch
-from spate.spark.python_worker import PythonWorkerConf
+from spate.spark.python_worker import PythonWorkerConf, arrow_schema
 from spate.spark.routing import routing_values
 from spate.spark.settings import SpateSettings
 from spate.spark.spark_checkpoint import (
     SPARK_CHECKPOINT_DIR,  # noqa: F401  (re-exported)
     SparkCheckpoint,
     check_locations,
+    default_cache_dir,
     open_spark_checkpoint,
 )
 from spate.spark.staged import staged_outputs_frame
@@ -54,6 +59,7 @@ from spate.spark.task import (
     TaskSpec,
     run_partition,
 )
+from spate.spark.ticks import AVAILABLE_NOW, TICK_COLUMN, WakeFile, tick_stream
 from spate.spark.tws_handle import declared_states
 
 log = logging.getLogger(__name__)
@@ -95,6 +101,11 @@ class StatefulStream:
         autoscale: an :class:`AutoscalePolicy`: after each batch the stream rescales itself online when the
             policy decides so, from the batch's duration and the input backlog Spark's query progress reports
             (Kafka's offsets behind latest); :meth:`summary` and each rescaling checkpoint say what it decided.
+        idle_batches: run a batch without input when a timer is due or the watermark moves (Spark does this
+            for its own stateful operators), by adding a source of ticks to the query (:mod:`spate.spark.ticks`).
+            On by default for per-key processors (a :class:`BatchProcessor` has no timers) from pyspark 4.2 on;
+            before, opt in (there ``Trigger.AvailableNow`` then runs as one batch). It changes the sources of
+            Spark's checkpoint, so a root keeps the setting it started with.
 
     :meth:`rescale` changes the parallelism of the running query from its next batch on (no restart).
     """
@@ -102,8 +113,8 @@ class StatefulStream:
     def __init__(self, df: Any, key: str | Sequence[str],
                  processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory, output_schema: Any,
                  settings: SpateSettings | None = None, initial_state: Any = None,
-                 autoscale: AutoscalePolicy | None = None, **overrides: Any) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
+                 autoscale: AutoscalePolicy | None = None, idle_batches: bool | None = None,
+                 **overrides: Any) -> None:
         from pyspark.sql.types import StructType, _parse_datatype_string
 
         if not df.isStreaming:
@@ -116,12 +127,17 @@ class StatefulStream:
         if not self.key_columns or missing:
             raise ValueError(f"key columns {missing or '(none)'} are not columns of the stream {df.columns}")
         self.factory = processor_factory(processor)
+        is_batch = isinstance(processor, BatchProcessor) or (isinstance(processor, type)
+                                                            and issubclass(processor, BatchProcessor))
+        self.idle_batches = (not is_batch and AVAILABLE_NOW) if idle_batches is None else idle_batches
+        self._idle = IdleBatches.of(processor) if isinstance(processor, (Processor, type)) else IdleBatches()
+        self._wake: WakeFile | None = None
         self.initial_state = _initial_state(initial_state, self.key_columns)
         schema = _parse_datatype_string(output_schema) if isinstance(output_schema, str) else output_schema
         if not isinstance(schema, StructType):
             raise TypeError(f"output_schema must be a StructType or a DDL string, got {output_schema!r}")
         self.output_schema = schema
-        self.arrow_output_schema = to_arrow_schema(schema, timezone="UTC")  # what the outputs are checked against
+        self.arrow_output_schema = arrow_schema(schema)  # what the outputs are checked against
         if settings is None:
             conf = dict(self.spark.sparkContext.getConf().getAll()) | {
                 k: v for k, v in self.spark.conf.getAll.items() if k.startswith("spark.spate.")}
@@ -172,7 +188,17 @@ class StatefulStream:
         self.spark_checkpoint: SparkCheckpoint = open_spark_checkpoint(self.spark, self.coordinator,
                                                                        spark_checkpoint, spark_checkpoint_cache)
         self._deliver_staged()
-        writer = self.df.writeStream.foreachBatch(self._process_batch).option(
+        source = self.df
+        if self.idle_batches:
+            if trigger and "availableNow" in trigger and not AVAILABLE_NOW:
+                log.warning("batches without input with Trigger.AvailableNow before pyspark 4.2: Spark runs the "
+                            "query as one batch (a Python source cannot take part); use idle_batches=False for "
+                            "this root, or another trigger")
+            self._wake = WakeFile(os.path.join(spark_checkpoint_cache or default_cache_dir(),
+                                               self.coordinator.query.query_id, "wake.json"))
+            self._write_wake()
+            source = source.unionByName(tick_stream(self.spark, self._wake.path), allowMissingColumns=True)
+        writer = source.writeStream.foreachBatch(self._process_batch).option(
             "checkpointLocation", self.spark_checkpoint.location)
         if trigger:
             writer = writer.trigger(**trigger)
@@ -247,7 +273,24 @@ class StatefulStream:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- one micro-batch (driver) -----------------------------------------------------------------------
+    def _write_wake(self) -> None:
+        """Tell the tick source when the batch after the latest checkpoint is due without input."""
+        assert self.coordinator is not None
+        if self._wake is not None:
+            latest = self.coordinator.latest
+            self._wake.write(latest.checkpoint_id if latest is not None else -1, self._idle.due_at(latest))
+
     def _process_batch(self, batch_df: Any, batch_id: int) -> None:
+        if self._wake is not None:
+            from pyspark.sql import functions as F
+
+            batch_df = batch_df.where(F.col(TICK_COLUMN).isNull()).drop(TICK_COLUMN)
+        try:
+            self._run_batch(batch_df, batch_id)
+        finally:
+            self._write_wake()
+
+    def _run_batch(self, batch_df: Any, batch_id: int) -> None:
         assert self._loop is not None
         started = time.perf_counter()
         self._deliver_ms = 0.0
@@ -299,7 +342,6 @@ class StatefulStream:
         from pyspark.rdd import RDD
         from pyspark.serializers import NoOpSerializer
         from pyspark.sql import functions as F
-        from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import BooleanType, IntegerType
 
         s, coord = self.settings, self.coordinator
@@ -322,7 +364,7 @@ class StatefulStream:
         route = F.element_at(F.array(*[F.lit(v) for v in routing_values(p)]), F.col(SUBTASK_COLUMN) + 1)
         routed = rows.unionByName(heartbeat).withColumn(ROUTE_COLUMN, route.cast("int")).repartition(p, ROUTE_COLUMN)
         spec = TaskSpec(self.run_id, self.factory, s, self.sink is not None, self.key_columns,
-                        self.arrow_output_schema, to_arrow_schema(routed.schema, timezone="UTC"))
+                        self.arrow_output_schema, arrow_schema(routed.schema))
 
         def task(items: Any) -> Any:
             return run_partition(spec, items)

@@ -78,6 +78,12 @@ class TimerService:
         return sorted(_TS.unpack(uk)[0] - _BIAS
                       for uk, _ in b.table.map_items(b._kg, self._primary(domain, namespace)))
 
+    def earliest(self, domain: str) -> int | None:
+        """The earliest timer of ``domain`` (a lower bound: a deleted timer stays in the index until its time
+        comes), None without one."""
+        heap = self._heaps[self._domain(domain)]
+        return heap[0][0] if heap else None
+
     def pop_due(self, domain: str, up_to: int) -> Iterator[tuple[int, Any]]:
         """Remove and yield (timestamp, namespace) of every timer ≤ ``up_to`` in timestamp order, with the
         backend's current key set to the timer's key. Timers registered meanwhile are included."""
