@@ -7,7 +7,13 @@ STAMP  := $(VENV)/.installed-stamp
 JAVA_HOME_FILE := $(VENV)/java-home
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck bench install java clean
+# Every pyspark minor version pyproject.toml allows, besides the newest (which `make test` runs on): a virtual
+# environment each, and the Spark tests of the transport, placement and the transformWithState drop-in.
+SMOKE_VERSIONS ?= 4.0 4.1 4.2
+SMOKE_TESTS ?= tests/test_spark_dropin.py tests/test_spark_adapter.py tests/test_spark_routing.py \
+	tests/test_spark_stream.py::test_counts_checkpoints_sink_and_rescale
+
+.PHONY: demo test smoke lint typecheck bench install java clean
 
 install: $(STAMP)
 
@@ -30,6 +36,19 @@ test: $(STAMP) $(JAVA_HOME_FILE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/ruff check src tests
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q $(PYTEST_ARGS)
 
+smoke: $(STAMP) $(JAVA_HOME_FILE)
+	@for v in $(SMOKE_VERSIONS); do \
+	  venv=.venv-pyspark-$$v; \
+	  if [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]; then \
+	    $(PYTHON) -m venv $$venv && $$venv/bin/pip install -q --upgrade pip && \
+	    $$venv/bin/pip install -q -e ".[spark,dev]" "pyspark==$$v.*" && touch $$venv/.installed-stamp || exit 1; \
+	  fi; \
+	  cp $(JAVA_HOME_FILE) $$venv/java-home; \
+	  echo "== smoke: pyspark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
+	  JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $$venv/bin/python -m pytest -q -p no:cacheprovider \
+	    $(SMOKE_TESTS) || exit 1; \
+	done
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 
@@ -41,4 +60,4 @@ bench: $(STAMP)
 	$(VENV)/bin/spate bench state --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info
+	rm -rf $(VENV) .venv-pyspark-* .pytest_cache build *.egg-info src/*.egg-info

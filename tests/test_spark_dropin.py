@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
+import pyspark
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import Row
@@ -25,6 +26,7 @@ from spate.spark.ticks import AVAILABLE_NOW
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+SPARK_4_0 = pyspark.__version__.startswith("4.0.")
 
 
 def _row(user, n, seconds):
@@ -112,6 +114,8 @@ def _run_both(spark, tmp_path, batches, processor, flavour, schema=TIMES, output
 def _run_spark(spark, source, checkpoint, processor, flavour, schema, output, sink):
     df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(source)
     grouped = df.groupBy("user")
+    if flavour == "row" and not hasattr(grouped, "transformWithState"):
+        pytest.skip("this Spark has no Row flavour of transformWithState (it came in 4.1) to compare with")
     apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
     query = apply(processor, output, "Update", "None").writeStream.foreachBatch(sink).option(
         "checkpointLocation", str(checkpoint)).start()
@@ -267,6 +271,11 @@ class StateValues(StatefulProcessor):
         pass
 
 
+HANGS_ON_4_0 = pytest.mark.skipif(SPARK_4_0, reason="Spark 4.0's own transformWithStateInPandas never finishes this "
+                                                    "query (its Python worker waits on a state server that failed)")
+
+
+@HANGS_ON_4_0
 def test_state_values_mean_what_they_mean_on_spark(spark, tmp_path):
     got, want = _run_both(spark, tmp_path, [[{"user": "a"}]], StateValues(), "pandas", schema="user string")
     assert sorted(set(got[0]) - set(want[0])) == sorted(set(want[0]) - set(got[0])) == []
@@ -311,6 +320,7 @@ class FailsTheTask(StatefulProcessor):
     ("empty put", "ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE"),
     ("empty append", "ILLEGAL_STATE_STORE_VALUE.EMPTY_LIST_VALUE"),
 ])
+@HANGS_ON_4_0
 def test_what_sparks_state_server_refuses_fails_the_batch_with_its_error_class(spark, tmp_path, case, error_class):
     with pytest.raises(Exception) as on_spark:  # noqa: PT011 - Spark's task fails (its worker loses the server)
         _run_both(spark, tmp_path, [[{"user": "a"}]], FailsTheTask(case), "pandas", schema="user string", only="spark")
@@ -352,6 +362,12 @@ CONVERTED = "user string, l long, d decimal(10, 2), t timestamp, chunks string"
 ], ids=["records-los-angeles", "bytes-kolkata"])
 def test_outputs_are_converted_with_the_sessions_settings(spark, tmp_path, settings):
     rows = [[{"user": "a", "n": i} for i in range(8)] + [{"user": "b", "n": 1}]]
+    if SPARK_4_0:  # no int-to-decimal coercion before 4.1: an int for a decimal fails, on both
+        for only in ("spark", "spate"):
+            with pytest.raises(Exception, match="decimal"):  # noqa: PT011
+                _run_both(spark, tmp_path / only, rows, Converted(), "pandas", schema="user string, n long",
+                          output=CONVERTED, only=only, **settings)
+        return
     got, want = _run_both(spark, tmp_path, rows, Converted(), "pandas", schema="user string, n long",
                           output=CONVERTED, **settings)
     assert got == want
