@@ -202,15 +202,12 @@ class StatefulProcessorAdapter(Processor):
         return tuple(self._spark_time(p) if isinstance(p, _dt.datetime) else p for p in parts)
 
     def _spark_time(self, value: _dt.datetime) -> Any:
-        tz = self.worker_conf.timezone
-        if value.tzinfo is None:
-            return value
-        aware = pa.scalar(value, type=pa.timestamp("us", tz=tz)).as_py()
-        if self.flavour == "pandas":
-            import pandas as pd
+        import pandas as pd
 
-            return pd.Timestamp(aware).tz_localize(None)
-        return aware
+        if value.tzinfo is None:  # timestamp_ntz: as it is (a pandas Timestamp in the pandas flavour)
+            return pd.Timestamp(value) if self.flavour == "pandas" else value
+        aware = pa.scalar(value, type=pa.timestamp("us", tz=self.worker_conf.timezone)).as_py()
+        return pd.Timestamp(aware).tz_localize(None) if self.flavour == "pandas" else aware
 
     def _outputs(self, produced: Any) -> ColumnChunk | list[Row]:
         """What the processor yielded: DataFrames as one chunk of columns (no dict per row), Rows as dicts (as

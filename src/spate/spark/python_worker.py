@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -151,7 +152,7 @@ def pandas_chunks(frame: Any, conf: PythonWorkerConf, row_bytes: float) -> Itera
 
     size = conf.max_records_per_batch
     if conf.max_bytes_per_batch != _NO_LIMIT and row_bytes > 0 and rebuilds_chunks():
-        size = max(1, min(size, -(-conf.max_bytes_per_batch // int(row_bytes) or 1)))
+        size = max(1, min(size, math.ceil(conf.max_bytes_per_batch / row_bytes)))  # Spark: rows × size ≥ limit
     rebuild = rebuilds_chunks()
     for start in range(0, len(frame), size):
         chunk = frame.iloc[start:start + size]
