@@ -198,13 +198,11 @@ def run_spate(spark, q: Query, source, root, idle_batches="session", conf=True):
 def run_both(spark, q: Query, source, tmp_path, **spate):
     """(spate's, Spark's) outputs, both queries running at once; each run of the same ``tmp_path`` continues the
     same checkpoints."""
-    import time
     from concurrent.futures import ThreadPoolExecutor
-    def timed(f, *a, **k):
-        t = time.time(); r = f(*a, **k); print("TIMING", f.__name__, round(time.time() - t, 2)); return r
+
     with _conf(spark, **q.settings()), ThreadPoolExecutor(1) as pool:
-        on_spate = pool.submit(timed, run_spate, spark, q, source, tmp_path / "spate", conf=False, **spate)
-        want = timed(run_spark, spark, q, source, tmp_path / "spark", conf=False)
+        on_spate = pool.submit(run_spate, spark, q, source, tmp_path / "spate", conf=False, **spate)
+        want = run_spark(spark, q, source, tmp_path / "spark", conf=False)
         return on_spate.result(), want
 
 
