@@ -347,7 +347,7 @@ def test_state_schemas_must_be_nullable(spark, tmp_path):
     not_null = Versioned("a long NOT NULL, b string", (1, "b"))
     with pytest.raises(Exception, match="TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE"):
         run_spark(spark, source, tmp_path / "spark", not_null, **AVRO)
-    with pytest.raises(Exception, match=r"TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE.*'state'.*a is NOT NULL"):
+    with pytest.raises(Exception, match=r"SCHEMA_MUST_BE_NULLABLE.*family state must be nullable.*a is NOT NULL"):
         run_spate(spark, source, tmp_path / "spate", not_null)
 
 

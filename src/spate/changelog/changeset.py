@@ -74,6 +74,10 @@ class ChangeSet:
     def __bool__(self) -> bool:
         return bool(self.pending)
 
+    def record_count(self) -> int:
+        """How many records the change set holds (entries written or removed, once each with coalescing)."""
+        return sum(len(group) for group in self.pending.values())
+
     # -- what the caller looks up first ------------------------------------------------------------------
     # A change to a key (a primary, or primary + user key) that has no record in ``pending`` is this change
     # set's first: with coalescing the caller looks the entry up and passes ``new``.

@@ -24,10 +24,12 @@ MB = 1 << 20
 
 @dataclass
 class WriterStats:
-    """Bytes handed to uploads since the last ``take_stats``: at checkpoint (persist) or pre-emptively."""
+    """Since the last ``take_stats``: bytes handed to uploads at checkpoint (persist) or pre-emptively, and the
+    records of the change sets closed."""
 
     persisted_at_checkpoint: int = 0
     persisted_preemptively: int = 0
+    records: int = 0
     uploads: list[UploadStats] = field(default_factory=list)
 
 
@@ -72,6 +74,7 @@ class ChangelogWriter:
 
     def _roll_over(self) -> None:
         if self.active:
+            self.stats.records += self.active.record_count()
             self._not_uploaded[self.active_sqn] = self.active
             self.active = ChangeSet(self.coalesce)
             self.active_sqn += 1

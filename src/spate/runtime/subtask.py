@@ -609,6 +609,9 @@ class Subtask:
                 if folded:
                     stats["folded_entries"] = folded
         stats.update(clog_stats)
+        rows = keyed.table.entry_count()
+        if rows is not None:
+            stats["state_rows"] = rows
         if self.clog is not None and self.config.sticky and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
             stats["materialization_started"] = True
         timers = keyed.timers

@@ -32,7 +32,7 @@ from spate.runtime.batch import KeyedBatch, KeyRows
 from spate.runtime.outputs import ColumnChunk, PandasConversion, SparkRows
 from spate.runtime.processor import Context, Processor, Row
 from spate.spark.python_worker import PythonWorkerConf, in_session_zone, pandas_chunks, pandas_input
-from spate.spark.tws_handle import StatefulProcessorHandle, StateSchemas, plain
+from spate.spark.tws_handle import StatefulProcessorHandle, StateSchemas
 
 TIME_MODES = ("None", "ProcessingTime", "EventTime")
 FLAVOURS = ("pandas", "row")
@@ -264,7 +264,7 @@ _PLAIN_TYPES = (str, int, float, bool, type(None), bytes)
 
 
 def _flat_plain(row: Row) -> bool:
-    """Whether every value of ``row`` is a plain Python scalar (then ``plain`` has nothing to do)."""
+    """Whether every value of ``row`` is a plain Python scalar (the row can be output as it is)."""
     return all(type(v) in _PLAIN_TYPES for v in row.values())
 
 
@@ -281,4 +281,4 @@ def _chunks(frame: Any, size: int) -> Iterator[Any]:
         yield chunk
 
 
-__all__ = ["StatefulProcessorAdapter", "StatefulProcessorHandle", "TimerValues", "ExpiredTimerInfo", "plain"]
+__all__ = ["StatefulProcessorAdapter", "StatefulProcessorHandle", "TimerValues", "ExpiredTimerInfo"]

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -70,6 +71,21 @@ class StateSchemaError(SpateError):
     """A state's schema is not allowed, or cannot be evolved from the one in the checkpoint."""
 
 
+class SchemaSyntaxError(StateSchemaError, PySparkRuntimeError):
+    """A schema string that does not parse: Spark's error class and the message its Python client raises
+    (``PySparkRuntimeError``, which a processor on Spark would catch), then what spate found."""
+
+    def __init__(self, error_class: str, spark_message: str, detail: str) -> None:
+        PySparkRuntimeError.__init__(
+            self, message=f"Error parsing string schema: \n[{error_class}] {spark_message} ({detail})")
+
+
+def _syntax_error(text: str, near: str | None, detail: str) -> SchemaSyntaxError:
+    where = "end of input" if near is None else f"'{near}'"
+    return SchemaSyntaxError("PARSE_SYNTAX_ERROR", f"Syntax error at or near {where}.",
+                             f"cannot parse schema {text!r}: {detail}")
+
+
 # -- DDL ------------------------------------------------------------------------------------------------
 
 class _Tokens:
@@ -81,7 +97,7 @@ class _Tokens:
             m = self._TOKEN.match(text, pos)
             if m is None:
                 if text[pos:].strip():
-                    raise StateSchemaError(f"cannot parse schema {text!r} at {text[pos:pos + 20]!r}")
+                    raise _syntax_error(text, text[pos:pos + 1], f"at {text[pos:pos + 20]!r}")
                 break
             self.items.append(m.group(1))
             pos = m.end()
@@ -93,7 +109,7 @@ class _Tokens:
     def take(self, expected: str | None = None) -> str:
         tok = self.peek()
         if tok is None or (expected is not None and tok.lower() != expected):
-            raise StateSchemaError(f"cannot parse schema {self.text!r}: expected {expected or 'more'}, got {tok!r}")
+            raise _syntax_error(self.text, tok, f"expected {expected or 'more'}, got {tok!r}")
         self.pos += 1
         return tok
 
@@ -107,7 +123,7 @@ def parse_schema(schema: str | StructType) -> StructType:
     tokens = _Tokens(schema)
     fields = _fields(tokens, end=None)
     if tokens.peek() is not None:
-        raise StateSchemaError(f"cannot parse schema {schema!r}: unexpected {tokens.peek()!r}")
+        raise _syntax_error(schema, tokens.peek(), f"unexpected {tokens.peek()!r}")
     return StructType(fields)
 
 
@@ -172,7 +188,8 @@ def _type(tokens: _Tokens) -> DataType:
         tokens.take(")")
     make = _PRIMITIVES.get(word)
     if make is None:
-        raise StateSchemaError(f"cannot parse schema {tokens.text!r}: unknown type {word!r}")
+        raise SchemaSyntaxError("UNSUPPORTED_DATATYPE", f'Unsupported data type "{word.upper()}".',
+                                f"cannot parse schema {tokens.text!r}: unknown type {word!r}")
     return make()
 
 
@@ -206,9 +223,10 @@ def check_nullable(state: str, schema: StructType) -> None:
     bad = non_nullable_fields(schema)
     if bad:
         raise StateSchemaError(
-            f"[TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE] all the fields in the schema of state {state!r} must "
-            f"be nullable; {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NOT NULL. Make the schema nullable "
-            f"(drop NOT NULL). Current schema: {schema.simpleString()}")
+            f"[TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE] If Avro encoding is enabled, all the fields in the "
+            f"schema for column family {state} must be nullable when using the TransformWithState operator. Please "
+            f"make the schema nullable. Current schema: {schema.simpleString()} ({', '.join(bad)} "
+            f"{'is' if len(bad) == 1 else 'are'} NOT NULL: drop NOT NULL)")
 
 
 def evolution_problem(old: DataType, new: DataType, path: str = "value") -> str | None:

@@ -39,6 +39,7 @@ from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_fact
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
 from spate.spark.placement import Placement, alive_executors, placed_batch
+from spate.spark.progress import BatchFigures, ProgressListener, SpateProgress
 from spate.spark.python_worker import PythonWorkerConf, arrow_schema
 from spate.spark.routing import routing_values
 from spate.spark.settings import SpateSettings
@@ -59,7 +60,7 @@ from spate.spark.task import (
     TaskSpec,
     run_partition,
 )
-from spate.spark.ticks import AVAILABLE_NOW, TICK_COLUMN, WakeFile, tick_stream
+from spate.spark.ticks import AVAILABLE_NOW, TICK_COLUMN, WakeFile, no_data_batches_enabled, tick_stream
 from spate.spark.tws_handle import declared_states
 
 log = logging.getLogger(__name__)
@@ -103,8 +104,9 @@ class StatefulStream:
             (Kafka's offsets behind latest); :meth:`summary` and each rescaling checkpoint say what it decided.
         idle_batches: run a batch without input when a timer is due or the watermark moves (Spark does this
             for its own stateful operators), by adding a source of ticks to the query (:mod:`spate.spark.ticks`).
-            On by default for per-key processors (a :class:`BatchProcessor` has no timers) from pyspark 4.2 on;
-            before, opt in (there ``Trigger.AvailableNow`` then runs as one batch). It changes the sources of
+            On by default for per-key processors (a :class:`BatchProcessor` has no timers) from pyspark 4.2 on,
+            unless the session turns Spark's own off (``spark.sql.streaming.noDataMicroBatches.enabled=false``);
+            before 4.2, opt in (there ``Trigger.AvailableNow`` then runs as one batch). It changes the sources of
             Spark's checkpoint, so a root keeps the setting it started with.
 
     :meth:`rescale` changes the parallelism of the running query from its next batch on (no restart).
@@ -129,7 +131,9 @@ class StatefulStream:
         self.factory = processor_factory(processor)
         is_batch = isinstance(processor, BatchProcessor) or (isinstance(processor, type)
                                                             and issubclass(processor, BatchProcessor))
-        self.idle_batches = (not is_batch and AVAILABLE_NOW) if idle_batches is None else idle_batches
+        if idle_batches is None:
+            idle_batches = not is_batch and AVAILABLE_NOW and no_data_batches_enabled(self.spark)
+        self.idle_batches = idle_batches
         self._idle = IdleBatches.of(processor) if isinstance(processor, (Processor, type)) else IdleBatches()
         self._wake: WakeFile | None = None
         self.initial_state = _initial_state(initial_state, self.key_columns)
@@ -149,6 +153,8 @@ class StatefulStream:
         self.sink: Sink | None = None
         self.run_id = ""  # one per start(): executors never reuse subtasks (processors) of another run
         self.metrics: list[BatchMetrics] = []
+        self.figures = BatchFigures()  # spate's figures of the latest batches, for the query's progress
+        self._progress = ProgressListener(self.figures)
         self.redelivered: list[int] = []
         self.placement = Placement()  # where each subtask's state lives, learned from the acks
         self._loop: DriverLoop | None = None
@@ -206,8 +212,37 @@ class StatefulStream:
             writer = writer.queryName(query_name)
         if self._autoscale_policy is not None:
             self.autoscaler = Autoscaler(self._autoscale_policy, self.coordinator.max_parallelism)
-        self.query = writer.start()
+        self._progress.register(self.spark)
+        try:
+            self.query = writer.start()
+        except BaseException:
+            self._progress.attach(None)
+            self._progress.unregister()
+            raise
+        self._progress.attach(self.query.id)
         return self.query
+
+    # -- progress ----------------------------------------------------------------------------------------
+    def add_listener(self, listener: Any) -> None:
+        """Give ``listener`` (a ``pyspark.sql.streaming.StreamingQueryListener``) this stream's query events,
+        its progress events with spate's figures in them: a ``stateOperators`` entry named ``spate`` and
+        ``observedMetrics["spate"]`` (:class:`~spate.spark.progress.SpateProgress`). Add it before ``start``
+        to get the first events."""
+        self._progress.listeners.append(listener)
+
+    def remove_listener(self, listener: Any) -> None:
+        self._progress.listeners.remove(listener)
+
+    @property
+    def last_progress(self) -> Any:
+        """The query's latest ``StreamingQueryProgress`` with spate's figures (as :meth:`add_listener`'s
+        listeners get it), None before the first. Spark's listener bus delivers it shortly after the batch."""
+        return self._progress.recent[-1] if self._progress.recent else None
+
+    @property
+    def recent_progress(self) -> list[Any]:
+        """The latest progress updates (up to 100), oldest first, with spate's figures."""
+        return list(self._progress.recent)
 
     def rescale(self, parallelism: int, reason: str = "requested") -> None:
         """Run the query at ``parallelism`` subtasks from its next batch on, without stopping it. Keyed state
@@ -259,6 +294,7 @@ class StatefulStream:
 
     def close(self) -> None:
         """Let background deletions finish (call after the query stopped)."""
+        self._progress.unregister()
         if self.coordinator is not None:
             self.coordinator.close()
 
@@ -300,6 +336,7 @@ class StatefulStream:
             log.info("batch %d is covered by a complete checkpoint: not processed again", batch_id)
             self.metrics.append(BatchMetrics(batch_id, 0, (time.perf_counter() - started) * 1000, 0.0,
                                              replayed=True))
+            self.figures.add(SpateProgress(batch_id, batch_ms=round(self.metrics[-1].batch_ms, 3), replayed=True))
             return
         self._apply_rescale(batch_id)
         jobs = _JobCounter(self.spark.sparkContext)  # the query's own job group: stop() cancels these jobs
@@ -333,6 +370,9 @@ class StatefulStream:
                                          profile=_slowest_phases([st.stats.get("profile", {})
                                                                   for st in meta.subtasks]),
                                          parallelism=meta.parallelism))
+        m = self.metrics[-1]
+        self.figures.record(meta, batch_ms=m.batch_ms, checkpoint_ms=m.checkpoint_ms, job_ms=m.job_ms,
+                            deliver_ms=m.deliver_ms)
         self._autoscale(self.metrics[-1])
 
     def _run_subtasks(self, batch_df: Any, batch_id: int, plans: list[bytes],

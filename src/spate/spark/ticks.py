@@ -140,3 +140,9 @@ def tick_stream(spark: Any, wake_path: str) -> Any:
 
 
 __all__ = ["AVAILABLE_NOW", "SOURCE_NAME", "TICK_COLUMN", "TickReader", "TickSource", "WakeFile", "tick_stream"]
+
+
+def no_data_batches_enabled(spark: Any) -> bool:
+    """Whether the session lets Spark run batches without input for its own stateful operators
+    (``spark.sql.streaming.noDataMicroBatches.enabled``, on unless set to false); spate's default follows it."""
+    return str(spark.conf.get("spark.sql.streaming.noDataMicroBatches.enabled", "true")).strip().lower() != "false"

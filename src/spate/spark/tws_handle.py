@@ -39,22 +39,22 @@ class MissingStateError(SpateError, PySparkRuntimeError):
         PySparkRuntimeError.__init__(self, message=message)
 
 
+# each timer call: how Spark's Python client prefixes a refusal, and the operation Spark's error names
+_TIMER_CALLS = {"registerTimer": ("Error register timer", "register_timer"),
+                "deleteTimer": ("Error deleting timer", "delete_timer"),
+                "listTimers": ("Error listing timers", "list_timers")}
 
-def plain(value: Any) -> Any:
-    """``value`` with numpy/pandas scalars turned into Python values (as Spark normalizes state values)."""
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if isinstance(value, tuple):  # also Row and NamedTuple: positional, as Spark's toInternal takes them
-        return tuple(plain(v) for v in value)
-    if isinstance(value, dict):
-        return {plain(k): plain(v) for k, v in value.items()}
-    to_pydatetime = getattr(value, "to_pydatetime", None)
-    if to_pydatetime is not None:  # pandas.Timestamp
-        return to_pydatetime()
-    item = getattr(value, "item", None)
-    if item is not None and type(value).__module__ == "numpy":
-        return item()
-    return value
+
+class TimeModeError(SpateError, PySparkRuntimeError):
+    """A timer call in timeMode None: the ``PySparkRuntimeError`` Spark's client raises when its state server
+    refuses it (for ``listTimers`` Spark's worker loses its connection instead; the batch fails either way)."""
+
+    def __init__(self, call: str) -> None:
+        prefix, operation = _TIMER_CALLS[call]
+        PySparkRuntimeError.__init__(
+            self, message=f"{prefix}: [STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE] Failed "
+                          f"to perform stateful processor operation={operation} with invalid timeMode=NoTime "
+                          "SQLSTATE: 42802 (timers need timeMode 'ProcessingTime' or 'EventTime')")
 
 
 class StateSchemas:
@@ -221,13 +221,15 @@ class StatefulProcessorHandle:
         elif self._time_mode == "ProcessingTime":
             self._ctx.register_processing_time_timer(int(expiryTimestampMs))
         else:
-            raise ValueError("registerTimer needs timeMode 'ProcessingTime' or 'EventTime', not 'None'")
+            raise TimeModeError("registerTimer")
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:  # noqa: N802,N803
         if self._time_mode == "EventTime":
             self._ctx.delete_event_time_timer(int(expiryTimestampMs))
         elif self._time_mode == "ProcessingTime":
             self._ctx.delete_processing_time_timer(int(expiryTimestampMs))
+        else:
+            raise TimeModeError("deleteTimer")
 
     def listTimers(self) -> Iterator[int]:  # noqa: N802
         """The key's timers in the order Spark lists them: its state store's, where a timestamp is a long
@@ -237,7 +239,7 @@ class StatefulProcessorHandle:
         elif self._time_mode == "ProcessingTime":
             timers = self._ctx.processing_time_timers()
         else:
-            return iter(())
+            raise TimeModeError("listTimers")
         return iter(sorted(timers, key=_spark_timer_order))
 
     def deleteIfExists(self, stateName: str) -> None:  # noqa: N802,N803
@@ -313,5 +315,4 @@ def declared_states(processor: Any) -> dict[str, tuple[str, Any, Any]]:
 
 
 __all__ = ["StatefulProcessorHandle", "DeclaringHandle", "declared_states",
-           "StateSchemas", "MissingStateError", "ValueState", "ListState", "MapState",
-           "plain"]
+           "StateSchemas", "MissingStateError", "TimeModeError", "ValueState", "ListState", "MapState"]

@@ -129,6 +129,11 @@ class HeapTable(StateTable):
         return total + sum(len(p) + len(u) + len(v) for d in self._maps.values() for p, m in d.items()
                            for u, v in m.items())
 
+    def entry_count(self) -> int:
+        """Per key group one ``len``, plus one per map primary."""
+        values = sum(len(d) for d in self._values.values())
+        return values + sum(len(m) for d in self._maps.values() for m in d.values())
+
     def close(self) -> None:
         pass
 

@@ -406,6 +406,13 @@ class LmdbTable(StateTable):
         with self._env_begin() as txn:
             return txn.get(META_PREFIX + name.encode())  # type: ignore[no-any-return]
 
+    def entry_count(self) -> int:
+        """lmdb's own count (open transaction included) less the few entries under ``0xff`` (metadata)."""
+        if self._txn is not None:
+            return _entries(self._txn, self.env)
+        with self._env_begin() as txn:  # no write transaction just to count
+            return _entries(txn, self.env)
+
     def approx_bytes(self) -> int:
         info, stat = self.env.info(), self.env.stat()
         return (info["last_pgno"] + 1) * stat["psize"]
@@ -658,6 +665,10 @@ def _table_digest(txn: lmdb.Transaction) -> int:
 
 def _flat(txn: lmdb.Transaction, kg: int) -> list[bytes]:
     return [x for k, v in _scan(txn, _KG[kg]) for x in (k[2:], v)]
+
+
+def _entries(txn: lmdb.Transaction, env: lmdb.Environment) -> int:
+    return int(txn.stat(env.open_db())["entries"]) - sum(1 for _ in _scan(txn, b"\xff"))
 
 
 def _scan(txn: lmdb.Transaction, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:

@@ -91,6 +91,11 @@ class StateTable(ABC):
     @abstractmethod
     def approx_bytes(self) -> int: ...
 
+    def entry_count(self) -> int | None:
+        """How many state entries the table holds (values, map entries, timers; not its metadata), or None
+        when that is not cheap to know (it is reported per batch)."""
+        return None
+
     @abstractmethod
     def close(self) -> None: ...
 
@@ -160,6 +165,9 @@ class WrappedTable(StateTable):
 
     def approx_bytes(self) -> int:
         return self.inner.approx_bytes()
+
+    def entry_count(self) -> int | None:
+        return self.inner.entry_count()
 
     def close(self) -> None:
         self.inner.close()

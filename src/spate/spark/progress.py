@@ -1,0 +1,232 @@
+"""spate's figures of each micro-batch where Spark users look: the query's progress and its listeners.
+
+To Spark, spate's query is a ``foreachBatch`` sink without state, so Spark's own progress has no
+``stateOperators`` entry and no figures about spate's state or checkpoints, and a sink cannot add any (Spark
+takes observed metrics from the batch's own plan, evaluated before spate's checkpoint exists). So spate adds them
+on the driver: a listener of Spark's (:class:`ProgressListener`) takes each progress event of the stream's
+query, adds spate's figures of that batch (:class:`SpateProgress`) as a ``stateOperators``-shaped entry named
+``spate`` and as ``observedMetrics["spate"]``, keeps the result for ``StatefulStream.last_progress`` /
+``recent_progress``, and passes the events on to the stream's own listeners (``StatefulStream.add_listener``),
+which get Spark's ``QueryProgressEvent`` with those figures in it. Listeners registered with Spark directly
+(``spark.streams.addListener``) see Spark's progress unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import QueryProgressEvent, StreamingQueryProgress
+
+from spate.checkpoint.ackinfo import CAUGHT_UP, RESCALED, RESTORED, REUSED
+from spate.checkpoint.metadata import CheckpointMetadata
+
+log = logging.getLogger(__name__)
+
+OPERATOR_NAME = "spate"
+"""The ``operatorName`` of spate's ``stateOperators`` entry, and the key of its ``observedMetrics``."""
+
+
+@dataclass(frozen=True)
+class SpateProgress:
+    """spate's figures of one micro-batch (from its checkpoint's metadata and the driver's timings).
+
+    Attributes:
+        batch_id: Spark's batch id (spate's checkpoint id).
+        input_rows: rows the subtasks processed (ticks and heartbeats not counted).
+        state_rows: state entries after the batch, over all subtasks (values, list values, map entries,
+            timers), None when a subtask could not count them cheaply (one built over another's state at an
+            online rescale, until it is folded).
+        state_rows_changed: entries written or removed since the previous checkpoint, each once (the change
+            log's records), None without the change log.
+        state_bytes: bytes of the checkpoint's state in checkpoint storage (every file it references).
+        checkpoint_new_bytes: bytes this checkpoint added to checkpoint storage.
+        files: physical files the checkpoint references.
+        checkpoint_ms: from the acks collected to the metadata written.
+        job_ms: spate's Spark job: routing the rows, running the subtasks, collecting the acks.
+        deliver_ms: the sink's call.
+        batch_ms: the whole batch on the driver (job, checkpoint and sink).
+        parallelism: subtasks the batch ran on.
+        local_reuse: subtasks that ran on their local state (live or caught up from a local copy).
+        restored: subtasks that read their state from checkpoint storage.
+        rescaled: subtasks built from local copies at an online rescale.
+        restore_bytes: bytes read from checkpoint storage to get state to the base checkpoint.
+        restore_ms: the slowest subtask's restore.
+        replayed: Spark ran the batch again after its checkpoint had completed: only re-delivered.
+    """
+
+    batch_id: int
+    input_rows: int = 0
+    state_rows: int | None = None
+    state_rows_changed: int | None = None
+    state_bytes: int = 0
+    checkpoint_new_bytes: int = 0
+    files: int = 0
+    checkpoint_ms: float = 0.0
+    job_ms: float = 0.0
+    deliver_ms: float = 0.0
+    batch_ms: float = 0.0
+    parallelism: int = 0
+    local_reuse: int = 0
+    restored: int = 0
+    rescaled: int = 0
+    restore_bytes: int = 0
+    restore_ms: float = 0.0
+    replayed: bool = False
+
+    @staticmethod
+    def of(meta: CheckpointMetadata, new_bytes: int, **timings: float) -> SpateProgress:
+        """The figures of the batch whose checkpoint is ``meta`` (``timings``: the ``..._ms`` fields)."""
+        subtasks = meta.subtasks
+        counts = [st.stats.get("state_rows") for st in subtasks]
+        changed = [st.stats.get("changelog_records") for st in subtasks]
+        return SpateProgress(
+            batch_id=meta.checkpoint_id, input_rows=sum(st.rows for st in subtasks),
+            state_rows=sum(counts) if all(c is not None for c in counts) else None,  # type: ignore[misc]
+            state_rows_changed=sum(changed) if all(c is not None for c in changed) else None,  # type: ignore[misc]
+            state_bytes=meta.state_bytes, checkpoint_new_bytes=new_bytes, files=len(meta.files()),
+            **{name: round(ms, 3) for name, ms in timings.items()}, parallelism=meta.parallelism,
+            local_reuse=sum(st.recovery in (REUSED, CAUGHT_UP) for st in subtasks),
+            restored=sum(st.recovery == RESTORED for st in subtasks),
+            rescaled=sum(st.recovery == RESCALED for st in subtasks),
+            restore_bytes=sum(st.restore_bytes for st in subtasks),
+            restore_ms=max((st.restore_ms for st in subtasks), default=0.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def state_operator(self) -> dict[str, Any]:
+        """An entry of Spark's ``stateOperators`` (the JSON of ``StateOperatorProgress``). A count spate does
+        not know is -1; spate's other figures are its ``customMetrics``."""
+        custom = {k: int(round(v)) for k, v in self.to_dict().items()
+                  if k not in ("batch_id", "state_rows", "state_rows_changed") and v is not None}
+        return {"operatorName": OPERATOR_NAME, "numRowsTotal": _or_unknown(self.state_rows),
+                "numRowsUpdated": _or_unknown(self.state_rows_changed), "numRowsRemoved": -1,
+                "allUpdatesTimeMs": int(round(self.job_ms)), "allRemovalsTimeMs": 0,
+                "commitTimeMs": int(round(self.checkpoint_ms)), "memoryUsedBytes": self.state_bytes,
+                "numRowsDroppedByWatermark": 0, "numShufflePartitions": self.parallelism,
+                "numStateStoreInstances": self.parallelism, "customMetrics": custom}
+
+
+def _or_unknown(count: int | None) -> int:
+    return -1 if count is None else count
+
+
+class BatchFigures:
+    """The figures of a stream's latest ``keep`` batches, by batch id (what the progress listener looks up)."""
+
+    def __init__(self, keep: int = 100) -> None:
+        self._by_batch: collections.OrderedDict[int, SpateProgress] = collections.OrderedDict()
+        self._keep = keep
+        self._segments: set[tuple[str, int]] = set()  # the previous checkpoint's, to tell what is new
+        self._lock = threading.Lock()
+
+    def record(self, meta: CheckpointMetadata, **timings: float) -> SpateProgress:
+        """The figures of the batch whose checkpoint is ``meta`` (``timings``: ``SpateProgress``'s ``..._ms``)."""
+        segments = {ref.key: ref.length for ref in meta.segments()}
+        new_bytes = sum(length for key, length in segments.items() if key not in self._segments)
+        self._segments = set(segments)
+        return self.add(SpateProgress.of(meta, new_bytes, **timings))
+
+    def add(self, figures: SpateProgress) -> SpateProgress:
+        with self._lock:
+            self._by_batch[figures.batch_id] = figures
+            while len(self._by_batch) > self._keep:
+                self._by_batch.popitem(last=False)
+        return figures
+
+    def __call__(self, batch_id: int) -> SpateProgress | None:
+        with self._lock:
+            return self._by_batch.get(batch_id)
+
+
+def with_spate(progress: StreamingQueryProgress, figures: SpateProgress | None) -> StreamingQueryProgress:
+    """``progress`` with spate's entry in ``stateOperators`` and ``observedMetrics["spate"]`` (unchanged
+    without figures: a progress event of a trigger that ran no batch)."""
+    if figures is None:
+        return progress
+    data = json.loads(progress.json)
+    data["stateOperators"] = [*data.get("stateOperators", []), figures.state_operator()]
+    data["observedMetrics"] = {**data.get("observedMetrics", {}),
+                               OPERATOR_NAME: {k: v for k, v in figures.to_dict().items() if k != "batch_id"}}
+    return StreamingQueryProgress.fromJson(data)
+
+
+class ProgressListener(StreamingQueryListener):
+    """Spark's listener for one stream: its query's progress with spate's figures, kept and passed on.
+
+    ``figures(batch_id)`` gives the figures of a batch (None if unknown). The query's id is known only once
+    ``start`` returned, and Spark posts the query's start event before (from ``start`` itself): events that
+    come before :meth:`attach` wait in a list and are passed on then, if they are the query's."""
+
+    def __init__(self, figures: Any, keep: int = 100) -> None:
+        self._figures = figures
+        self.listeners: list[StreamingQueryListener] = []
+        self.recent: collections.deque[StreamingQueryProgress] = collections.deque(maxlen=keep)
+        self._query_id: str | None = None
+        self._attached = False
+        self._early: list[tuple[str, Any, Any]] = []  # (method, query id, event) before attach
+        self._lock = threading.Lock()
+        self._spark: Any = None
+
+    def register(self, spark: Any) -> None:
+        """Listen to ``spark``'s streaming queries (before the query starts, so its first events come)."""
+        with self._lock:
+            self._spark, self._query_id, self._attached, self._early = spark, None, False, []
+        spark.streams.addListener(self)
+
+    def attach(self, query_id: Any) -> None:
+        """The query started (``None``: it failed to): from now on only its events count."""
+        with self._lock:
+            self._query_id = None if query_id is None else str(query_id)
+            self._attached, early, self._early = True, self._early, []
+        for method, event_id, event in early:
+            self._on(method, event_id, event)
+
+    def unregister(self) -> None:
+        with self._lock:
+            spark, self._spark = self._spark, None
+            self._attached, self._early = True, []
+        if spark is not None:
+            spark.streams.removeListener(self)
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802
+        self._on("onQueryStarted", event.id, event)
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+        self._on("onQueryProgress", event.progress.id, event)
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        self._on("onQueryIdle", event.id, event)
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        if self._on("onQueryTerminated", event.id, event):
+            # not from Spark's listener thread itself: it is delivering this very event
+            threading.Thread(target=self.unregister, name="spate-progress-unregister", daemon=True).start()
+
+    def _on(self, method: str, query_id: Any, event: Any) -> bool:
+        """Pass the event on if it is the query's (or keep it until :meth:`attach`); whether it was passed."""
+        with self._lock:
+            if not self._attached:
+                self._early.append((method, query_id, event))
+                return False
+            if self._query_id is None or str(query_id) != self._query_id:
+                return False
+        if method == "onQueryProgress":
+            progress = with_spate(event.progress, self._figures(event.progress.batchId))
+            self.recent.append(progress)
+            event = QueryProgressEvent(progress)
+        for listener in list(self.listeners):
+            try:
+                getattr(listener, method)(event)
+            except Exception:  # a listener's failure must not stop the others (Spark's bus logs and goes on)
+                log.exception("listener %r failed in %s", listener, method)
+        return True
+
+
+__all__ = ["OPERATOR_NAME", "BatchFigures", "ProgressListener", "SpateProgress", "with_spate"]

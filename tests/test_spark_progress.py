@@ -1,0 +1,153 @@
+"""spate's figures in the query's progress, where Spark users look: a ``StreamingQueryListener`` added to the
+stream gets each batch's progress with a ``stateOperators`` entry named ``spate`` and ``observedMetrics["spate"]``;
+``stream.last_progress`` holds the same. The state row counts are compared with Spark's own for the same
+processor and input (Spark's transformWithState on RocksDB reports them in its ``stateOperators`` entry)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+
+import pandas as pd
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle, StreamingQueryListener
+from test_spark_semantics import _conf
+from test_spark_stream import write_files
+
+pytestmark = pytest.mark.spark
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ROCKSDB = {"spark.sql.streaming.stateStore.providerClass":
+           "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"}
+# two batches: 3 users, then 2 of them again and a new one; each row's n becomes a map entry of its user
+BATCHES = [[{"user": u, "n": n} for u, n in [("a", 1), ("a", 2), ("b", 1), ("c", 7)]],
+           [{"user": u, "n": n} for u, n in [("a", 3), ("b", 1), ("d", 5)]]]
+
+
+class CountsAndSeen(StatefulProcessor):
+    """A count per user (value state) and the numbers it sent (map state, one entry per distinct number)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", "c long")
+        self.seen = handle.getMapState("seen", "n long", "x boolean")
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        total = self.count.get()[0] if self.count.exists() else 0
+        for df in rows:
+            total += len(df)
+            for n in df["n"]:
+                self.seen.updateValue((int(n),), (True,))
+        self.count.update((total,))
+        yield pd.DataFrame({"user": [key[0]], "count": [total]})
+
+    def close(self) -> None:
+        pass
+
+
+class Recorder(StreamingQueryListener):
+    def __init__(self) -> None:
+        self.events: list = []
+
+    def onQueryStarted(self, event) -> None:  # noqa: N802
+        self.events.append(("started", event))
+
+    def onQueryProgress(self, event) -> None:  # noqa: N802
+        self.events.append(("progress", event.progress))
+
+    def onQueryIdle(self, event) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # noqa: N802
+        self.events.append(("terminated", event))
+
+    def progress(self, batch_id: int, timeout_s: float = 60.0):
+        """The progress of ``batch_id`` once Spark's listener bus delivered it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [p for kind, p in self.events if kind == "progress" and p.batchId == batch_id]
+            if found:
+                return found[-1]
+            time.sleep(0.1)
+        raise AssertionError(f"no progress event of batch {batch_id} within {timeout_s} s: {self.events}")
+
+
+def _source(spark, tmp_path):
+    source = str(tmp_path / "in")
+    write_files(source, BATCHES)
+    return spark.readStream.schema("user string, n long").option("maxFilesPerTrigger", 1).json(source)
+
+
+def _spark_state_rows(spark, tmp_path) -> dict[int, tuple[int, int]]:
+    """Spark's (numRowsTotal, numRowsUpdated) of its transformWithState, per batch."""
+    with _conf(spark, **ROCKSDB, **{"spark.sql.shuffle.partitions": "2"}):
+        tws = _source(spark, tmp_path).groupBy("user").transformWithStateInPandas(
+            CountsAndSeen(), "user string, count long", "Update", "None")
+        query = tws.writeStream.foreachBatch(lambda df, i: df.collect()).option(
+            "checkpointLocation", str(tmp_path / "spark")).start()
+        try:
+            query.processAllAvailable()
+            progress = {p["batchId"]: p for p in query.recentProgress if p["numInputRows"]}
+        finally:
+            query.stop()
+    return {b: (p["stateOperators"][0]["numRowsTotal"], p["stateOperators"][0]["numRowsUpdated"])
+            for b, p in progress.items()}
+
+
+def test_progress_carries_spates_figures_to_listeners_and_last_progress(spark, tmp_path):
+    from spate.spark.stream import transform_with_state
+
+    stream = transform_with_state(_source(spark, tmp_path), "user", CountsAndSeen(), "user string, count long",
+                                  checkpoint_root=str(tmp_path / "spate"), parallelism=2,
+                                  local_dir=str(tmp_path / "spate-local"), idle_batches=False)
+    recorder = Recorder()
+    stream.add_listener(recorder)
+    try:
+        stream.start(lambda df, i: None, trigger={"availableNow": True}).awaitTermination()
+        first, second = recorder.progress(0), recorder.progress(1)
+    finally:
+        stream.close()
+    want = _spark_state_rows(spark, tmp_path)
+    for batch_id, progress, rows in ((0, first, 4), (1, second, 3)):
+        entry = next(op for op in progress.stateOperators if op.operatorName == "spate")
+        figures = progress.observedMetrics["spate"]
+        assert progress.batchId == batch_id and progress.numInputRows == rows
+        assert figures.input_rows == rows and not figures.replayed
+        # a count per user and a map entry per (user, number): Spark's RocksDB counts the same rows
+        assert (entry.numRowsTotal, entry.numRowsUpdated) == want[batch_id]
+        assert figures.state_rows == entry.numRowsTotal
+        assert entry.numStateStoreInstances == figures.parallelism == 2
+        assert entry.memoryUsedBytes == figures.state_bytes > 0
+        assert figures.checkpoint_new_bytes > 0 and figures.files > 0
+        assert entry.customMetrics["checkpoint_new_bytes"] == figures.checkpoint_new_bytes
+        assert figures.local_reuse + figures.restored + figures.rescaled <= 2
+    # batch 1: counts of a, b, d written; map entries a:3, b:1 (again), d:5 written, of which a:3 and d:5 new
+    assert want == {0: (3 + 4, 3 + 4), 1: (4 + 6, 3 + 3)}
+    assert [kind for kind, _ in recorder.events][:1] == ["started"]
+    assert recorder.events[-1][0] == "terminated"
+    assert stream.last_progress is not None and stream.last_progress.batchId == 1
+    assert stream.last_progress.observedMetrics["spate"].state_rows == 10
+    assert [p.batchId for p in stream.recent_progress] == [0, 1]
+
+
+def test_other_queries_and_spark_listeners_are_left_alone(spark, tmp_path):
+    """A query that is not the stream's gets no spate entries, and the stream's listener leaves the session."""
+    from spate.spark.stream import transform_with_state
+
+    stream = transform_with_state(_source(spark, tmp_path), "user", CountsAndSeen(), "user string, count long",
+                                  checkpoint_root=str(tmp_path / "spate"), parallelism=1,
+                                  local_dir=str(tmp_path / "spate-local"), idle_batches=False)
+    mine = Recorder()
+    stream.add_listener(mine)
+    stream.start(lambda df, i: None, trigger={"availableNow": True}).awaitTermination()
+    mine.progress(1)
+    other = spark.readStream.format("rate").option("rowsPerSecond", 5).load().writeStream.format("noop").start()
+    try:
+        deadline = time.monotonic() + 60
+        while not other.lastProgress and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        other.stop()
+        stream.close()
+    assert other.lastProgress and not other.lastProgress["stateOperators"]
+    assert {str(p.id) for kind, p in mine.events if kind == "progress"} == {str(stream.query.id)}
