@@ -37,6 +37,13 @@ def test_readme_spark_example_runs(spark, capsys):
     assert capsys.readouterr().out.splitlines() == ["0 [Row(user='ann', views=2), Row(user='bob', views=1)]"]
 
 
+@pytest.mark.spark
+def test_readme_progress_example_runs(spark, capsys):
+    run_block(python_block("StateSize()"), "readme_progress_example")
+    # last_progress is set once the listeners have seen the event
+    assert capsys.readouterr().out.splitlines() == ["batch 0 state rows 2", "input rows 3 state bytes > 0: True"]
+
+
 def test_readme_windows_example_runs(capsys):
     run_block(python_block("SlidingWindows("), "readme_windows_example")
     assert capsys.readouterr().out.splitlines() == [

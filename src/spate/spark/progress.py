@@ -217,15 +217,17 @@ class ProgressListener(StreamingQueryListener):
                 return False
             if self._query_id is None or str(query_id) != self._query_id:
                 return False
+        progress = None
         if method == "onQueryProgress":
             progress = with_spate(event.progress, self._figures(event.progress.batchId))
-            self.recent.append(progress)
             event = QueryProgressEvent(progress)
         for listener in list(self.listeners):
             try:
                 getattr(listener, method)(event)
             except Exception:  # a listener's failure must not stop the others (Spark's bus logs and goes on)
                 log.exception("listener %r failed in %s", listener, method)
+        if progress is not None:
+            self.recent.append(progress)  # after the listeners: whoever sees it there knows they have run
         return True
 
 

@@ -236,7 +236,8 @@ class StatefulStream:
     @property
     def last_progress(self) -> Any:
         """The query's latest ``StreamingQueryProgress`` with spate's figures (as :meth:`add_listener`'s
-        listeners get it), None before the first. Spark's listener bus delivers it shortly after the batch."""
+        listeners get it), None before the first. Spark's listener bus delivers it shortly after the batch; it is
+        set here once the stream's listeners have seen it."""
         return self._progress.recent[-1] if self._progress.recent else None
 
     @property
