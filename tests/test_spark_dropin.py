@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -433,9 +434,12 @@ def test_a_timer_fires_when_no_input_arrives(spark, tmp_path):
         batches = len(stream.metrics)
         time.sleep(1.5)
         assert len(stream.metrics) == batches, "an idle query with nothing due runs no batch"
+        wake = stream._wake.path  # noqa: SLF001
+        assert os.path.isfile(wake) and wake.startswith(str(tmp_path / "cache"))
     finally:
         query.stop()
         stream.close()
+    assert not os.path.exists(os.path.dirname(wake)), "the wake file is spate's: removed once the query stopped"
     alerts = [row for rows in outputs.values() for row in rows]
     assert sorted(alerts) == [("a", "silent"), ("b", "silent")]
     assert min(b for b, rows in outputs.items() if rows) > 0, "fired in a batch without input"

@@ -296,6 +296,8 @@ class StatefulStream:
     def close(self) -> None:
         """Let background deletions finish (call after the query stopped)."""
         self._progress.unregister()
+        if self._wake is not None and not (self.query is not None and self.query.isActive):
+            self._wake.remove()
         if self.coordinator is not None:
             self.coordinator.close()
 

@@ -21,6 +21,7 @@ batch without input at its first trigger).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -57,6 +58,13 @@ class WakeFile:
         with open(temporary, "w") as f:
             json.dump({"after": after, "due_at_ms": due_at_ms}, f)
         os.replace(temporary, self.path)
+
+    def remove(self) -> None:
+        """Delete the file, and its folder if that is left empty (the query stopped; a restart writes it again)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(self.path))
 
     def read(self) -> dict[str, Any] | None:
         try:
