@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spate import (
     AggregatingStateDescriptor,
@@ -399,3 +401,38 @@ def test_lmdb_restores_keep_the_digest_current_without_rereading_the_table(tmp_p
     assert full_scans == []
     assert table.verify() is None  # the stored digest equals a re-read of every entry
     table.close()
+
+
+_op = st.tuples(st.sampled_from(["put", "append", "delete", "map_put", "map_delete", "commit"]),
+                st.integers(0, 3), st.sampled_from([b"a", b"b", b"c"]), st.sampled_from([b"x", b"y"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(_op, max_size=40))
+def test_entry_count_is_the_number_of_entries_a_model_holds(tmp_path_factory, ops):
+    """What the query's progress reports as state rows (``numRowsTotal``): values and map entries, not metadata,
+    uncommitted writes included."""
+    model: dict[tuple, bytes] = {}
+    for table in (HeapTable(), LmdbTable(str(tmp_path_factory.mktemp("lmdb")))):
+        model.clear()
+        table.put_meta("tag", b"1")
+        for op, kg, primary, user_key in ops:
+            if op == "put":
+                table.put(kg, primary + b"v", b"1")
+                model[(kg, primary + b"v")] = b"1"
+            elif op == "append":
+                table.append(kg, primary + b"l", b"2")
+                model[(kg, primary + b"l")] = b"2"
+            elif op == "delete":
+                table.delete(kg, primary + b"v")
+                model.pop((kg, primary + b"v"), None)
+            elif op == "map_put":
+                table.map_put(kg, primary + b"m", user_key, b"3")
+                model[(kg, primary + b"m", user_key)] = b"3"
+            elif op == "map_delete":
+                table.map_delete(kg, primary + b"m", user_key)
+                model.pop((kg, primary + b"m", user_key), None)
+            else:
+                table.commit()
+            assert table.entry_count() == len(model), (type(table).__name__, op)
+        table.close()

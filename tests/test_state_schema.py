@@ -164,3 +164,18 @@ def test_ddl_parser_agrees_with_spark(spark, ddl):
     assert isinstance(ours, StructType)
     assert [(f.name, f.dataType, f.nullable) for f in ours.fields] == \
         [(f.name, f.dataType, f.nullable) for f in theirs.fields]
+
+
+def test_a_schema_string_that_does_not_parse_raises_what_sparks_client_raises():
+    """A processor on Spark catching the failure of getValueState(name, "int") gets a PySparkRuntimeError
+    with Spark's error class; spate's names what it found as well."""
+    from pyspark.errors import PySparkRuntimeError
+
+    with pytest.raises(PySparkRuntimeError, match=re.escape(
+            "Error parsing string schema: \n[PARSE_SYNTAX_ERROR] Syntax error at or near end of input.")) as e:
+        parse_schema("int")
+    assert isinstance(e.value, StateSchemaError) and "cannot parse schema 'int'" in str(e.value)
+    with pytest.raises(PySparkRuntimeError, match=r"\[PARSE_SYNTAX_ERROR\] Syntax error at or near '\)'"):
+        parse_schema("a int)")
+    with pytest.raises(PySparkRuntimeError, match=r'\[UNSUPPORTED_DATATYPE\] Unsupported data type "FOO"'):
+        parse_schema("a foo")
