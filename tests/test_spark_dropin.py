@@ -439,7 +439,10 @@ def test_a_timer_fires_when_no_input_arrives(spark, tmp_path):
     finally:
         query.stop()
         stream.close()
-    assert not os.path.exists(os.path.dirname(wake)), "the wake file is spate's: removed once the query stopped"
+    # the wake file is spate's: removed once the query stopped (before pyspark 4.2 the source keeps its last
+    # answer beside it, for a restart)
+    folder = os.path.dirname(wake)
+    assert set(os.listdir(folder) if os.path.exists(folder) else ()) <= {"wake.json.answered"}
     alerts = [row for rows in outputs.values() for row in rows]
     assert sorted(alerts) == [("a", "silent"), ("b", "silent")]
     assert min(b for b, rows in outputs.items() if rows) > 0, "fired in a batch without input"
