@@ -126,6 +126,10 @@ class BatchFigures:
         self._segments: set[tuple[str, int]] = set()  # the previous checkpoint's, to tell what is new
         self._lock = threading.Lock()
 
+    def start_from(self, latest: CheckpointMetadata | None) -> None:
+        """The checkpoint a (re)started query continues from: what its first batch adds is counted against it."""
+        self._segments = {ref.key for ref in latest.segments()} if latest is not None else set()
+
     def record(self, meta: CheckpointMetadata, **timings: float) -> SpateProgress:
         """The figures of the batch whose checkpoint is ``meta`` (``timings``: ``SpateProgress``'s ``..._ms``)."""
         segments = {ref.key: ref.length for ref in meta.segments()}

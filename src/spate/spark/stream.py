@@ -190,6 +190,7 @@ class StatefulStream:
         self.run_id = uuid.uuid4().hex
         self.coordinator = s.coordinator()
         self.coordinator.start()
+        self.figures.start_from(self.coordinator.latest)
         self._loop = DriverLoop(self.coordinator, self._deliver if sink is not None else None)
         self.spark_checkpoint: SparkCheckpoint = open_spark_checkpoint(self.spark, self.coordinator,
                                                                        spark_checkpoint, spark_checkpoint_cache)
