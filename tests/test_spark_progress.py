@@ -94,16 +94,26 @@ def _spark_state_rows(spark, tmp_path) -> dict[int, tuple[int, int]]:
             for b, p in progress.items()}
 
 
-def test_progress_carries_spates_figures_to_listeners_and_last_progress(spark, tmp_path):
+def _started(df, tmp_path, parallelism=2):
+    """spate's query over ``df`` with a :class:`Recorder` added, run to the end of its input."""
     from spate.spark.stream import transform_with_state
 
-    stream = transform_with_state(_source(spark, tmp_path), "user", CountsAndSeen(), "user string, count long",
-                                  checkpoint_root=str(tmp_path / "spate"), parallelism=2,
+    stream = transform_with_state(df, "user", CountsAndSeen(), "user string, count long",
+                                  checkpoint_root=str(tmp_path / "spate"), parallelism=parallelism,
                                   local_dir=str(tmp_path / "spate-local"), idle_batches=False)
     recorder = Recorder()
     stream.add_listener(recorder)
     try:
         stream.start(lambda df, i: None, trigger={"availableNow": True}).awaitTermination()
+    except BaseException:
+        stream.close()
+        raise
+    return stream, recorder
+
+
+def test_progress_carries_spates_figures_to_listeners_and_last_progress(spark, tmp_path):
+    stream, recorder = _started(_source(spark, tmp_path), tmp_path)
+    try:
         first, second = recorder.progress(0), recorder.progress(1)
     finally:
         stream.close()
@@ -132,14 +142,7 @@ def test_progress_carries_spates_figures_to_listeners_and_last_progress(spark, t
 
 def test_other_queries_and_spark_listeners_are_left_alone(spark, tmp_path):
     """A query that is not the stream's gets no spate entries, and the stream's listener leaves the session."""
-    from spate.spark.stream import transform_with_state
-
-    stream = transform_with_state(_source(spark, tmp_path), "user", CountsAndSeen(), "user string, count long",
-                                  checkpoint_root=str(tmp_path / "spate"), parallelism=1,
-                                  local_dir=str(tmp_path / "spate-local"), idle_batches=False)
-    mine = Recorder()
-    stream.add_listener(mine)
-    stream.start(lambda df, i: None, trigger={"availableNow": True}).awaitTermination()
+    stream, mine = _started(_source(spark, tmp_path), tmp_path, parallelism=1)
     mine.progress(1)
     other = spark.readStream.format("rate").option("rowsPerSecond", 5).load().writeStream.format("noop").start()
     try:
@@ -156,20 +159,13 @@ def test_other_queries_and_spark_listeners_are_left_alone(spark, tmp_path):
 def test_after_a_restart_the_new_bytes_are_what_the_batch_added(spark, tmp_path):
     """The first batch after a restart counts the bytes its checkpoint adds to the one the query resumed from,
     not every byte the checkpoint references; the state rows carry on."""
-    from spate.spark.stream import transform_with_state
-
     source = str(tmp_path / "in")
     last = []
     for run, batch in enumerate(BATCHES):
         write_files(source, [batch], start=run)
         df = spark.readStream.schema("user string, n long").option("maxFilesPerTrigger", 1).json(source)
-        stream = transform_with_state(df, "user", CountsAndSeen(), "user string, count long",
-                                      checkpoint_root=str(tmp_path / "spate"), parallelism=2,
-                                      local_dir=str(tmp_path / "spate-local"), idle_batches=False)
-        recorder = Recorder()
-        stream.add_listener(recorder)
+        stream, recorder = _started(df, tmp_path)
         try:
-            stream.start(lambda df, i: None, trigger={"availableNow": True}).awaitTermination()
             last.append(recorder.progress(run).observedMetrics["spate"])
         finally:
             stream.close()
