@@ -197,7 +197,10 @@ class ProgressListener(StreamingQueryListener):
             spark, self._spark = self._spark, None
             self._attached, self._early = True, []
         if spark is not None:
-            spark.streams.removeListener(self)
+            try:
+                spark.streams.removeListener(self)
+            except Exception as e:  # the session stopped first: its listeners went with it
+                log.debug("progress listener not removed: %s", e)
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802
         self._on("onQueryStarted", event.id, event)

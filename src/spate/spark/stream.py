@@ -295,12 +295,19 @@ class StatefulStream:
         return self.autoscaler.decisions if self.autoscaler is not None else []
 
     def close(self) -> None:
-        """Let background deletions finish (call after the query stopped)."""
+        """Let background deletions finish and stop passing on the query's events (call after the query
+        stopped)."""
         self._progress.unregister()
-        if self._wake is not None and not (self.query is not None and self.query.isActive):
+        if self._wake is not None and not self._query_active():
             self._wake.remove()
         if self.coordinator is not None:
             self.coordinator.close()
+
+    def _query_active(self) -> bool:
+        try:
+            return self.query is not None and bool(self.query.isActive)
+        except Exception:  # the session stopped: so did its queries
+            return False
 
     def __getattr__(self, name: str) -> Any:
         if name in _DATAFRAME_ONLY:
