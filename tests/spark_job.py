@@ -13,7 +13,7 @@ batch's outputs to OUT/batch-<id>.json (overwriting: an idempotent sink). FAULT 
   writing OUT/stalled-<pid of its Python worker>, so a test can kill an executor while the batch runs.
 
 Options: ``--master spark://...`` runs the driver against a standalone cluster
-(:func:`spate.spark.standalone.standalone_session`) instead of ``local[2,3]``; ``--settings JSON`` overrides the
+(:func:`spate_tools.standalone.standalone_session`) instead of ``local[2,3]``; ``--settings JSON`` overrides the
 stream's settings (default ``{"local_dir": "OUT/local"}``; ``"local_dir": null`` keeps lmdb state on each
 executor's own local disk); ``--spark-checkpoint DIR`` is Spark's own checkpoint location,
 ``--spark-checkpoint-cache DIR`` the driver-local base directory of it for roots Hadoop cannot open;
@@ -81,7 +81,7 @@ class CountClicks(Processor):
 
 def session(master: str | None):
     if master:
-        from spate.spark.standalone import QUICK_JVM_OPTIONS, standalone_session
+        from spate_tools.standalone import QUICK_JVM_OPTIONS, standalone_session
 
         aws = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
                if k in os.environ}  # an S3 checkpoint root: executors need the credentials too

@@ -17,9 +17,9 @@ from pyspark import cloudpickle
 from spate import ListStateDescriptor, LocalRunner, Processor, ValueStateDescriptor, load_checkpoint
 from spate.errors import OutputError
 from spate.fs import CheckpointStorage, FrameKind, read_single_frame
-from spate.fuzz import checkpointed
 from spate.keygroups import compile_key_hasher
 from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyRows
+from spate_tools.campaigns.fuzz import checkpointed
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import test modules
 

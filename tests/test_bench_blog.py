@@ -14,7 +14,7 @@ METRICS = ("checkpoint_ms_p50", "checkpoint_ms_p90", "checkpoint_ms_p99", "check
 
 def test_bench_blog_quick_json(tmp_path):
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "spate.cli", "bench", "blog", "--quick", "--json", "--out",
+    proc = subprocess.run([sys.executable, "-m", "spate_tools.cli", "bench", "blog", "--quick", "--json", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
     elapsed = time.perf_counter() - started
     assert proc.returncode == 0, proc.stderr

@@ -14,7 +14,7 @@ CONTRACT = ("state_mb", "direction", "online_ms", "normal_batch_ms", "restart_ms
 
 
 def test_moved_key_groups():
-    from spate.bench.rescale import inherited, moved_key_groups
+    from spate_tools.bench.rescale import inherited, moved_key_groups
 
     # 4 → 8: new 2k keeps old k's local state, new 2k+1's half of old k's range moves
     assert inherited(128, 4, 8) == [0, None, 1, None, 2, None, 3, None]
@@ -27,7 +27,7 @@ def test_moved_key_groups():
 
 
 def test_bench_rescale_quick_json(tmp_path, capsys):
-    from spate.cli import main
+    from spate_tools.cli import main
 
     assert main(["bench", "rescale", "--quick", "--json", "--out", str(tmp_path)]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -30,7 +30,6 @@ from spate.checkpoint.inspect import load_checkpoint, verify_checkpoint
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.errors import FencedError
 from spate.fs import CheckpointStorage
-from spate.fuzz import checkpointed
 from spate.keygroups import compile_key_hasher, key_group_range
 from spate.runtime.localstate import local_state_dir
 from spate.runtime.recovery import LINEAGE_META
@@ -40,6 +39,7 @@ from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import SharedReaders
+from spate_tools.campaigns.fuzz import checkpointed
 
 MAXP = 16
 KEYS = ["a", "b", "c", "d", "e", "f", 1, 2, (3, "x")]

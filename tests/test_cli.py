@@ -9,7 +9,7 @@ import os
 import pytest
 
 from spate import Coordinator, LocalRunner, Processor, ValueStateDescriptor
-from spate.cli import main
+from spate_tools.cli import main
 
 PICKLED = ValueStateDescriptor("blob", serializer="pickle")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from spate.cli import main
-from spate.driver_races import DriverReport, RaceResult
+from spate_tools.campaigns.driver_races import DriverReport, RaceResult
+from spate_tools.cli import main
 
 
 def test_short_race_campaign_loses_nothing(capsys):

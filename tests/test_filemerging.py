@@ -366,7 +366,7 @@ def test_merged_and_unmerged_checkpoints_restore_each_other(tmp_path):
 
 
 def test_cli_shows_and_verifies_segments(tmp_path, capsys):
-    from spate.cli import main
+    from spate_tools.cli import main
 
     root = str(tmp_path)
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, file_merging="across", changelog=True,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from spate.cli import main
-from spate.fuzz import RANDOM_TIME, STEPS, operator_problems, read_deliveries
+from spate_tools.campaigns.fuzz import RANDOM_TIME, STEPS, operator_problems, read_deliveries
+from spate_tools.cli import main
 
 
 def _campaign(capsys, tmp_path, *args: str) -> tuple[int, dict]:

@@ -24,7 +24,6 @@ from spate import LocalRunner, Processor, ValueStateDescriptor
 from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import UploadConfig
 from spate.checkpoint.inspect import load_checkpoint
-from spate.cli import main
 from spate.errors import CorruptFileError, DiskFullError, InvalidKeyError
 from spate.filemerging.manager import PhysicalFile
 from spate.fs import (
@@ -38,6 +37,7 @@ from spate.fs import (
 )
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
+from spate_tools.cli import main
 
 
 def double(bits: int) -> float:
@@ -374,10 +374,10 @@ def test_verify_turns_any_exception_into_an_error_line(delivered_root, capsys, m
     def fault_injection(*args: Any) -> Any:
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr("spate.cli.verify_checkpoint", fault_injection)
+    monkeypatch.setattr("spate_tools.cli.verify_checkpoint", fault_injection)
     assert main(["checkpoints", "verify", delivered_root]) == 1
     assert "checkpoint 0: RuntimeError: injected fault" in capsys.readouterr().out
-    monkeypatch.setattr("spate.cli.list_complete_checkpoints", fault_injection)
+    monkeypatch.setattr("spate_tools.cli.list_complete_checkpoints", fault_injection)
     assert main(["checkpoints", "verify", delivered_root]) == 1
     assert capsys.readouterr().err.strip() == "spate: error: RuntimeError: injected fault"
 
@@ -393,7 +393,7 @@ def test_verify_in_a_subprocess_never_prints_a_traceback(delivered_root):
     with open(storage.path(handle.path), "r+b") as f:
         f.seek(handle.file_offset + offset)
         f.write(v1_frame(FrameKind.KEY_GROUP, payload))
-    done = subprocess.run([sys.executable, "-m", "spate.cli", "checkpoints", "verify", delivered_root],
+    done = subprocess.run([sys.executable, "-m", "spate_tools.cli", "checkpoints", "verify", delivered_root],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
     assert "checkpoint 1: subtask 0: TypeError" in done.stdout or "checkpoint 1: TypeError" in done.stdout, done

@@ -1,6 +1,8 @@
-"""The layering of DESIGN.md, enforced: every module under ``src/spate`` imports only modules of its own layer or
-of a more basic one, and nothing imports ``spark/`` except ``spark/`` itself and the CLI. Every import counts,
-also one inside a function (a lazy import is still a dependency)."""
+"""The layering of DESIGN.md and docs/architecture.md, enforced: every module under ``src/spate`` (the library)
+and ``src/spate_tools`` (the workshop) imports only modules of its own layer or of a more basic one, nothing in
+the library imports ``spark/`` except ``spark/`` itself, the library never imports the workshop, and no modules
+import each other in a cycle. Every import counts, also one inside a function (a lazy import is still a
+dependency)."""
 
 from __future__ import annotations
 
@@ -25,12 +27,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("runtime",),
     ("windows",),
     ("__init__",),  # the public API: re-exports of the layers above
-    ("demo", "driver_races", "model_job", "fuzz"),  # in-process jobs built on the public API (demo, tests, fuzzing)
-    ("spark",),
-    ("bench",),  # DESIGN.md lists it after cli/, but `spate bench` is a CLI command: the CLI imports the benchmarks
-    ("cli",),
+    ("spark",),  # the Spark transport and the transformWithState drop-in: the library's top
+    # The workshop (spate_tools): never imported by the library.
+    ("tools",),  # the workshop package's docstring
+    ("tools.campaigns", "tools.demo"),  # in-process jobs built on the public API (demo, fuzzing, driver races)
+    ("tools.standalone", "tools.spark_demo"),  # a Spark standalone test cluster; the demo on Spark
+    ("tools.bench",),
+    ("tools.cli",),  # the `spate` command: every command of the library and the workshop
 ]
-ONLY_IMPORTERS_OF_SPARK = {"spark", "cli"}
+WORKSHOP = "spate_tools"
+ONLY_IMPORTERS_OF_SPARK = {"spark"}  # inside the library; the workshop may import it
 
 # (importing module, imported module) -> why it is allowed although it goes up. Keep this short.
 EXCEPTIONS: dict[tuple[str, str], str] = {}
@@ -49,6 +55,8 @@ def _module_name(path: Path) -> str:
 
 def _layer(module: str) -> str:
     parts = module.split(".")
+    if parts[0] == WORKSHOP:
+        return "tools." + parts[1] if len(parts) > 1 else "tools"
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -61,17 +69,18 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{path}: relative import; spate uses absolute imports"
             found.add(node.module or "")
-    return {name for name in found if name == "spate" or name.startswith("spate.")}
+    return {name for name in found if name.split(".")[0] in ("spate", WORKSHOP)}
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted((SRC / "spate").rglob("*.py"))}
+    paths = sorted((SRC / "spate").rglob("*.py")) + sorted((SRC / WORKSHOP).rglob("*.py"))
+    return {_module_name(p): p for p in paths}
 
 
 def test_every_module_has_a_layer():
     rank = _rank()
     unplaced = sorted(m for m in _modules() if _layer(m) not in rank)
-    assert not unplaced, f"place these in LAYERS (tests/test_layering.py) and DESIGN.md: {unplaced}"
+    assert not unplaced, f"place these in LAYERS (tests/test_layering.py) and docs/architecture.md: {unplaced}"
 
 
 def _violations() -> list[str]:
@@ -81,12 +90,17 @@ def _violations() -> list[str]:
         mine = _layer(module)
         for target in sorted(_imports(path)):
             theirs = _layer(target)
-            if (module, target) in EXCEPTIONS or theirs not in rank or mine not in rank:
+            if (module, target) in EXCEPTIONS:
+                continue
+            if target.split(".")[0] == WORKSHOP and module.split(".")[0] != WORKSHOP:
+                found.append(f"{module} imports {target}: the library never imports the workshop")
+                continue
+            if theirs not in rank or mine not in rank:
                 continue
             if rank[theirs] > rank[mine]:
                 found.append(f"{module} imports {target}: {mine} must not depend on the higher layer {theirs}")
-            elif theirs == "spark" and mine not in ONLY_IMPORTERS_OF_SPARK:
-                found.append(f"{module} imports {target}: nothing imports spark/ except the CLI")
+            elif theirs == "spark" and mine not in ONLY_IMPORTERS_OF_SPARK and not mine.startswith("tools"):
+                found.append(f"{module} imports {target}: nothing in the library imports spark/")
     return found
 
 
@@ -95,3 +109,4 @@ def test_imports_follow_the_layers():
     modules = _modules()
     stale = [pair for pair in EXCEPTIONS if pair[1] not in _imports(modules[pair[0]])]
     assert not stale, f"no longer imported, drop these exceptions: {stale}"
+

@@ -21,7 +21,7 @@ from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.inspect import verify_checkpoint
 from spate.filemerging.config import FileMergingConfig
 from spate.fs import CheckpointStorage
-from spate.fuzz import checkpointed
+from spate_tools.campaigns.fuzz import checkpointed
 
 KEYS = [0, 1, -7, 2**40, "a", "ü", "日本語", "", (1, "x"), (2, "y"), b"\x00k"]
 CRASH_STEPS = [None, "after_begin", "after_subtask_0", "after_acks", "after_complete", "after_sink_before_mark"]

@@ -277,7 +277,7 @@ def test_the_cli_lists_the_latest_rescales_with_their_reasons(capsys):
     """Rescales by hand and by the autoscaler, as `spate checkpoints list` prints them (table and --json),
     carried forward by every checkpoint after them."""
     from spate import AutoscalePolicy
-    from spate.cli import main as cli
+    from spate_tools.cli import main as cli
 
     sc = Scenario(_every_op(5), "lmdb", True, "off")
     policy = AutoscalePolicy(min_parallelism=1, max_parallelism=3, target_batch_ms=1e9, cooldown_batches=0)

@@ -11,7 +11,7 @@ import pytest
 
 from spate import CheckpointStorage, LocalRunner, keyed_state_entries, load_checkpoint, verify_checkpoint
 from spate.checkpoint.coordinator import list_complete_checkpoints
-from spate.cli import main
+from spate_tools.cli import main
 
 
 @pytest.fixture(scope="module")

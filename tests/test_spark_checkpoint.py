@@ -15,10 +15,10 @@ import pytest
 from test_s3 import s3_uri  # noqa: F401  (the moto_server on loopback, a module fixture)
 from test_spark_stream import clicks, job_outputs, reference_outputs, state, write_files
 
-from spate.cli import main as cli
 from spate.errors import CheckpointError, FencedError
 from spate.fs import CheckpointStorage
 from spate.spark.spark_checkpoint import SparkCheckpointMirror, check_locations, hadoop_opens
+from spate_tools.cli import main as cli
 
 JOB = os.path.join(os.path.dirname(__file__), "spark_job.py")
 

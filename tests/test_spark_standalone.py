@@ -1,6 +1,6 @@
 """The stream on a real Spark standalone cluster on 127.0.0.1: a master and 2 workers (1 core, 1 GB each), each
 worker with its own work dir and local dirs, started from the pyspark package and stopped by PID
-(:class:`spate.spark.standalone.StandaloneCluster`). Each scenario runs the Spark driver in its own process
+(:class:`spate_tools.standalone.StandaloneCluster`). Each scenario runs the Spark driver in its own process
 (tests/spark_job.py, bounded in time): lmdb state on the executors' own local disks, changelog on, outputs and
 state compared with a single-process run of the same processor (LocalRunner)."""
 
@@ -22,10 +22,10 @@ from test_spark_stream import clicks, job_outputs, reference_outputs, state, wri
 from spate import load_checkpoint, verify_checkpoint
 from spate.checkpoint.assignment import overlapping_subtasks
 from spate.checkpoint.coordinator import list_complete_checkpoints
-from spate.cli import main as cli
 from spate.fs import CheckpointStorage
 from spate.spark.procfs import is_running
-from spate.spark.standalone import QUICK_JVM_OPTIONS, StandaloneCluster
+from spate_tools.cli import main as cli
+from spate_tools.standalone import QUICK_JVM_OPTIONS, StandaloneCluster
 
 pytestmark = pytest.mark.spark
 JOB = os.path.join(os.path.dirname(__file__), "spark_job.py")

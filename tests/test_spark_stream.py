@@ -185,7 +185,7 @@ def test_bench_spark_quick_json_shape(tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "spate.cli", "bench", "spark", "--quick", "--json", "--out",
+    done = subprocess.run([sys.executable, "-m", "spate_tools.cli", "bench", "spark", "--quick", "--json", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(done.stdout)

@@ -1,6 +1,6 @@
 """``spate fuzz``: a crash-fuzz campaign for the in-process runner.
 
-Every trial runs a seeded random job (:class:`spate.model_job.ModelJob`: value, list, map, reducing,
+Every trial runs a seeded random job (:class:`spate_tools.campaigns.model_job.ModelJob`: value, list, map, reducing,
 aggregating and TTL state, processing-time timers, operator state; outputs to a sink that appends to a file) in
 a *child process*. The child kills itself with SIGKILL at a chosen protocol step (fault injection: it wraps,
 from outside, the runner's steps and methods of the coordinator, subtasks, changelog and file merging), or the
@@ -8,7 +8,7 @@ parent kills it at a random moment. After each kill the job restarts on the same
 random switches (parallelism, table, changelog, file merging) until it has processed every batch. Then its
 sink deliveries (deduplicated by batch id: a batch delivered twice must be delivered equal), its final
 checkpointed state and its operator state are compared with a crash-free reference run and with the plain
-model (:class:`spate.model_job.Model`), and every retained checkpoint is verified.
+model (:class:`spate_tools.campaigns.model_job.Model`), and every retained checkpoint is verified.
 
 Engine-agnostic: LocalRunner only, nothing here imports ``spate.spark``.
 """
@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spate import driver_races
 from spate.changelog import state as changelog_state
 from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import BatchingUploadScheduler, UploadConfig
@@ -49,10 +48,11 @@ from spate.errors import SpateError
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import PooledWriter
 from spate.fs import CheckpointStorage
-from spate.model_job import OPS, Model, ModelJob
 from spate.report import format_table
 from spate.runtime.local import LocalRunner
 from spate.runtime.subtask import Subtask
+from spate_tools.campaigns import driver_races
+from spate_tools.campaigns.model_job import OPS, Model, ModelJob
 
 MAX_PARALLELISM = 32
 MAX_ROWS = 12
@@ -284,8 +284,8 @@ class Trial:
 def spawn_child(spec: dict[str, Any], kill_after_s: float | None, tally: Tally) -> tuple[int, str]:
     """Run one child; SIGKILL it after ``kill_after_s`` if given. Returns its exit code and stderr."""
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "spate.fuzz", json.dumps(spec)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "spate_tools.campaigns.fuzz", json.dumps(spec)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _, err = proc.communicate(timeout=kill_after_s if kill_after_s is not None else CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -559,5 +559,5 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 1 if tally.problems else 0
 
 
-if __name__ == "__main__":  # a child of the campaign: python -m spate.fuzz '<spec as JSON>'
+if __name__ == "__main__":  # a child of the campaign: python -m spate_tools.campaigns.fuzz '<spec as JSON>'
     run_child(json.loads(sys.argv[1]))

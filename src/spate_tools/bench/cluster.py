@@ -1,5 +1,5 @@
 """``spate bench cluster``: spate on a real Spark standalone cluster (a master and 2 workers on 127.0.0.1,
-:class:`~spate.spark.standalone.StandaloneCluster`), changelog on, lmdb state of ~100 MB (``--quick``: ~10 MB).
+:class:`~spate_tools.standalone.StandaloneCluster`), changelog on, lmdb state of ~100 MB (``--quick``: ~10 MB).
 
 One application runs, on the same generated files (one file per micro-batch):
 
@@ -31,10 +31,10 @@ from spate.checkpoint.metadata import metadata_path
 from spate.report import format_table, human_bytes, percentile, progress
 from spate.runtime.local import LocalRunner
 from spate.runtime.processor import Context, Processor
-from spate.spark.demo import write_batches
-from spate.spark.standalone import StandaloneCluster
 from spate.spark.stream import BatchMetrics, StatefulStream
 from spate.state.descriptors import ValueStateDescriptor
+from spate_tools.spark_demo import write_batches
+from spate_tools.standalone import StandaloneCluster
 
 INPUT_SCHEMA = "k string, v string"
 PARALLELISM = 4

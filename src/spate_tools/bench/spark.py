@@ -18,7 +18,7 @@ on the same checkpoint processing one more batch) and the peak resident memory o
 every variant against the floor and spate's against Spark's. Each variant runs in a fresh Spark context (the
 JVM stays), so Python workers and Spark's bookkeeping start empty; Spark listens on 127.0.0.1 only.
 ``profile=True`` adds, for the floor and spate's variants, a per-batch breakdown of the time
-(:mod:`spate.spark.profile`).
+(:mod:`spate_tools.bench.spark_profile`).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from spate.runtime.batch import BatchProcessor, KeyedBatch
 from spate.runtime.processor import Context, Processor
 from spate.runtime.settings import SpateSettings
 from spate.spark import procfs
-from spate.spark.demo import spark_session, write_batches
-from spate.spark.profile import SparkRestApi, bind_spark_to_loopback
 from spate.spark.stream import StatefulStream, transform_with_state
 from spate.state.descriptors import ValueStateDescriptor
+from spate_tools.bench.spark_profile import SparkRestApi, bind_spark_to_loopback
+from spate_tools.spark_demo import spark_session, write_batches
 
 APP = "spate-bench"
 INPUT_SCHEMA = "k string, v long"
@@ -361,7 +361,7 @@ def _session(profile: bool) -> Any:
         return spark_session(APP)
     from pyspark.sql import SparkSession
 
-    from spate.spark.profile import loopback_ui_conf
+    from spate_tools.bench.spark_profile import loopback_ui_conf
 
     builder = (SparkSession.builder.master("local[2]").appName(APP).config("spark.sql.shuffle.partitions", "4")
                .config("spark.ui.showConsoleProgress", "false").config("spark.sql.session.timeZone", "UTC"))
@@ -402,7 +402,7 @@ def _figures(variant: str, case: Case, done: list[dict[str, Any]], stream: State
 def _profile(api: SparkRestApi, query: Any, done: list[dict[str, Any]],
              stream: StatefulStream | None) -> dict[str, Any]:
     """The run's per-batch breakdown (steady batches): phases (p50 ms) and Spark's jobs and stages."""
-    from spate.spark.profile import breakdown, job_rows
+    from spate_tools.bench.spark_profile import breakdown, job_rows
 
     steady = _steady(done)
     jobs = api.jobs_by_batch(str(query.runId))
@@ -564,7 +564,7 @@ def cases_table(results: list[dict[str, Any]]) -> str:
 
 def profile_tables(results: list[dict[str, Any]]) -> str:
     """Per case: the phase breakdown side by side, then each run's Spark jobs and stages."""
-    from spate.spark.profile import jobs_table, phase_table
+    from spate_tools.bench.spark_profile import jobs_table, phase_table
 
     out = []
     for case in dict.fromkeys(r["cardinality"] for r in results):

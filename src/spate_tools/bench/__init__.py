@@ -13,10 +13,10 @@ BenchFn = Callable[[bool], tuple[list[dict[str, Any]], str]]
 
 
 def _benches() -> dict[str, BenchFn]:
-    from spate.bench.bigstate import bench_bigstate
-    from spate.bench.changelog import bench_changelog
-    from spate.bench.filemerging import bench_filemerging
-    from spate.bench.state import bench_state
+    from spate_tools.bench.bigstate import bench_bigstate
+    from spate_tools.bench.changelog import bench_changelog
+    from spate_tools.bench.filemerging import bench_filemerging
+    from spate_tools.bench.state import bench_state
 
     return {"state": bench_state, "changelog": bench_changelog, "filemerging": bench_filemerging,
             "bigstate": bench_bigstate}
@@ -31,7 +31,7 @@ def run_bench(name: str, quick: bool = False, as_json: bool = False, out_dir: st
         raise ValueError(f"unknown benchmark {name!r}; available: {sorted(benches)}")
     results, table = (bench or benches[name])(quick)
     os.makedirs(out_dir, exist_ok=True)
-    from spate.bench.plot import plot_results
+    from spate_tools.bench.plot import plot_results
 
     png = plot_results(name, results, os.path.join(out_dir, f"{name}.png"))
     if as_json:

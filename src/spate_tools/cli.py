@@ -197,7 +197,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from spate.bench import BenchFn, run_bench
+    from spate_tools.bench import BenchFn, run_bench
 
     if args.profile and args.name != "spark":
         print("--profile is for `spate bench spark`", file=sys.stderr)
@@ -206,23 +206,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.name == "spark":  # only the CLI reaches into spate.spark
         from functools import partial
 
-        from spate.spark.bench import bench_spark
+        from spate_tools.bench.spark import bench_spark
 
         bench = partial(bench_spark, profile=args.profile)
     elif args.name == "cluster":
-        from spate.spark.cluster_bench import bench_cluster
+        from spate_tools.bench.cluster import bench_cluster
 
         bench = bench_cluster
     elif args.name == "blog":  # writes its own charts (duration and size over time) next to the summary plot
         from functools import partial
 
-        from spate.bench.blog import bench_blog
+        from spate_tools.bench.blog import bench_blog
 
         bench = partial(bench_blog, out_dir=args.out)
     elif args.name == "rescale":  # writes its own chart (normal / online / restart) next to the summary plot
         from functools import partial
 
-        from spate.bench.rescale import bench_rescale
+        from spate_tools.bench.rescale import bench_rescale
 
         bench = partial(bench_rescale, out_dir=args.out)
     return run_bench(args.name, quick=args.quick, as_json=args.json, out_dir=args.out, bench=bench)
@@ -230,16 +230,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.local:
-        from spate.demo import run_demo
+        from spate_tools.demo import run_demo
 
         return run_demo(workdir=args.dir, quick=args.quick, as_json=args.json)
-    from spate.spark.demo import run_spark_demo
+    from spate_tools.spark_demo import run_spark_demo
 
     return run_spark_demo(workdir=args.dir, quick=args.quick, as_json=args.json)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    from spate.fuzz import run_from_args
+    from spate_tools.campaigns.fuzz import run_from_args
 
     return run_from_args(args)
 
@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
     demo.set_defaults(func=cmd_demo)
 
-    from spate.fuzz import add_arguments as add_fuzz_arguments
+    from spate_tools.campaigns.fuzz import add_arguments as add_fuzz_arguments
 
     fuzz = sub.add_parser("fuzz", help="crash-fuzz campaign: SIGKILL a job at every protocol step, restart it with "
                                        "random switches, compare with a crash-free run and a model; exit 1 on "

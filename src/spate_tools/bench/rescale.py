@@ -2,8 +2,8 @@
 restart at the new parallelism, for value state of 10 MB, 100 MB and 1 GB (10 MB only with ``--quick``).
 
 One machine, in process: a :class:`LocalRunner` on lmdb with the changelog on, max parallelism 128, a persistent
-local directory. The job and its input are ``spate bench blog``'s value workload (:class:`~spate.bench.blog.Put`
-keeps each key's latest 500-byte value; :class:`~spate.bench.blog.ValueInput` makes the rows). Per state size:
+local directory. The job and its input are ``spate bench blog``'s value workload (:class:`~spate_tools.bench.blog.Put`
+keeps each key's latest 500-byte value; :class:`~spate_tools.bench.blog.ValueInput` makes the rows). Per state size:
 
 1. pre-fill the state at parallelism 4 (not measured): keys written in bulk into each subtask's state, checkpointed
    and materialized, so the measured part starts from a settled checkpoint;
@@ -43,12 +43,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from spate.bench.blog import ENTRY_BYTES, PAYLOAD, PREFILL_CHUNK, VALUE, Put, ValueInput
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.keygroups import compile_key_hasher, key_group_range
 from spate.report import format_table, human_bytes, progress
 from spate.runtime.local import BatchResult, LocalRunner
 from spate.state.bulk import BulkValueState
+from spate_tools.bench.blog import ENTRY_BYTES, PAYLOAD, PREFILL_CHUNK, VALUE, Put, ValueInput
 
 STATE_MB = (10, 100, 1_000)
 QUICK_STATE_MB = (10,)

@@ -133,8 +133,8 @@ def run_driver(root: str, start_at: float, seed: int, pause_s: float, local_dir:
 
 
 def _spawn(root: str, start_at: float, seed: int, pause_s: float, out: str, local_dir: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "spate.driver_races", "driver", root, str(start_at), str(seed), str(pause_s),
-            out, local_dir]
+    args = [sys.executable, "-m", "spate_tools.campaigns.driver_races", "driver", root, str(start_at), str(seed),
+            str(pause_s), out, local_dir]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -282,7 +282,7 @@ def _driver_main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m spate.driver_races")
+    parser = argparse.ArgumentParser(prog="python -m spate_tools.campaigns.driver_races")
     parser.add_argument("command", choices=["driver"])
     parser.add_argument("args", nargs=6)
     ns = parser.parse_args()
