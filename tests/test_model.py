@@ -71,19 +71,20 @@ def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: t
     def sink(rows: list[dict], batch_id: int) -> None:
         deliveries.setdefault(batch_id, []).append(_norm(rows))
 
-    def runner(parallelism: int, table: str, crash: tuple[str, int] | None, changelog: bool,
-               merging: str) -> LocalRunner:
-        def fault(step: str, batch_id: int) -> None:
-            if crash and (step, batch_id) == crash:
-                raise Crash(step)
+    armed: list[tuple[str, int]] = []  # the crash to inject: (step, batch id), armed before the batch
 
+    def fault(step: str, batch_id: int) -> None:
+        if armed and (step, batch_id) == armed[0]:
+            raise Crash(step)
+
+    def runner(parallelism: int, table: str, changelog: bool, merging: str) -> LocalRunner:
         return LocalRunner(ModelJob, key="k", checkpoint_root=root, parallelism=parallelism, max_parallelism=128,
                            table=table, local_dir=local_dir, sink=sink, clock=lambda: clock[0],
                            fault_injector=fault, changelog=CHANGELOG if changelog else False,
                            file_merging=MERGING[merging])
 
     for parallelism, table, stop, crash_step, changelog, merging in segments:
-        r = runner(parallelism, table, None, changelog, merging)
+        r = runner(parallelism, table, changelog, merging)
         start = r.next_batch_id
         stop = min(stop, len(batches))
         for n in range(start, stop):
@@ -91,7 +92,7 @@ def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: t
             r.run_batch(n, batches[n])
             completed_parallelism[n] = parallelism
         if crash_step is not None and stop < len(batches) and stop >= start:
-            r._fault = lambda step, b, s=crash_step, t=stop: _raise(step, b, s, t)  # noqa: SLF001
+            armed[:] = [(crash_step, stop)]
             clock[0] = now_of(stop)
             try:
                 r.run_batch(stop, batches[stop])
@@ -100,9 +101,11 @@ def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: t
                     completed_parallelism[stop] = parallelism
             else:
                 raise AssertionError("fault injector did not fire")
+            finally:
+                armed.clear()
         r.close()
 
-    r = runner(final[0], final[1], None, final[2], final[3])
+    r = runner(*final)
     for n in range(r.next_batch_id, len(batches)):
         clock[0] = now_of(n)
         r.run_batch(n, batches[n])
@@ -134,11 +137,6 @@ def check_against_model(root: str, batches: list[list[dict]], deliveries: dict[i
     elements = [tuple(x) for per in operator_state_elements(storage, meta, "batches-seen") for x in per]
     want_elements = Counter((b, i) for b, p in completed_parallelism.items() for i in range(p))
     assert Counter(elements) == want_elements, "operator state elements lost or duplicated"
-
-
-def _raise(step: str, batch_id: int, crash_step: str, crash_batch: int) -> None:
-    if (step, batch_id) == (crash_step, crash_batch):
-        raise Crash(step)
 
 
 @settings(max_examples=int(os.environ.get("SPATE_MODEL_EXAMPLES", "40")))

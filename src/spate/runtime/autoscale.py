@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
+DECISIONS_KEPT = 100  # scaling decisions an autoscaler remembers (each rescaling checkpoint records its own)
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ class Autoscaler:
             )
         self.policy = policy
         self.max_parallelism = min(policy.max_parallelism, limit)
-        self.decisions: list[ScalingDecision] = []
+        self.decisions: deque[ScalingDecision] = deque(maxlen=DECISIONS_KEPT)  # the latest, oldest first
         self._rescaled_at: tuple[int, float] | None = None  # (batch id, wall clock) of the last rescale
         self._last_batch_id: int | None = None
 
@@ -178,7 +180,8 @@ class Autoscaler:
         """Decide on the batch ``obs`` describes: a :class:`ScalingDecision`, or ``None`` to keep the parallelism.
 
         No decision for a batch id already observed (Spark repeats ``lastProgress`` while idle), inside the
-        cooldown, or when the rules want the current parallelism. A decision is recorded in :attr:`decisions`,
+        cooldown, or when the rules want the current parallelism. A decision is recorded in :attr:`decisions`
+        (the latest ``DECISIONS_KEPT``),
         logged, and starts the cooldown.
         """
         if self._last_batch_id is not None and obs.batch_id <= self._last_batch_id:

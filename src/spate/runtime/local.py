@@ -23,16 +23,16 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.filemerging.config import FileMergingConfig
 from spate.keygroups import compile_key_hasher
-from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision
+from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision
 from spate.runtime.batch import BatchProcessor, KeyedBatch
-from spate.runtime.driver import DriverLoop
 from spate.runtime.idle import IdleBatches
 from spate.runtime.keys import KeyCheck
 from spate.runtime.localstate import remove_other_parallelisms
 from spate.runtime.processor import Processor, Row
+from spate.runtime.query import QueryDriver
 from spate.runtime.services import WorkerServices
 from spate.runtime.settings import SpateSettings
-from spate.runtime.subtask import AnyProcessor, ProcessorFactory, Subtask, SubtaskConfig, processor_factory
+from spate.runtime.subtask import AnyProcessor, ProcessorFactory, Subtask, processor_factory
 
 KeySpec = str | Sequence[str] | Callable[[Row], Any]
 Sink = Callable[[list[Row], int], None]
@@ -107,7 +107,8 @@ class LocalRunner:
         clock: processing time in ms (defaults to wall-clock time).
         autoscale: an :class:`AutoscalePolicy`: after each batch the runner rescales itself online when the
             policy decides so (``decisions`` lists what it decided, each checkpoint that rescaled records why).
-        fault_injector: test hook called at each protocol step (``"after_acks"``, ...); may raise.
+        fault_injector: called at each protocol step of a batch (``"after_acks"``, ...; see
+            :class:`~spate.runtime.driver.DriverLoop`); may raise, as a crash there would. For fault injection.
     """
 
     def __init__(self, processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory, *, key: KeySpec,
@@ -122,39 +123,45 @@ class LocalRunner:
                  clock: Callable[[], int] | None = None, autoscale: AutoscalePolicy | None = None,
                  fault_injector: FaultInjector | None = None) -> None:
         self._factory = processor_factory(processor)
-        self._idle = IdleBatches.of(processor) if not _is_factory(processor) else IdleBatches()
         self._key = key_extractor(key)
         self._keys = KeyCheck(key_columns(key))
         self._hash = compile_key_hasher(key_types)
         self._sink = sink
         self._initial_state = initial_state
         self._clock = clock or (lambda: int(time.time() * 1000))
-        self._fault = fault_injector or (lambda step, batch_id: None)
-        self.settings = SpateSettings(checkpoint_root=checkpoint_root, parallelism=parallelism,
-                                      max_parallelism=max_parallelism, table=table, local_dir=local_dir,
-                                      changelog=changelog, file_merging=file_merging, retained=retained,
-                                      event_time_column=event_time_column, watermark_delay_ms=watermark_delay_ms,
-                                      allow_pickle=allow_pickle, restore_from=restore_from)
-        merging = self.settings.file_merging_config
-        self.coordinator = self.settings.coordinator()
-        self.coordinator.start()
+        settings = SpateSettings(checkpoint_root=checkpoint_root, parallelism=parallelism,
+                                 max_parallelism=max_parallelism, table=table, local_dir=local_dir,
+                                 changelog=changelog, file_merging=file_merging, retained=retained,
+                                 event_time_column=event_time_column, watermark_delay_ms=watermark_delay_ms,
+                                 allow_pickle=allow_pickle, restore_from=restore_from)
+        self._driver = QueryDriver(settings, idle=IdleBatches.of(processor) if not _is_factory(processor) else None,
+                                   autoscale=autoscale, deliver=self._redeliver if sink is not None else None,
+                                   fault_injector=fault_injector)
+        self.coordinator = self._driver.coordinator
         self._temp_local_dir = None
         if table == "lmdb" and local_dir is None:
             local_dir = self._temp_local_dir = tempfile.mkdtemp(prefix="spate-local-")
-        self.config = SubtaskConfig(table=table, local_dir=local_dir, allow_pickle=allow_pickle, compress=compress,
-                                    key_types=key_types, event_time_column=event_time_column,
-                                    stage_outputs=sink is not None, output_serializer=output_serializer,
-                                    changelog=self.settings.changelog_config, file_merging=merging,
-                                    output_schema=output_schema)
-        self.parallelism = parallelism
+        self.config = settings.subtask_config(local_dir=local_dir, stage_outputs=sink is not None,
+                                              output_schema=output_schema, compress=compress, key_types=key_types,
+                                              output_serializer=output_serializer)
         # this runner is the worker process of its subtasks: it owns their services
         self.services = WorkerServices(self.coordinator.storage.uri, self.config.file_merging, self.config.changelog)
         self.subtasks = self._new_subtasks()
         self._remove_other_parallelism_local_state()
-        self._loop = DriverLoop(self.coordinator, self._redeliver if sink is not None else None,
-                                lambda step, batch_id: self._fault(step, batch_id))
-        self.redelivered = self._deliver_staged()
-        self.autoscaler = Autoscaler(autoscale, self.max_parallelism) if autoscale is not None else None
+        self.redelivered = self._driver.redeliver()
+
+    @property
+    def settings(self) -> SpateSettings:
+        """The query's settings (the parallelism follows every rescale)."""
+        return self._driver.settings
+
+    @property
+    def parallelism(self) -> int:
+        return self._driver.parallelism
+
+    @property
+    def autoscaler(self) -> Autoscaler | None:
+        return self._driver.autoscaler
 
     def _new_subtasks(self) -> list[Subtask]:
         return [Subtask(i, self.parallelism, self._factory, self.config, self.services)
@@ -168,14 +175,14 @@ class LocalRunner:
         Refused beyond the max parallelism. Outputs and state stay exactly once: if the rescaling batch fails,
         the next attempt runs at the new parallelism from the same base. ``reason`` is recorded in the metadata
         of the checkpoint that rescales (``rescale_reason``)."""
-        self.coordinator.rescale(parallelism, reason)
-        if parallelism == self.parallelism:
+        self._driver.request_rescale(parallelism, reason)
+        self._apply_rescale()
+
+    def _apply_rescale(self) -> None:
+        if self._driver.apply_rescale(self.next_batch_id) is None:
             return
-        if self.autoscaler is not None:
-            self.autoscaler.note_rescaled(self.next_batch_id - 1, time.time())
         for subtask in self.subtasks:
             subtask.close()  # its lmdb state stays on disk, where the new subtasks copy it from
-        self.parallelism = parallelism
         self.subtasks = self._new_subtasks()
 
     def _remove_other_parallelism_local_state(self) -> None:
@@ -185,11 +192,6 @@ class LocalRunner:
         remove_other_parallelisms(self.config.local_dir, self.coordinator.query.query_id,  # type: ignore[union-attr]
                                   self.parallelism)
 
-    def _deliver_staged(self) -> list[int]:
-        """Give the sink the staged outputs of complete checkpoints it has not confirmed (a crash came
-        between checkpoint completion and delivery). Same batch ids, so an idempotent sink sees them once."""
-        return self._loop.redeliver()
-
     def _redeliver(self, meta: CheckpointMetadata) -> None:
         """The sink gets a complete checkpoint's outputs, read from where its subtasks staged them."""
         assert self._sink is not None
@@ -197,11 +199,11 @@ class LocalRunner:
 
     @property
     def max_parallelism(self) -> int:
-        return self.coordinator.max_parallelism
+        return self._driver.max_parallelism
 
     @property
     def next_batch_id(self) -> int:
-        return self.coordinator.next_checkpoint_id
+        return self._driver.next_batch_id
 
     def run(self, source: Sequence[Sequence[Row]], until: int | None = None) -> list[BatchResult]:
         """Process ``source[n]`` for every batch id n from :attr:`next_batch_id` (replaying nothing that a
@@ -214,7 +216,7 @@ class LocalRunner:
         """When (processing time, epoch ms) the next batch is due even without input: a processing-time timer's
         time, or now when the watermark moves past an event-time timer (or at all, for a processor that asks
         for it, as Spark's transformWithState in event time does); None: not before input arrives."""
-        return self._idle.due_at(self.coordinator.latest)
+        return self._driver.idle_batch_due_at
 
     def run_idle(self) -> BatchResult | None:
         """Run the next batch without input if one is due by the runner's clock (as Spark runs a no-data batch
@@ -230,7 +232,8 @@ class LocalRunner:
         checkpoint is aborted and the error raised. If the sink fails, the checkpoint stays complete; the
         batch's staged outputs are given to the sink again before the next batch starts (or by the next
         runner)."""
-        self._deliver_staged()
+        self._driver.redeliver()  # outputs of complete checkpoints the sink did not confirm, same batch ids
+        self._apply_rescale()
         started = time.perf_counter()
         routed = self._route(rows)  # before the checkpoint begins: a bad key fails the batch with nothing to undo
         outputs: list[Row] = []
@@ -248,7 +251,7 @@ class LocalRunner:
                 outputs.extend(result.rows)
                 yield result.ack
 
-        done = self._loop.run_batch(batch_id, run_subtasks, self._clock(),
+        done = self._driver.run_batch(batch_id, run_subtasks, self._clock(),
                                     deliver=(lambda meta: self._sink(outputs, meta.checkpoint_id))
                                     if self._sink is not None else None,
                                     on_complete=lambda _: self.services.checkpoint_completed(batch_id))
@@ -262,21 +265,14 @@ class LocalRunner:
             self._remove_other_parallelism_local_state()
         result = BatchResult(batch_id, outputs, meta, (time.perf_counter() - started) * 1000, checkpoint_ms,
                              restored, self.parallelism, meta.rescaled_from)
-        self._autoscale(result, len(rows))
+        self._driver.autoscale(batch_id, result.batch_ms, len(rows))
+        self._apply_rescale()  # a decision applies from the next batch
         return result
 
     @property
     def decisions(self) -> list[ScalingDecision]:
         """What the autoscaling policy decided so far (empty without one)."""
-        return self.autoscaler.decisions if self.autoscaler is not None else []
-
-    def _autoscale(self, result: BatchResult, rows: int) -> None:
-        if self.autoscaler is None:
-            return
-        decision = self.autoscaler.observe(Observation(result.batch_id, self.parallelism, result.batch_ms, rows,
-                                                       at_s=time.time()))
-        if decision is not None:
-            self.rescale(decision.to_parallelism, decision.reason)
+        return self._driver.decisions
 
     def _initial_batches(self, plans: list[SubtaskPlan]) -> list[KeyedBatch | None]:
         """Each subtask's rows of the initial state, grouped by key, in the first batch of a new query."""
@@ -300,7 +296,7 @@ class LocalRunner:
 
     def savepoint(self, target_uri: str | None = None) -> str:
         """A self-contained copy of the latest checkpoint; see :meth:`Coordinator.savepoint`."""
-        return self.coordinator.savepoint(target_uri)
+        return self._driver.savepoint(target_uri)
 
     def close(self) -> None:
         """Close every subtask. Live lmdb state in an explicit ``local_dir`` stays on disk for a later runner
@@ -309,7 +305,7 @@ class LocalRunner:
             s.close()
         latest = self.coordinator.latest
         self.services.close(latest.checkpoint_id if latest is not None else None)
-        self.coordinator.close()
+        self._driver.close()
         if self._temp_local_dir is not None:
             shutil.rmtree(self._temp_local_dir, ignore_errors=True)
 

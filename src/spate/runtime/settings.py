@@ -11,7 +11,7 @@ from typing import Any
 from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.coordinator import DEFAULT_RETAINED, Coordinator
 from spate.filemerging.config import FileMergingConfig, resolve_file_merging
-from spate.runtime.subtask import TABLE_KINDS
+from spate.runtime.subtask import TABLE_KINDS, SubtaskConfig
 
 CONF_PREFIX = "spark.spate."
 
@@ -129,6 +129,17 @@ class SpateSettings:
     @property
     def file_merging_config(self) -> FileMergingConfig | None:
         return resolve_file_merging(self.file_merging)
+
+    def subtask_config(self, *, local_dir: str | None, stage_outputs: bool, output_schema: Any = None,
+                       sticky: bool = True, **in_process: Any) -> SubtaskConfig:
+        """The settings of the query's subtasks on a worker, for every transport. ``local_dir``: where the
+        worker keeps lmdb state (decided on the worker); ``stage_outputs``: whether a sink gets the outputs;
+        ``sticky``: whether a subtask's next batch runs in this process; ``in_process``: settings only the
+        in-process runner has (``compress``, ``key_types``, ``output_serializer``)."""
+        return SubtaskConfig(table=self.table, local_dir=local_dir, allow_pickle=self.allow_pickle,
+                             event_time_column=self.event_time_column, stage_outputs=stage_outputs,
+                             changelog=self.changelog_config, file_merging=self.file_merging_config,
+                             output_schema=output_schema, sticky=sticky, profile=self.profile, **in_process)
 
     def coordinator(self) -> Coordinator:
         """The query's coordinator (not started) for these settings."""

@@ -12,7 +12,6 @@ target as a savepoint, which any query restores at any parallelism (``restore_fr
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,7 +29,6 @@ from spate.checkpoint.inspect import (
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.errors import CheckpointError
 from spate.fs import CheckpointStorage, join_uri
-from spate.runtime.driver import DriverLoop
 from spate.runtime.processor import Context, Processor, Row
 from spate.runtime.subtask import ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
@@ -316,24 +314,15 @@ def _run_once(df: Any, key: str | Sequence[str], bootstrap: Processor, overrides
     from spate.spark.stream import StatefulStream
 
     stream = StatefulStream(_BatchAsStream(df), key, bootstrap, _NO_OUTPUT_SCHEMA, **overrides)
-    stream.run_id = uuid.uuid4().hex
-    coordinator = stream.coordinator = stream.settings.coordinator()
-    coordinator.start()
     session = df.sparkSession
     adaptive = session.conf.get("spark.sql.adaptive.enabled", None)  # the batch job turns it off: restore it
     try:
-        def run_subtasks(plans: list[Any]) -> Any:
-            sent = [json.dumps(plan.to_dict()).encode() for plan in plans]
-            return stream._run_subtasks(df, coordinator.next_checkpoint_id, sent)  # noqa: SLF001
-
-        DriverLoop(coordinator).run_batch(coordinator.next_checkpoint_id, run_subtasks)
-        coordinator.savepoint(target)
+        stream.run_one_batch(df, savepoint_to=target)
     finally:
         if adaptive is None:
             session.conf.unset("spark.sql.adaptive.enabled")
         else:
             session.conf.set("spark.sql.adaptive.enabled", adaptive)
-        coordinator.close()
 
 
 class _BatchAsStream:

@@ -17,9 +17,9 @@ import contextlib
 import json
 import logging
 import os
-import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,11 +30,11 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
 from spate.report import percentile
-from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision, progress_observation
+from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision, progress_observation
 from spate.runtime.batch import BatchProcessor
-from spate.runtime.driver import DriverLoop
 from spate.runtime.idle import IdleBatches
 from spate.runtime.processor import Processor
+from spate.runtime.query import QueryDriver
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
@@ -65,6 +65,7 @@ from spate.spark.tws_handle import declared_states
 
 log = logging.getLogger(__name__)
 Sink = Callable[[Any, int], None]
+METRICS_KEPT = 1000  # the latest batches' metrics a stream keeps (its summary is over these)
 
 
 @dataclass
@@ -148,23 +149,37 @@ class StatefulStream:
             settings = SpateSettings.from_conf(conf, **overrides)
         elif overrides:
             settings = settings.replace(**overrides)
-        self.settings = settings
-        self.coordinator: Coordinator | None = None
+        self._settings = settings  # until start(); then the query driver's
+        self._driver: QueryDriver | None = None
         self.sink: Sink | None = None
         self.run_id = ""  # one per start(): executors never reuse subtasks (processors) of another run
-        self.metrics: list[BatchMetrics] = []
+        self.metrics: deque[BatchMetrics] = deque(maxlen=METRICS_KEPT)
         self.figures = BatchFigures()  # spate's figures of the latest batches, for the query's progress
         self._progress = ProgressListener(self.figures)
         self.redelivered: list[int] = []
         self.placement = Placement()  # where each subtask's state lives, learned from the acks
-        self._loop: DriverLoop | None = None
         self._deliver_ms = 0.0  # the last sink call's
         self.query: Any = None  # the StreamingQuery, once started
         self._autoscale_policy = autoscale
-        self.autoscaler: Autoscaler | None = None
-        self._rescale_lock = threading.Lock()
-        self._requested: tuple[int, str] | None = None  # (parallelism, reason) for the next batch
-        self.rescales: list[dict[str, Any]] = []  # every online rescale: batch, from, to, reason
+
+    @property
+    def settings(self) -> SpateSettings:
+        """The query's settings (once started, the parallelism follows every rescale)."""
+        return self._driver.settings if self._driver is not None else self._settings
+
+    @property
+    def coordinator(self) -> Coordinator | None:
+        """The query's coordinator, once started."""
+        return self._driver.coordinator if self._driver is not None else None
+
+    @property
+    def autoscaler(self) -> Autoscaler | None:
+        return self._driver.autoscaler if self._driver is not None else None
+
+    @property
+    def rescales(self) -> list[dict[str, Any]]:
+        """The latest online rescales: batch, from, to, reason."""
+        return [r.to_dict() for r in self._driver.rescales] if self._driver is not None else []
 
     # -- starting --------------------------------------------------------------------------------------
     def start(self, sink: Sink | None = None, *, trigger: dict[str, Any] | None = None,
@@ -188,11 +203,10 @@ class StatefulStream:
         check_executor_python(self.spark)
         self.sink = sink
         self.run_id = uuid.uuid4().hex
-        self.coordinator = s.coordinator()
-        self.coordinator.start()
-        self.figures.start_from(self.coordinator.latest)
-        self._loop = DriverLoop(self.coordinator, self._deliver if sink is not None else None)
-        self.spark_checkpoint: SparkCheckpoint = open_spark_checkpoint(self.spark, self.coordinator,
+        self._driver = driver = QueryDriver(s, idle=self._idle, autoscale=self._autoscale_policy,
+                                            deliver=self._deliver if sink is not None else None)
+        self.figures.start_from(driver.latest)
+        self.spark_checkpoint: SparkCheckpoint = open_spark_checkpoint(self.spark, driver.coordinator,
                                                                        spark_checkpoint, spark_checkpoint_cache)
         self._deliver_staged()
         source = self.df
@@ -202,7 +216,7 @@ class StatefulStream:
                             "query as one batch (a Python source cannot take part); use idle_batches=False for "
                             "this root, or another trigger")
             self._wake = WakeFile(os.path.join(spark_checkpoint_cache or default_cache_dir(),
-                                               self.coordinator.query.query_id, "wake.json"))
+                                               driver.coordinator.query.query_id, "wake.json"))
             self._write_wake()
             source = source.unionByName(tick_stream(self.spark, self._wake.path), allowMissingColumns=True)
         writer = source.writeStream.foreachBatch(self._process_batch).option(
@@ -211,8 +225,6 @@ class StatefulStream:
             writer = writer.trigger(**trigger)
         if query_name:
             writer = writer.queryName(query_name)
-        if self._autoscale_policy is not None:
-            self.autoscaler = Autoscaler(self._autoscale_policy, self.coordinator.max_parallelism)
         self._progress.register(self.spark)
         try:
             self.query = writer.start()
@@ -222,6 +234,20 @@ class StatefulStream:
             raise
         self._progress.attach(self.query.id)
         return self.query
+
+    def run_one_batch(self, batch_df: Any, savepoint_to: str) -> None:
+        """Run the batch DataFrame ``batch_df`` as the one batch of a new query (spate's job, without a streaming
+        query) and copy its checkpoint to ``savepoint_to``: how state is bootstrapped from a table
+        (:mod:`spate.spark.state_frame`)."""
+        self.run_id = uuid.uuid4().hex
+        self._driver = driver = QueryDriver(self._settings)
+        try:
+            batch_id = driver.next_batch_id
+            driver.run_batch(batch_id, lambda plans: self._run_subtasks(
+                batch_df, batch_id, [json.dumps(plan.to_dict()).encode() for plan in plans]))
+            driver.savepoint(savepoint_to)
+        finally:
+            driver.close()
 
     # -- progress ----------------------------------------------------------------------------------------
     def add_listener(self, listener: Any) -> None:
@@ -252,47 +278,26 @@ class StatefulStream:
         builds its lmdb state from the old subtasks' local copies on its executor (the batch prefers the
         executor holding the largest part of its key groups) and reads from checkpoint storage only what no
         copy there holds. Refused beyond the max parallelism. Callable from any thread."""
-        if self.coordinator is None:  # not started: it starts at that parallelism
+        if self._driver is None:  # not started: it starts at that parallelism
             check_parallelism(parallelism, MAX_MAX_PARALLELISM)
-            self.settings = self.settings.replace(parallelism=parallelism)
+            self._settings = self._settings.replace(parallelism=parallelism)
             return
-        check_parallelism(parallelism, self.coordinator.max_parallelism)
-        with self._rescale_lock:
-            self._requested = (parallelism, reason)
-
-    def _apply_rescale(self, batch_id: int) -> None:
-        """The parallelism requested for this batch, if any (before it is planned)."""
-        with self._rescale_lock:
-            requested, self._requested = self._requested, None
-        if requested is None or self.coordinator is None or requested[0] == self.settings.parallelism:
-            return
-        parallelism, reason = requested
-        self.coordinator.rescale(parallelism, reason)
-        self.rescales.append({"batch_id": batch_id, "from": self.settings.parallelism, "to": parallelism,
-                              "reason": reason})
-        log.info("rescaling online at batch %d: %d → %d (%s)", batch_id, self.settings.parallelism, parallelism,
-                 reason)
-        self.settings = self.settings.replace(parallelism=parallelism)
-        if self.autoscaler is not None:
-            self.autoscaler.note_rescaled(batch_id - 1, time.time())
+        self._driver.request_rescale(parallelism, reason)
 
     def _autoscale(self, metrics: BatchMetrics) -> None:
         """Feed the batch to the autoscaler: its duration and rows as spate measured them, the backlog as
         Spark's last query progress reports it; a decision applies from the next batch."""
-        if self.autoscaler is None:
+        if self._driver is None or self._driver.autoscaler is None:
             return
         progress = progress_observation(self.query.lastProgress, self.settings.parallelism, time.time()) \
             if self.query is not None else None
-        backlog = progress.backlog_rows if progress is not None else None
-        decision = self.autoscaler.observe(Observation(metrics.batch_id, self.settings.parallelism, metrics.batch_ms,
-                                                       metrics.rows, backlog, at_s=time.time()))
-        if decision is not None:
-            self.rescale(decision.to_parallelism, decision.reason)
+        self._driver.autoscale(metrics.batch_id, metrics.batch_ms, metrics.rows,
+                               progress.backlog_rows if progress is not None else None)
 
     @property
     def decisions(self) -> list[ScalingDecision]:
         """What the autoscaling policy decided so far (empty without one)."""
-        return self.autoscaler.decisions if self.autoscaler is not None else []
+        return self._driver.decisions if self._driver is not None else []
 
     def close(self) -> None:
         """Let background deletions finish and stop passing on the query's events (call after the query
@@ -300,8 +305,8 @@ class StatefulStream:
         self._progress.unregister()
         if self._wake is not None and not self._query_active():
             self._wake.remove()
-        if self.coordinator is not None:
-            self.coordinator.close()
+        if self._driver is not None:
+            self._driver.close()
 
     def _query_active(self) -> bool:
         try:
@@ -322,10 +327,10 @@ class StatefulStream:
     # -- one micro-batch (driver) -----------------------------------------------------------------------
     def _write_wake(self) -> None:
         """Tell the tick source when the batch after the latest checkpoint is due without input."""
-        assert self.coordinator is not None
+        assert self._driver is not None
         if self._wake is not None:
-            latest = self.coordinator.latest
-            self._wake.write(latest.checkpoint_id if latest is not None else -1, self._idle.due_at(latest))
+            latest = self._driver.latest
+            self._wake.write(latest.checkpoint_id if latest is not None else -1, self._driver.idle_batch_due_at)
 
     def _process_batch(self, batch_df: Any, batch_id: int) -> None:
         if self._wake is not None:
@@ -338,18 +343,19 @@ class StatefulStream:
             self._write_wake()
 
     def _run_batch(self, batch_df: Any, batch_id: int) -> None:
-        assert self._loop is not None
+        driver = self._driver
+        assert driver is not None
         started = time.perf_counter()
         self._deliver_ms = 0.0
         self.spark_checkpoint.sync()  # Spark's offsets of batch n reach the root before checkpoint n can complete
         self._deliver_staged()
-        if self._loop.covered(batch_id):
+        if driver.covered(batch_id):
             log.info("batch %d is covered by a complete checkpoint: not processed again", batch_id)
             self.metrics.append(BatchMetrics(batch_id, 0, (time.perf_counter() - started) * 1000, 0.0,
                                              replayed=True))
             self.figures.add(SpateProgress(batch_id, batch_ms=round(self.metrics[-1].batch_ms, 3), replayed=True))
             return
-        self._apply_rescale(batch_id)
+        driver.apply_rescale(batch_id)
         jobs = _JobCounter(self.spark.sparkContext)  # the query's own job group: stop() cancels these jobs
         sent: list[bytes] = []
         spark: dict[str, int] = {}
@@ -363,7 +369,7 @@ class StatefulStream:
                          job_us=int((time.perf_counter() - job_started) * 1e6))
             return acks
 
-        done = self._loop.run_batch(batch_id, run_subtasks,
+        done = driver.run_batch(batch_id, run_subtasks,
                                     on_complete=lambda d: self.placement.record(self.settings.parallelism, d.acks))
         meta = done.checkpoint
         log.info("checkpoint %d: %s", batch_id, "; ".join(
@@ -452,8 +458,8 @@ class StatefulStream:
     def _deliver_staged(self) -> None:
         """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and
         sink): give them to the sink again, with their batch ids."""
-        if self._loop is not None:
-            self.redelivered.extend(self._loop.redeliver())
+        if self._driver is not None:
+            self.redelivered.extend(self._driver.redeliver())
 
     def _deliver(self, meta: CheckpointMetadata) -> None:
         assert self.sink is not None
@@ -472,7 +478,7 @@ class StatefulStream:
         """Rows/s, batch/checkpoint durations, and where subtasks found their state (``local_reuse``: the
         fraction of subtask-batches that ran on their local state, live or caught up; ``rescaled``: those that
         built it from local copies at an online rescale) over the processed batches; the current parallelism,
-        the online rescales and the autoscaler's decisions."""
+        the online rescales and the autoscaler's decisions. Over the latest METRICS_KEPT batches."""
         done = [m for m in self.metrics if not m.replayed]
         total_ms = sum(m.batch_ms for m in done)
         runs = [r for m in done for r in m.subtasks]

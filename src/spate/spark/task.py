@@ -56,10 +56,8 @@ class TaskSpec:
         executor's local disk (:func:`executor_local_dir`), decided here, not on the driver."""
         s = self.settings
         local_dir = s.local_dir or (executor_local_dir() if s.table == "lmdb" else None)
-        return SubtaskConfig(table=s.table, local_dir=local_dir, allow_pickle=s.allow_pickle,
-                             event_time_column=s.event_time_column, stage_outputs=self.stage_outputs,
-                             changelog=s.changelog_config, file_merging=s.file_merging_config,
-                             output_schema=self.output_schema, sticky=False, profile=s.profile)
+        return s.subtask_config(local_dir=local_dir, stage_outputs=self.stage_outputs,
+                                output_schema=self.output_schema, sticky=False)
 
 
 IDLE_SCAN_INTERVAL_S = 60.0  # how often a worker lists the executor's local copies for idle ones

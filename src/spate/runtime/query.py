@@ -1,0 +1,159 @@
+"""``QueryDriver``: one running query on its driver, the same for every transport.
+
+It owns what a query is beyond one batch: its settings (the parallelism among them: one place, never stale),
+the coordinator, the :class:`~spate.runtime.driver.DriverLoop` that runs each batch in protocol order, online
+rescaling (requested from any thread, applied before the next batch is planned), the autoscaler, the history
+of rescales and when a batch without input is due. A transport (:class:`~spate.runtime.local.LocalRunner`,
+:class:`~spate.spark.stream.StatefulStream`) supplies only how subtasks run and how outputs reach the sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spate.checkpoint.coordinator import Coordinator
+from spate.checkpoint.metadata import CheckpointMetadata
+from spate.keygroups import check_parallelism
+from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision
+from spate.runtime.driver import CompletedBatch, Deliver, DriverLoop, FaultInjector, RunSubtasks
+from spate.runtime.idle import IdleBatches
+from spate.runtime.settings import SpateSettings
+
+log = logging.getLogger(__name__)
+RESCALES_KEPT = 100  # online rescales remembered for summaries (each checkpoint's metadata records its own)
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """An online rescale: from the batch ``batch_id`` on, ``to`` subtasks instead of ``from_``."""
+
+    batch_id: int
+    from_: int
+    to: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "from": self.from_, "to": self.to, "reason": self.reason}
+
+
+class QueryDriver:
+    """The driver side of one query: started on construction (take-over of the root, recovery of the latest
+    checkpoint), closed with :meth:`close`.
+
+    Args:
+        settings: the query's settings; :attr:`settings` follows every rescale.
+        idle: when a batch without input is due, for the query's processor.
+        autoscale: a policy that rescales the query after a batch; None for a fixed parallelism.
+        deliver: gives the sink a complete checkpoint's staged outputs (re-delivery); None without a sink.
+        fault_injector: called at each protocol step of a batch (:class:`DriverLoop`); may raise.
+    """
+
+    def __init__(self, settings: SpateSettings, *, idle: IdleBatches | None = None,
+                 autoscale: AutoscalePolicy | None = None, deliver: Deliver | None = None,
+                 fault_injector: FaultInjector | None = None) -> None:
+        self._settings = settings
+        self.coordinator: Coordinator = settings.coordinator()
+        self.coordinator.start()
+        self._idle = idle or IdleBatches()
+        self._loop = DriverLoop(self.coordinator, deliver, fault_injector)
+        self.autoscaler = Autoscaler(autoscale, self.max_parallelism) if autoscale is not None else None
+        self._lock = threading.Lock()
+        self._requested: tuple[int, str] | None = None  # (parallelism, reason) for the next batch
+        self.rescales: deque[Rescale] = deque(maxlen=RESCALES_KEPT)
+
+    # -- what the query is ----------------------------------------------------------------------------
+    @property
+    def settings(self) -> SpateSettings:
+        return self._settings
+
+    @property
+    def parallelism(self) -> int:
+        """The subtasks the next batch runs on (after a rescale applied)."""
+        return self._settings.parallelism
+
+    @property
+    def max_parallelism(self) -> int:
+        return self.coordinator.max_parallelism
+
+    @property
+    def latest(self) -> CheckpointMetadata | None:
+        return self.coordinator.latest
+
+    @property
+    def next_batch_id(self) -> int:
+        return self.coordinator.next_checkpoint_id
+
+    @property
+    def idle_batch_due_at(self) -> int | None:
+        """When (processing time, epoch ms) the next batch is due without input; None: not before input."""
+        return self._idle.due_at(self.coordinator.latest)
+
+    # -- rescaling ------------------------------------------------------------------------------------
+    def request_rescale(self, parallelism: int, reason: str = "requested") -> None:
+        """Run at ``parallelism`` subtasks from the next batch on. Callable from any thread; refused beyond
+        the max parallelism."""
+        check_parallelism(parallelism, self.max_parallelism)
+        with self._lock:
+            self._requested = (parallelism, reason)
+
+    def apply_rescale(self, batch_id: int) -> Rescale | None:
+        """Before batch ``batch_id`` is planned: the requested rescale, if any changes the parallelism."""
+        with self._lock:
+            requested, self._requested = self._requested, None
+        if requested is None or requested[0] == self.parallelism:
+            return None
+        parallelism, reason = requested
+        self.coordinator.rescale(parallelism, reason)
+        done = Rescale(batch_id, self.parallelism, parallelism, reason)
+        self.rescales.append(done)
+        log.info("rescaling online at batch %d: %d → %d (%s)", batch_id, done.from_, parallelism, reason)
+        self._settings = self._settings.replace(parallelism=parallelism)
+        if self.autoscaler is not None:
+            self.autoscaler.note_rescaled(batch_id - 1, time.time())
+        return done
+
+    def autoscale(self, batch_id: int, batch_ms: float, rows: int, backlog_rows: int | None = None) -> None:
+        """Feed a batch to the autoscaler; a decision is requested for the next batch."""
+        if self.autoscaler is None:
+            return
+        decision = self.autoscaler.observe(Observation(batch_id, self.parallelism, batch_ms, rows, backlog_rows,
+                                                       at_s=time.time()))
+        if decision is not None:
+            self.request_rescale(decision.to_parallelism, decision.reason)
+
+    @property
+    def decisions(self) -> list[ScalingDecision]:
+        """What the autoscaling policy decided (the latest ones; empty without a policy)."""
+        return list(self.autoscaler.decisions) if self.autoscaler is not None else []
+
+    # -- batches --------------------------------------------------------------------------------------
+    def covered(self, batch_id: int) -> bool:
+        """Whether a complete checkpoint already covers batch ``batch_id`` (it is not processed again)."""
+        return self._loop.covered(batch_id)
+
+    def redeliver(self) -> list[int]:
+        """Deliver the staged outputs of complete checkpoints the sink did not confirm, oldest first."""
+        return self._loop.redeliver()
+
+    def run_batch(self, batch_id: int, run_subtasks: RunSubtasks, processing_time_ms: int | None = None,
+                  deliver: Deliver | None = None,
+                  on_complete: Callable[[CompletedBatch], None] | None = None) -> CompletedBatch:
+        """Batch ``batch_id`` = checkpoint ``batch_id``, at the parallelism after :meth:`apply_rescale`."""
+        return self._loop.run_batch(batch_id, run_subtasks, processing_time_ms, deliver, on_complete)
+
+    def savepoint(self, target_uri: str | None = None) -> str:
+        """A self-contained copy of the latest checkpoint; see :meth:`Coordinator.savepoint`."""
+        return self.coordinator.savepoint(target_uri)
+
+    def close(self) -> None:
+        """Let background deletions finish."""
+        self.coordinator.close()
+
+
+__all__ = ["QueryDriver", "Rescale"]
