@@ -32,6 +32,7 @@ from spate.changelog.writer import ChangelogWriter
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.protocol import SubtaskAck
 from spate.errors import CheckpointError
+from spate.fs import LocalStorage
 from spate.segments import FileRef, WholeFileWriter
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
@@ -321,7 +322,7 @@ def test_scenario_8_round_trip(tmp_path):
 
 
 # -- the seed's state change lifecycle -------------------------------------------------------------------------
-class GatedStorage(CheckpointStorage):
+class GatedStorage(LocalStorage):
     """Fault injection: writes of materialized snapshots wait for ``gate``."""
 
     gate: threading.Event

@@ -18,6 +18,7 @@ from spate.changelog.changeset import ChangeSet
 from spate.changelog.format import change_set_handles, encode_change_file
 from spate.errors import CheckpointError
 from spate.fs import CheckpointStorage
+from spate.layout import CHANGE_FILE_SUFFIX, CHANGELOG_DIR
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle
 
@@ -207,7 +208,7 @@ class BatchingUploadScheduler:
                  segments: Callable[[int], SegmentWriter] | None = None) -> None:
         self.storage = storage
         self.config = config or UploadConfig()
-        self.segments = segments or functools.partial(WholeFileWriter, storage, "shared/changelog", ".chg")
+        self.segments = segments or functools.partial(WholeFileWriter, storage, CHANGELOG_DIR, CHANGE_FILE_SUFFIX)
         self.registry = ChangelogFileRegistry()
         self._pool = ThreadPoolExecutor(self.config.num_threads, thread_name_prefix="spate-upload")
         self._retry = RetryingExecutor(self._pool, self.config.max_attempts, self.config.timeout_s,
