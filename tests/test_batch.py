@@ -16,7 +16,8 @@ from pyspark import cloudpickle
 
 from spate import ListStateDescriptor, LocalRunner, Processor, ValueStateDescriptor, load_checkpoint
 from spate.errors import OutputError
-from spate.fs import CheckpointStorage, FrameKind, read_single_frame
+from spate.frames import FrameKind, read_single_frame
+from spate.fs import CheckpointStorage
 from spate.keygroups import compile_key_hasher
 from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyRows
 from spate_tools.campaigns.fuzz import checkpointed

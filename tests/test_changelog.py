@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -27,12 +29,14 @@ from spate.changelog.upload import (
     RetryingExecutor,
     UploadConfig,
     UploadTask,
+    change_files,
 )
 from spate.changelog.writer import ChangelogWriter
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.protocol import SubtaskAck
 from spate.errors import CheckpointError
-from spate.segments import FileRef, WholeFileWriter
+from spate.fs import LocalStorage
+from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.timers import EVENT_TIME
@@ -40,8 +44,47 @@ from spate.state.timers import EVENT_TIME
 NOW = UploadConfig(persist_delay_s=0.0, timeout_s=5.0)
 
 
-def scheduler(tmp_path, config: UploadConfig = NOW) -> BatchingUploadScheduler:
-    return BatchingUploadScheduler(CheckpointStorage(str(tmp_path)), config)
+Fault = Callable[[Callable[[bytes], FileRef], bytes], FileRef]  # (the real write, data) -> the file written
+
+
+class FaultySegments:
+    """Fault injection through the scheduler's own seam for change files, its ``segments``: every change file
+    is written by ``fault(write, data)``, ``write`` being the real writer's."""
+
+    def __init__(self, segments: Callable[[int], SegmentWriter], fault: Fault) -> None:
+        self.segments, self.fault = segments, fault
+
+    def __call__(self, checkpoint_id: int) -> SegmentWriter:
+        return FaultyWriter(self.segments(checkpoint_id), self.fault)
+
+
+@dataclasses.dataclass
+class FaultyWriter:
+    writer: SegmentWriter
+    fault: Fault
+
+    def write(self, data: bytes) -> FileRef:
+        return self.fault(self.writer.write, data)
+
+    def discard(self, ref: FileRef) -> None:
+        self.writer.discard(ref)
+
+
+@contextlib.contextmanager
+def faulty_writes(s: BatchingUploadScheduler, fault: Fault) -> Iterator[None]:
+    """Inject ``fault`` into the change files of a scheduler made by someone else (a runner's services)."""
+    real = s.segments
+    s.segments = FaultySegments(real, fault)
+    try:
+        yield
+    finally:
+        s.segments = real
+
+
+def scheduler(tmp_path, config: UploadConfig = NOW, fault: Fault | None = None) -> BatchingUploadScheduler:
+    storage = CheckpointStorage(str(tmp_path))
+    segments = change_files(storage)
+    return BatchingUploadScheduler(storage, config, FaultySegments(segments, fault) if fault else segments)
 
 
 def change(writer: ChangelogWriter, n: int = 1, size: int = 10) -> None:
@@ -87,15 +130,14 @@ def test_scenario_2_preemptive_persist_and_no_reupload(tmp_path):
 
 
 def test_scenario_2_failed_upload_and_truncation(tmp_path):
-    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_attempts=1))
     fail = [True]
 
-    def write(out, data):
+    def write(real, data):
         if fail[0]:
             raise OSError("storage down")
-        return out.write(data)
+        return real(data)
 
-    s.write_segment = write
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_attempts=1), write)
     w = ChangelogWriter("w", s)
     change(w)
     with pytest.raises(OSError):
@@ -142,14 +184,13 @@ def test_scenario_3_batching(tmp_path):
 
 
 def test_scenario_3_in_flight_limit_blocks(tmp_path):
-    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_in_flight=10))
     gate = threading.Event()
 
-    def slow_write(out, data):
+    def slow_write(real, data):
         gate.wait(5)
-        return out.write(data)
+        return real(data)
 
-    s.write_segment = slow_write
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_in_flight=10), slow_write)
     s.upload(_task(7, []))
     second = threading.Thread(target=s.upload, args=(_task(7, []),))
     second.start()
@@ -321,7 +362,7 @@ def test_scenario_8_round_trip(tmp_path):
 
 
 # -- the seed's state change lifecycle -------------------------------------------------------------------------
-class GatedStorage(CheckpointStorage):
+class GatedStorage(LocalStorage):
     """Fault injection: writes of materialized snapshots wait for ``gate``."""
 
     gate: threading.Event
@@ -399,50 +440,44 @@ def test_hanging_upload_is_hedged(tmp_path):
     cfg = ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0, timeout_s=0.05, max_attempts=3))
     root = str(tmp_path)
     with LocalRunner(_count_job(), key="k", checkpoint_root=root, changelog=cfg) as r:
-        s = r.services.scheduler
-        real = s.write_segment
         calls: list = []
 
-        def hang_first(out, data):
+        def hang_first(real, data):
             n = len(calls)
             calls.append(None)
             if n == 0:
                 time.sleep(1.0)
-            calls[n] = real(out, data).path
+            calls[n] = real(data).path
             return calls[n]
 
-        s.write_segment = lambda out, data: _ref_of(hang_first(out, data), data)
-        started = time.perf_counter()
-        result = r.run_batch(0, [{"k": "a"}])
-        assert time.perf_counter() - started < 0.9, "the hedged attempt finished first"
-        assert result.checkpoint.subtasks[0].stats["upload_attempts"] >= 2
-        time.sleep(1.2)
-        storage = CheckpointStorage(root)
-        assert calls[0] and not storage.exists(calls[0]), "the late duplicate was deleted"
-        s.write_segment = real
+        with faulty_writes(r.services.scheduler, lambda real, data: _ref_of(hang_first(real, data), data)):
+            started = time.perf_counter()
+            result = r.run_batch(0, [{"k": "a"}])
+            assert time.perf_counter() - started < 0.9, "the hedged attempt finished first"
+            assert result.checkpoint.subtasks[0].stats["upload_attempts"] >= 2
+            time.sleep(1.2)
+            storage = CheckpointStorage(root)
+            assert calls[0] and not storage.exists(calls[0]), "the late duplicate was deleted"
 
 
 def test_failing_upload_fails_the_checkpoint_and_the_next_one_succeeds(tmp_path):
     cfg = ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0, max_attempts=2, next_attempt_delay_s=0.0))
     root = str(tmp_path)
     with LocalRunner(_count_job(), key="k", checkpoint_root=root, changelog=cfg) as r:
-        s = r.services.scheduler
-        real = s.write_segment
         failures = [2]
 
-        def flaky(out, data):
+        def flaky(real, data):
             if failures[0] > 0:
                 failures[0] -= 1
                 raise OSError("throttled")
-            return real(out, data)
+            return real(data)
 
-        s.write_segment = flaky
-        with pytest.raises(OSError, match="throttled"):
+        with faulty_writes(r.services.scheduler, flaky):
+            with pytest.raises(OSError, match="throttled"):
+                r.run_batch(0, [{"k": "a"}])
+            assert list_complete_checkpoints(CheckpointStorage(root)) == []
             r.run_batch(0, [{"k": "a"}])
-        assert list_complete_checkpoints(CheckpointStorage(root)) == []
-        r.run_batch(0, [{"k": "a"}])
-        r.run_batch(1, [{"k": "a"}])
-        s.write_segment = real
+            r.run_batch(1, [{"k": "a"}])
     meta = load_checkpoint(CheckpointStorage(root))
     assert {e.key: e.value for e in keyed_state_entries(CheckpointStorage(root), meta, "c")} == {"a": 2}
 
@@ -615,14 +650,12 @@ def test_no_deadlock_between_flush_timer_and_writers(tmp_path):
 
 
 def test_no_deadlock_under_back_pressure(tmp_path):
-    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_in_flight=2500, num_threads=1, timeout_s=None))
-    real = s.write_segment
-
-    def slow(out, data):
+    def slow(real, data):
         time.sleep(0.3)
-        return real(out, data)
+        return real(data)
 
-    s.write_segment = slow
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=0.0, max_in_flight=2500, num_threads=1, timeout_s=None),
+                  slow)
     w = ChangelogWriter("w", s, preemptive_threshold=400)
 
     def changes():

@@ -24,7 +24,7 @@ from spate import (
 )
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.filemerging.registry import FileRegistry
-from spate.fs import random_name
+from spate.layout import random_name
 from spate.segments import FileRef
 
 COUNT = ValueStateDescriptor("count", default=0)

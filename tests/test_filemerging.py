@@ -17,11 +17,11 @@ from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import UploadConfig
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.filemerging.config import FileMergingConfig
-from spate.filemerging.manager import FileMergingManager, subtask_dir
+from spate.filemerging.manager import FileMergingManager
 from spate.filemerging.registry import FileRegistry
-from spate.fs import CheckpointStorage, random_name
+from spate.fs import CheckpointStorage
 from spate.keygroups import compile_key_hasher
-from spate.layout import is_marker
+from spate.layout import is_marker, random_name, subtask_dir
 from spate.segments import FileRef
 
 MB = 1 << 20

@@ -26,15 +26,8 @@ from spate.changelog.upload import UploadConfig
 from spate.checkpoint.inspect import load_checkpoint
 from spate.errors import CorruptFileError, DiskFullError, InvalidKeyError
 from spate.filemerging.manager import PhysicalFile
-from spate.fs import (
-    FRAME_FORMAT_VERSION,
-    FRAME_HEADER_SIZE,
-    CheckpointStorage,
-    FrameKind,
-    frame,
-    iter_frames,
-    read_single_frame,
-)
+from spate.frames import FRAME_FORMAT_VERSION, FRAME_HEADER_SIZE, FrameKind, frame, iter_frames, read_single_frame
+from spate.fs import CheckpointStorage
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate_tools.cli import main

@@ -15,6 +15,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # row is the DESIGN.md layer; the modules DESIGN.md does not name are placed with a reason.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "layout", "objectstore", "report"),  # no spate imports: errors, path rules, S3 calls, tables
+    ("frames",),  # the checksummed frame of every spate file: below fs, which re-exports part of it
     ("fs",),
     ("segments",),  # logical files and their writers: used by snapshot/, changelog/, filemerging/, checkpoint/
     ("serde",),

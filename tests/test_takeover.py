@@ -16,7 +16,8 @@ from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.epochs import EpochLog
 from spate.checkpoint.metadata import QueryInfo
 from spate.errors import CheckpointError, CorruptFileError
-from spate.fs import FrameKind, random_name, read_single_frame
+from spate.frames import FrameKind, read_single_frame
+from spate.layout import random_name
 
 
 def _files(root: str) -> dict[str, bytes]:

@@ -1,7 +1,16 @@
-"""Checkpoint storage I/O on ``pyarrow.fs`` URIs, and the checksummed frame every spate file is made of.
+"""Checkpoint storage I/O on ``pyarrow.fs`` URIs: one interface, :class:`CheckpointStorage`, with an
+implementation per kind of file system, as pyiceberg's ``FileIO`` has.
 
-Paths handed to :class:`CheckpointStorage` are relative to its root and validated so that nothing read from
-metadata can point outside the root.
+- :class:`LocalStorage`: a local disk. Real directories; files are created exclusively by hard-linking an
+  fsynced temporary file into place and replaced by renaming one; spate never reads, writes or deletes
+  through a symbolic link below the root; listings walk the disk.
+- :class:`ObjectStoreStorage`: S3, GCS, HDFS and the like. No directories to create or remove; exclusive
+  create is a conditional write where the store has one (S3), best effort elsewhere.
+
+``CheckpointStorage(uri)`` (or ``storage_for(uri)``, cached per process) picks the implementation for the URI.
+Paths handed to a storage are relative to its root and validated so that nothing read from metadata can point
+outside the root. The frame format spate files are made of is :mod:`spate.frames`; ``FrameKind``, ``frame`` and
+``read_span_frames`` are re-exported here for the modules that still import them from this one.
 """
 
 from __future__ import annotations
@@ -12,137 +21,19 @@ import logging
 import os
 import posixpath
 import stat
-import struct
 import threading
-import uuid
-import zlib
-from collections.abc import Iterator
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.fs as pafs
-import zstandard
 
 from spate.errors import CheckpointError, CorruptFileError, MissingFileError
-from spate.layout import is_marker, is_spate_dir, is_spate_file
+from spate.frames import FrameKind, frame, read_span_frames  # noqa: F401 - re-exported for the coordinator and verify
+from spate.layout import is_marker, is_spate_dir, is_spate_file, temporary_path
 from spate.objectstore import put_if_absent
 
 log = logging.getLogger(__name__)
-
-FRAME_MAGIC = b"SPTF"
-FRAME_FORMAT_VERSION = 2  # 2: the crc32 covers the header fields too; 1 (still read): the payload only
-_HEADER = struct.Struct(">4sHBBQI")  # magic, format version, kind, flags, payload length, crc32
-_FIELDS = struct.Struct(">4sHBBQ")  # the header without its crc32: what a version-2 crc covers before the payload
-_CRC = struct.Struct(">I")
-FRAME_HEADER_SIZE = _HEADER.size
-_FLAG_ZSTD = 1
-
-
-class FrameKind:
-    """The kind byte of a frame: what its payload holds."""
-
-    QUERY = 1
-    METADATA = 2
-    KEY_GROUP = 3
-    OPERATOR_STATE = 4
-    STAGED_OUTPUTS = 5
-    DELIVERED = 6
-    CHANGE_SET = 7
-    EPOCH = 8
-
-
-def frame(kind: int, payload: bytes, compress: bool = False) -> bytes:
-    """Wrap ``payload`` in a frame: header (magic, version, kind, flags, length, crc32) + payload; the crc32
-    covers the header fields before it and the payload."""
-    flags = 0
-    if compress:
-        payload = zstandard.ZstdCompressor(level=1).compress(payload)
-        flags |= _FLAG_ZSTD
-    fields = _FIELDS.pack(FRAME_MAGIC, FRAME_FORMAT_VERSION, kind, flags, len(payload))
-    return fields + _CRC.pack(zlib.crc32(payload, zlib.crc32(fields))) + payload
-
-
-@dataclass(frozen=True)
-class Frame:
-    kind: int
-    payload: bytes
-    offset: int
-    length: int
-
-
-def iter_frames(data: bytes, where: str, base_offset: int = 0) -> Iterator[Frame]:
-    """Yield every frame of ``data``, verifying each; ``where`` names the file in error messages."""
-    view = memoryview(data)
-    pos = 0
-    while pos < len(data):
-        yield _read_frame(view, pos, where, base_offset)
-        pos += FRAME_HEADER_SIZE + _HEADER.unpack_from(view, pos)[4]
-
-
-def read_span_frames(storage: CheckpointStorage, path: str, offsets: dict[int, tuple[int, int]], kind: int,
-                     context: str = "", file_offset: int = 0) -> tuple[str, Iterator[Frame]]:
-    """The frames between the first and last of ``offsets`` (key group → (offset, length) within the logical
-    file at ``file_offset`` of ``path``), fetched with one ranged read, each verified and of ``kind``.
-    Frame offsets are relative to the logical file. Returns (where, frames)."""
-    first, last = offsets[min(offsets)], offsets[max(offsets)]
-    offset, length = first[0], last[0] + last[1] - first[0]
-    data = storage.read_range(path, file_offset + offset, length, context)
-    segment = f" segment at {file_offset}" if file_offset else ""
-    where = f"{storage.path(path)}{segment}{f' ({context})' if context else ''}"
-
-    def frames() -> Iterator[Frame]:
-        for fr in iter_frames(data, where, offset):
-            if fr.kind != kind:
-                raise CorruptFileError(f"{where}: frame at offset {fr.offset} has kind {fr.kind}, expected {kind}")
-            yield fr
-
-    return where, frames()
-
-
-def read_single_frame(data: bytes, where: str, expected_kind: int | None = None) -> bytes:
-    """Verify that ``data`` is exactly one frame (of ``expected_kind``) and return its payload."""
-    if len(data) < FRAME_HEADER_SIZE:
-        raise CorruptFileError(f"{where}: truncated ({len(data)} bytes, not a spate file)")
-    fr = _read_frame(memoryview(data), 0, where, 0)
-    if fr.length != len(data):
-        raise CorruptFileError(f"{where}: {len(data) - fr.length} unexpected trailing bytes")
-    if expected_kind is not None and fr.kind != expected_kind:
-        raise CorruptFileError(f"{where}: frame kind {fr.kind}, expected {expected_kind}")
-    return fr.payload
-
-
-def _read_frame(view: memoryview, pos: int, where: str, base_offset: int) -> Frame:
-    at = f"{where} at offset {base_offset + pos}"
-    if len(view) - pos < FRAME_HEADER_SIZE:
-        raise CorruptFileError(f"{at}: truncated frame header; the file is damaged, restore from an older "
-                               "checkpoint or a savepoint")
-    magic, version, kind, flags, length, crc = _HEADER.unpack_from(view, pos)
-    if magic != FRAME_MAGIC:
-        raise CorruptFileError(f"{at}: not a spate frame (bad magic {magic!r})")
-    if version == 0 or flags & ~_FLAG_ZSTD:
-        raise CorruptFileError(f"{at}: invalid frame header (version {version}, flags {flags:#x})")
-    if version > FRAME_FORMAT_VERSION:
-        raise CorruptFileError(f"{at}: frame format version {version} is newer than this spate "
-                               f"(supports {FRAME_FORMAT_VERSION}); upgrade spate")
-    start = pos + FRAME_HEADER_SIZE
-    if len(view) - start < length:
-        raise CorruptFileError(f"{at}: truncated (frame says {length} bytes, {len(view) - start} present)")
-    payload = bytes(view[start:start + length])
-    covered = zlib.crc32(view[pos:pos + _FIELDS.size]) if version >= 2 else 0  # version 1: the payload only
-    if zlib.crc32(payload, covered) != crc:
-        raise CorruptFileError(f"{at}: checksum mismatch; the file is corrupt, restore from an older "
-                               "checkpoint or a savepoint")
-    if flags & _FLAG_ZSTD:
-        payload = _decompress(payload, at)
-    return Frame(kind, payload, base_offset + pos, FRAME_HEADER_SIZE + length)
-
-
-def _decompress(stored: bytes, at: str) -> bytes:
-    try:
-        return zstandard.ZstdDecompressor().decompress(stored)
-    except zstandard.ZstdError as e:
-        raise CorruptFileError(f"{at}: the zstd-compressed payload cannot be decompressed ({e}); the file is "
-                               "corrupt, restore from an older checkpoint or a savepoint") from e
 
 
 def validate_relative_path(rel: str) -> str:
@@ -163,26 +54,30 @@ def join_uri(uri: str, rel: str) -> str:
     return f"{base.rstrip('/')}/{validate_relative_path(rel)}{sep}{query}"
 
 
-def random_name(suffix: str = "") -> str:
-    """An attempt-unique file name (never reused, so a late write cannot clobber another file)."""
-    return uuid.uuid4().hex + suffix
+class CheckpointStorage(ABC):
+    """Files under one root URI: a local path, ``file://``, ``s3://``, ``gs://`` or ``hdfs://``.
 
+    ``CheckpointStorage(uri, filesystem=None)`` makes the implementation for the URI's file system
+    (:class:`LocalStorage` or :class:`ObjectStoreStorage`); calling an implementation directly checks that the
+    file system is of its kind. The file system is resolved once, when the storage is made."""
 
-class CheckpointStorage:
-    """Files under one root URI: a local path, ``file://``, ``s3://``, ``gs://`` or ``hdfs://``."""
+    is_local: bool  # a local disk: real directories, symbolic links to refuse, empty directories to remove
+    open_files_readable: bool  # bytes written to a file of ``open_new`` are readable before it is closed
 
-    def __init__(self, uri: str, filesystem: pafs.FileSystem | None = None) -> None:
-        self.uri = uri
-        if filesystem is not None:
-            self.fs, self.root = filesystem, uri.rstrip("/")
-        elif "://" in uri:
-            self.fs, self.root = pafs.FileSystem.from_uri(uri)
-        else:
-            self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(uri)
-        self.root = self.root.rstrip("/") or "/"
-        self.is_local = isinstance(self.fs, pafs.LocalFileSystem)
-        self.real_root = os.path.realpath(self.root) if self.is_local else self.root
-        self._linkless_dirs: set[str] = set()
+    def __new__(cls, uri: str, filesystem: pafs.FileSystem | None = None) -> CheckpointStorage:
+        fs, root = _resolve_filesystem(uri, filesystem)
+        kind = LocalStorage if isinstance(fs, pafs.LocalFileSystem) else ObjectStoreStorage
+        if cls is CheckpointStorage:
+            cls = kind
+        elif not issubclass(cls, kind):
+            raise ValueError(f"{uri}: a {cls.__name__} cannot hold a root on {type(fs).__name__}")
+        storage = super().__new__(cls)
+        storage._attach(uri, fs, root)
+        return storage
+
+    def _attach(self, uri: str, fs: pafs.FileSystem, root: str) -> None:
+        """Set the storage up at ``root`` of ``fs`` (``uri`` names it)."""
+        self.uri, self.fs, self.root = uri, fs, root
         self.counts = FileCounts()
 
     def __repr__(self) -> str:
@@ -191,16 +86,17 @@ class CheckpointStorage:
     def path(self, rel: str) -> str:
         return f"{self.root}/{validate_relative_path(rel)}"
 
+    def _base(self, rel: str) -> str:
+        """The full path of the directory ``rel`` ("": the root)."""
+        return self.path(rel) if rel else self.root
+
     def sub(self, rel: str) -> CheckpointStorage:
-        """A storage rooted at ``rel`` below this one, on the same file system."""
-        sub = CheckpointStorage.__new__(CheckpointStorage)
-        sub.uri = join_uri(self.uri, rel)
-        sub.fs, sub.root, sub.is_local = self.fs, self.path(rel), self.is_local
-        sub.real_root = os.path.realpath(sub.root) if self.is_local else sub.root
-        sub._linkless_dirs = set()
-        sub.counts = FileCounts()
+        """A storage of the same kind rooted at ``rel`` below this one, on the same file system."""
+        sub = object.__new__(type(self))
+        sub._attach(join_uri(self.uri, rel), self.fs, self.path(rel))
         return sub
 
+    # -- writing ---------------------------------------------------------------------------------------------
     def write(self, rel: str, data: bytes) -> None:
         """Write a new file (callers use random names; no atomicity needed)."""
         with self.open_new(rel) as out:
@@ -208,48 +104,30 @@ class CheckpointStorage:
         self.counts.add(rel, written=len(data))
 
     def open_new(self, rel: str) -> Any:
-        """A stream writing the new file ``rel``: local files are created exclusively (never overwriting) and
-        written unbuffered, so what was written is readable at once; object-store files when closed."""
+        """A stream writing the new file ``rel`` (the caller closes it); ``open_files_readable`` tells whether
+        what was written is readable before it is closed."""
         full = self.path(rel)
         self.counts.add(rel, created=1)
-        if self.is_local:  # object stores have no directories; creating markers costs requests
-            self._refuse_writing_through_links(rel)
-            os.makedirs(posixpath.dirname(full), exist_ok=True)
-            return open(full, "xb", buffering=0)  # noqa: SIM115 - the caller closes it
-        return self.fs.open_output_stream(full)
+        return self._open_new(rel, full)
+
+    @abstractmethod
+    def _open_new(self, rel: str, full: str) -> Any: ...
 
     def create_exclusive(self, rel: str, data: bytes) -> None:
-        """Atomically create ``rel`` with ``data``; raise ``FileExistsError`` if it exists (put-if-absent).
+        """Atomically create ``rel`` with ``data``; raise ``FileExistsError`` if it exists (put-if-absent)."""
+        self._create_exclusive(rel, self.path(rel), data)
 
-        Local file systems: write a temporary file and hard-link it into place (atomic, no overwrite). S3: a
-        conditional PUT (``If-None-Match: *``). Other object stores have no conditional write that
-        ``pyarrow.fs`` can send: a single PUT is atomic in visibility, the existence check before it is best
-        effort.
-        """
-        full = self.path(rel)
-        if not self.is_local:
-            if not put_if_absent(self.uri, full, data):
-                _warn_no_conditional_write(self.uri)
-                if self.exists(rel):
-                    raise FileExistsError(full)
-                self.write(rel, data)
-            return
-        self._refuse_writing_through_links(rel)
-        tmp = _write_synced_temp(full, data)
-        try:
-            os.link(tmp, full)
-        finally:
-            os.unlink(tmp)
+    @abstractmethod
+    def _create_exclusive(self, rel: str, full: str, data: bytes) -> None: ...
 
     def replace(self, rel: str, data: bytes) -> None:
-        """Atomically write or overwrite ``rel`` (rename on local file systems, one PUT elsewhere)."""
-        full = self.path(rel)
-        if not self.is_local:
-            self.write(rel, data)
-            return
-        self._refuse_writing_through_links(rel)
-        os.replace(_write_synced_temp(full, data), full)
+        """Atomically write or overwrite ``rel``."""
+        self._replace(rel, self.path(rel), data)
 
+    @abstractmethod
+    def _replace(self, rel: str, full: str, data: bytes) -> None: ...
+
+    # -- reading ---------------------------------------------------------------------------------------------
     def read(self, rel: str, context: str = "") -> bytes:
         self._refuse_links(rel, context)
         try:
@@ -270,20 +148,27 @@ class CheckpointStorage:
                                    f"offset {offset}, got {len(data)}")
         return data
 
+    def exists(self, rel: str) -> bool:
+        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+
+    def size(self, rel: str) -> int:
+        return self._info(rel).size
+
+    def mtime_ns(self, rel: str) -> int:
+        """Modification time of ``rel`` in nanoseconds (as the storage's clock tells it)."""
+        return self._info(rel).mtime_ns or 0
+
+    def _info(self, rel: str) -> pafs.FileInfo:
+        info = self.fs.get_file_info(self.path(rel))
+        if info.type == pafs.FileType.NotFound:
+            raise self._missing(rel, "")
+        return info
+
+    # -- symbolic links --------------------------------------------------------------------------------------
+    @abstractmethod
     def through_link(self, rel: str) -> bool:
-        """Whether the local path ``rel`` passes through a symbolic link (a file or directory below the root
-        that is a link): spate never reads, writes or deletes through one. A directory found free of links is
-        remembered, so a hot read costs one ``lstat``."""
-        if not self.is_local:
-            return False
-        norm = validate_relative_path(rel)
-        parent = posixpath.dirname(norm)
-        if parent and parent not in self._linkless_dirs:
-            if os.path.realpath(f"{self.root}/{parent}") != f"{self.real_root.rstrip('/')}/{parent}":
-                return True
-            if os.path.isdir(f"{self.root}/{parent}"):
-                self._linkless_dirs.add(parent)
-        return os.path.islink(f"{self.root}/{norm}")
+        """Whether the path ``rel`` passes through a symbolic link below the root: spate never reads, writes or
+        deletes through one."""
 
     def _refuse_writing_through_links(self, rel: str) -> None:
         if self.through_link(rel):
@@ -301,22 +186,7 @@ class CheckpointStorage:
                                 "spate or the storage is incomplete; restore from an older checkpoint or a "
                                 "savepoint")
 
-    def exists(self, rel: str) -> bool:
-        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
-
-    def size(self, rel: str) -> int:
-        info = self.fs.get_file_info(self.path(rel))
-        if info.type == pafs.FileType.NotFound:
-            raise self._missing(rel, "")
-        return info.size
-
-    def mtime_ns(self, rel: str) -> int:
-        """Modification time of ``rel`` in nanoseconds (as the storage's clock tells it)."""
-        info = self.fs.get_file_info(self.path(rel))
-        if info.type == pafs.FileType.NotFound:
-            raise self._missing(rel, "")
-        return info.mtime_ns or 0
-
+    # -- deleting --------------------------------------------------------------------------------------------
     def delete(self, rel: str) -> bool:
         """Delete a file; return False if it did not exist. A path through a symbolic link is never deleted
         (logged instead). Callers that take names from listings or metadata check them against spate's
@@ -332,48 +202,95 @@ class CheckpointStorage:
         return True
 
     def delete_dir(self, rel: str) -> None:
-        """Delete the files spate wrote below ``rel``, then (on local disks) the directories this leaves empty.
-        Other files, and the directories holding them, stay; links are never followed."""
+        """Delete the files spate wrote below ``rel``, then the directories this leaves empty. Other files, and
+        the directories holding them, stay; links are never followed."""
         for path, _size in self.list_files(rel):
             if is_spate_file(path):
                 self.delete(path)
-        if self.is_local:
-            self.remove_empty_dirs(rel)
+        self.remove_empty_dirs(rel)
 
+    @abstractmethod
     def remove_empty_dirs(self, rel: str = "") -> None:
-        """Local disks: remove the empty directories of spate's layout below ``rel`` (and ``rel``), deepest
-        first. Links are not followed; a directory holding anything else stays."""
-        if rel and self.through_link(rel):
-            return
-        top = self.path(rel) if rel else self.root
-        prefix = len(self.root.rstrip("/")) + 1
-        for directory, _dirs, _files in os.walk(top, topdown=False, followlinks=False):
-            if is_spate_dir(directory[prefix:]) and not os.path.islink(directory):
-                with contextlib.suppress(OSError):  # not empty: it holds files that are not spate's
-                    os.rmdir(directory)
+        """Remove the empty directories of spate's layout below ``rel`` (and ``rel``), deepest first."""
 
+    # -- listing ---------------------------------------------------------------------------------------------
     def list_files(self, rel: str = "") -> list[tuple[str, int]]:
         """Every file below ``rel`` (recursive) as (path relative to the root, size). Links are not followed
         and not listed."""
         return [(f.path, f.size) for f in self.stat_files(rel)]
 
+    @abstractmethod
     def stat_files(self, rel: str = "") -> list[FileStat]:
         """Every file below ``rel`` (recursive) with size and modification time; links are not followed."""
-        if self.is_local:
-            return self._walk_local(rel)
-        base = self.path(rel) if rel else self.root
-        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        prefix = self.root.rstrip("/") + "/"
-        return sorted(FileStat(i.path[len(prefix):], i.size, i.mtime_ns or 0)
-                      for i in infos if i.type == pafs.FileType.File)
 
-    def _walk_local(self, rel: str) -> list[FileStat]:
+    @abstractmethod
+    def list_dirs(self, rel: str = "") -> list[str]:
+        """Immediate sub-directories of ``rel`` (names only); links to directories are not listed."""
+
+    @abstractmethod
+    def list_entries(self) -> list[str]:
+        """Names directly under the root (files and directories; links too)."""
+
+
+class LocalStorage(CheckpointStorage):
+    """A checkpoint root on a local disk: files are created exclusively and written unbuffered, markers are
+    written to an fsynced temporary file and linked (exclusive) or renamed (replace) into place, and nothing
+    passing through a symbolic link below the root is read, written or deleted."""
+
+    is_local = True
+    open_files_readable = True  # unbuffered writes
+
+    def _attach(self, uri: str, fs: pafs.FileSystem, root: str) -> None:
+        super()._attach(uri, fs, root)
+        self.real_root = os.path.realpath(root)
+        self._linkless_dirs: set[str] = set()
+
+    def _open_new(self, rel: str, full: str) -> Any:
+        self._refuse_writing_through_links(rel)
+        os.makedirs(posixpath.dirname(full), exist_ok=True)
+        return open(full, "xb", buffering=0)  # noqa: SIM115 - the caller closes it
+
+    def _create_exclusive(self, rel: str, full: str, data: bytes) -> None:
+        """Write a temporary file and hard-link it into place: atomic, never overwriting."""
+        self._refuse_writing_through_links(rel)
+        tmp = _write_synced_temp(full, data)
+        try:
+            os.link(tmp, full)
+        finally:
+            os.unlink(tmp)
+
+    def _replace(self, rel: str, full: str, data: bytes) -> None:
+        """An fsynced temporary file renamed into place."""
+        self._refuse_writing_through_links(rel)
+        os.replace(_write_synced_temp(full, data), full)
+
+    def through_link(self, rel: str) -> bool:
+        """A directory found free of links is remembered, so a hot read costs one ``lstat``."""
+        norm = validate_relative_path(rel)
+        parent = posixpath.dirname(norm)
+        if parent and parent not in self._linkless_dirs:
+            if os.path.realpath(f"{self.root}/{parent}") != f"{self.real_root.rstrip('/')}/{parent}":
+                return True
+            if os.path.isdir(f"{self.root}/{parent}"):
+                self._linkless_dirs.add(parent)
+        return os.path.islink(f"{self.root}/{norm}")
+
+    def remove_empty_dirs(self, rel: str = "") -> None:
+        """Links are not followed; a directory holding anything else stays."""
+        if rel and self.through_link(rel):
+            return
+        prefix = len(self.root.rstrip("/")) + 1
+        for directory, _dirs, _files in os.walk(self._base(rel), topdown=False, followlinks=False):
+            if is_spate_dir(directory[prefix:]) and not os.path.islink(directory):
+                with contextlib.suppress(OSError):  # not empty: it holds files that are not spate's
+                    os.rmdir(directory)
+
+    def stat_files(self, rel: str = "") -> list[FileStat]:
         if rel and self.through_link(rel):
             return []
-        base = self.path(rel) if rel else self.root
         prefix = len(self.root.rstrip("/")) + 1
         out = []
-        for directory, _dirs, files in os.walk(base, followlinks=False):
+        for directory, _dirs, files in os.walk(self._base(rel), followlinks=False):
             for name in files:
                 full = os.path.join(directory, name)
                 try:
@@ -385,28 +302,75 @@ class CheckpointStorage:
         return sorted(out)
 
     def list_dirs(self, rel: str = "") -> list[str]:
-        """Immediate sub-directories of ``rel`` (names only); links to directories are not listed."""
-        if self.is_local:
-            if rel and self.through_link(rel):
-                return []
-            try:
-                with os.scandir(self.path(rel) if rel else self.root) as entries:
-                    return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-        base = self.path(rel) if rel else self.root
-        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
-        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
+        if rel and self.through_link(rel):
+            return []
+        try:
+            with os.scandir(self._base(rel)) as entries:
+                return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def list_entries(self) -> list[str]:
-        """Names directly under the root (files and directories; links too)."""
-        if self.is_local:
-            try:
-                return sorted(os.listdir(self.root))
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-        infos = self.fs.get_file_info(pafs.FileSelector(self.root, recursive=False, allow_not_found=True))
-        return sorted(i.base_name for i in infos)
+        try:
+            return sorted(os.listdir(self.root))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+
+class ObjectStoreStorage(CheckpointStorage):
+    """A checkpoint root on an object store (S3, GCS) or another remote file system: no directories to create
+    or remove, no links; an object becomes visible whole when its stream closes. Exclusive create is a
+    conditional PUT (``If-None-Match: *``) on S3; other stores have no conditional write that ``pyarrow.fs``
+    can send, so there a single PUT is atomic in visibility and the existence check before it best effort."""
+
+    is_local = False
+    open_files_readable = False  # readable once closed
+
+    def _open_new(self, rel: str, full: str) -> Any:
+        return self.fs.open_output_stream(full)  # no directories: creating markers costs requests
+
+    def _create_exclusive(self, rel: str, full: str, data: bytes) -> None:
+        if put_if_absent(self.uri, full, data):
+            return
+        _warn_no_conditional_write(self.uri)
+        if self.exists(rel):
+            raise FileExistsError(full)
+        self.write(rel, data)
+
+    def _replace(self, rel: str, full: str, data: bytes) -> None:
+        """One PUT: atomic in visibility."""
+        self.write(rel, data)
+
+    def through_link(self, rel: str) -> bool:
+        return False
+
+    def remove_empty_dirs(self, rel: str = "") -> None:
+        """Object stores have no directories."""
+
+    def stat_files(self, rel: str = "") -> list[FileStat]:
+        prefix = self.root.rstrip("/") + "/"
+        return sorted(FileStat(i.path[len(prefix):], i.size, i.mtime_ns or 0)
+                      for i in self._infos(self._base(rel), recursive=True) if i.type == pafs.FileType.File)
+
+    def list_dirs(self, rel: str = "") -> list[str]:
+        return sorted(i.base_name for i in self._infos(self._base(rel)) if i.type == pafs.FileType.Directory)
+
+    def list_entries(self) -> list[str]:
+        return sorted(i.base_name for i in self._infos(self.root))
+
+    def _infos(self, base: str, recursive: bool = False) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(pafs.FileSelector(base, recursive=recursive, allow_not_found=True))
+
+
+def _resolve_filesystem(uri: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
+    """The file system ``uri`` names (or ``filesystem``, with ``uri`` its root path) and the root on it."""
+    if filesystem is not None:
+        fs, root = filesystem, uri.rstrip("/")
+    elif "://" in uri:
+        fs, root = pafs.FileSystem.from_uri(uri)
+    else:
+        fs, root = pafs.LocalFileSystem(), os.path.abspath(uri)
+    return fs, root.rstrip("/") or "/"
 
 
 @dataclass(frozen=True, order=True)
@@ -454,7 +418,7 @@ def _warn_no_conditional_write(uri: str) -> None:
 def _write_synced_temp(full: str, data: bytes) -> str:
     """Write ``data`` to a fresh temporary file next to ``full``, fsynced; return its path."""
     os.makedirs(os.path.dirname(full), exist_ok=True)
-    tmp = f"{full}.{random_name('.tmp')}"
+    tmp = temporary_path(full)
     with open(tmp, "wb") as out:
         out.write(data)
         out.flush()

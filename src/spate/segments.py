@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from spate.errors import naming_disk_full
-from spate.fs import CheckpointStorage, random_name
+from spate.fs import CheckpointStorage
+from spate.layout import data_file
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class WholeFileWriter:
         self.checkpoint_id = checkpoint_id
 
     def write(self, data: bytes) -> FileRef:
-        path = f"{self.directory}/{random_name(self.suffix)}"
+        path = data_file(self.directory, self.suffix)
         with naming_disk_full(self.storage.path(path), self.checkpoint_id):
             self.storage.write(path, data)
         return FileRef(path, 0, len(data))

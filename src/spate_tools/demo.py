@@ -17,6 +17,7 @@ from typing import Any
 
 from spate.checkpoint.inspect import keyed_state_entries, load_checkpoint, operator_state_elements, verify_checkpoint
 from spate.fs import CheckpointStorage
+from spate.layout import checkpoint_id_of
 from spate.report import format_table, human_bytes, percentile
 from spate.runtime.local import BatchResult, LocalRunner
 from spate.runtime.processor import Context, Processor
@@ -125,7 +126,7 @@ def _summarize(source: list[list[dict]], results: list[BatchResult], root: str, 
         "batch_ms_p99": percentile([r.batch_ms for r in results], 99),
         "checkpoint_ms_p50": percentile([r.checkpoint_ms for r in results], 50),
         "checkpoint_ms_p99": percentile([r.checkpoint_ms for r in results], 99),
-        "retained_checkpoints": [m for m in sorted(int(d[4:]) for d in storage.list_dirs() if d.startswith("chk-"))],
+        "retained_checkpoints": sorted(n for d in storage.list_dirs() if (n := checkpoint_id_of(d)) is not None),
         "latest_checkpoint": meta.checkpoint_id, "state_bytes": meta.state_bytes,
         "files_alive": len(storage.list_files()),
         "rescale": {"stopped_after_batch": stop_at - 1, "from_parallelism": 2, "to_parallelism": 3,

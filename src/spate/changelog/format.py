@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import msgpack
 
 from spate.changelog.changeset import ChangeSet
-from spate.fs import CheckpointStorage, FrameKind, frame, read_span_frames
+from spate.frames import FrameKind, frame, read_span_frames
+from spate.fs import CheckpointStorage
 from spate.segments import FileRef
 from spate.snapshot.handles import ChangeSetHandle
 

@@ -20,7 +20,8 @@ from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
 from spate.changelog.writer import ChangelogWriter
 from spate.errors import CheckpointError
-from spate.fs import CheckpointStorage, random_name
+from spate.fs import CheckpointStorage
+from spate.layout import KEY_GROUPS_SUFFIX, random_name, subtask_dir
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import expiry_filters, gc_paused, restore_keyed_snapshot, sid_remap, write_key_groups
@@ -103,7 +104,7 @@ class ChangelogKeyedState:
                                       scheduler or BatchingUploadScheduler(storage, config.upload),
                                       config.preemptive_threshold, config.coalesce)
         self._materialized_writer = materialized or functools.partial(
-            WholeFileWriter, storage, f"shared/subtask-{index}-{parallelism}", ".kg")
+            WholeFileWriter, storage, subtask_dir(index, parallelism), KEY_GROUPS_SUFFIX)
         self.checkpoint_id = 0  # the checkpoint being taken (or next to be)
         self.table = ChangelogTable(inner, self.writer)
         self.materialized: list[KeyGroupsHandle] = []

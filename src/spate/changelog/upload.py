@@ -1,7 +1,12 @@
 """The upload path of the changelog (DSTL): one scheduler per worker process and checkpoint root batches the
 persist requests of all its subtasks into one file, caps the bytes in flight (back-pressure), and retries
 each upload with a per-attempt timeout and hedging: a slow attempt keeps running while the next starts, the
-first success wins and any later success is deleted."""
+first success wins and any later success is deleted.
+
+Every thread the scheduler starts is its own: the upload pool, the flush timer and each attempt's hedge and
+retry timers (:class:`OwnedTimers`); ``close`` ends and joins all of them. Change files are written through
+the scheduler's ``segments`` (a :class:`~spate.segments.SegmentWriter` per checkpoint): file merging plugs its
+pooled writers in there, and tests wrap it to inject faults."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import functools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,12 +24,14 @@ from spate.changelog.changeset import ChangeSet
 from spate.changelog.format import change_set_handles, encode_change_file
 from spate.errors import CheckpointError
 from spate.fs import CheckpointStorage
+from spate.layout import CHANGE_FILE_SUFFIX, CHANGELOG_DIR
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MB = 1 << 20
+RECENT_UPLOADS = 1000  # uploads a scheduler remembers (for inspection); per-checkpoint figures go to the tasks
 
 
 @dataclass(frozen=True)
@@ -46,18 +54,66 @@ class UploadConfig:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
 
 
+class OwnedTimers:
+    """The timer threads of one owner, each tracked from its start until it ended: ``close`` runs at once the
+    actions still waiting (their owner is closing: a retry or hedge then gives up) and joins every thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[threading.Timer, Callable[[], None]] = {}
+        self._threads: set[threading.Timer] = set()
+
+    def start(self, delay_s: float, action: Callable[[], None]) -> threading.Timer:
+        """Run ``action`` in ``delay_s`` seconds, unless cancelled first."""
+        timer = threading.Timer(delay_s, lambda: self._fire(timer))
+        timer.daemon = True
+        with self._lock:
+            self._threads = {t for t in self._threads if t.is_alive()}
+            self._threads.add(timer)
+            self._waiting[timer] = action
+            timer.start()
+        return timer
+
+    def _fire(self, timer: threading.Timer) -> None:
+        with self._lock:
+            action = self._waiting.pop(timer, None)
+        if action is not None:  # not cancelled, not taken over by close
+            action()
+
+    def cancel(self, timer: threading.Timer) -> None:
+        with self._lock:
+            self._waiting.pop(timer, None)
+        timer.cancel()
+
+    def close(self) -> None:
+        """Run what still waits, now, then join every timer thread (those the actions start too)."""
+        me = threading.current_thread()
+        while True:
+            with self._lock:
+                waiting, self._waiting = self._waiting, {}
+                threads = [t for t in self._threads if t is not me and t.is_alive()]
+            if not waiting and not threads:
+                return
+            for timer, action in waiting.items():
+                timer.cancel()
+                action()
+            for t in threads:
+                t.join()
+
+
 class RetryingExecutor:
     """Runs ``action(attempt_number)`` until one attempt succeeds.
 
     An ``OSError`` is retried after ``next_attempt_delay_s``; an attempt still running after ``timeout_s``
     triggers the next attempt at once (hedging) while it keeps running; any other error fails at once.
     At most ``max_attempts`` attempts start. The first success completes the future; later successes are
-    passed to ``discard``.
+    passed to ``discard``. Hedge and retry timers run on ``timers``.
     """
 
     def __init__(self, pool: ThreadPoolExecutor, max_attempts: int, timeout_s: float | None,
-                 next_attempt_delay_s: float) -> None:
+                 next_attempt_delay_s: float, timers: OwnedTimers | None = None) -> None:
         self._pool = pool
+        self.timers = timers or OwnedTimers()
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
         self.delay_s = next_attempt_delay_s
@@ -88,16 +144,12 @@ class Execution(Generic[T]):
             self.attempts += 1
             self.running += 1
             n = self.attempts
-        timer = None
-        if self.ex.timeout_s:
-            timer = threading.Timer(self.ex.timeout_s, self._attempt)  # hedge if this one is slow
-            timer.daemon = True
-            timer.start()
+        timer = self.ex.timers.start(self.ex.timeout_s, self._attempt) if self.ex.timeout_s else None  # hedge
         try:
             future = self.ex._pool.submit(self.action, n)
         except RuntimeError as e:  # the scheduler was closed (a hedge or retry timer fired afterwards)
             if timer is not None:
-                timer.cancel()
+                self.ex.timers.cancel(timer)
             with self.lock:
                 self.running -= 1
                 give_up = not self.decided and self.running == 0
@@ -109,7 +161,7 @@ class Execution(Generic[T]):
 
     def _finished(self, f: Future[T], timer: threading.Timer | None) -> None:
         if timer is not None:
-            timer.cancel()
+            self.ex.timers.cancel(timer)
         # decide under the lock; complete the future after releasing it, because its callbacks run right there
         exc = f.exception()
         with self.lock:
@@ -131,9 +183,7 @@ class Execution(Generic[T]):
         elif failed:
             self.result.set_exception(exc)
         if retry:
-            t = threading.Timer(self.ex.delay_s, self._attempt)
-            t.daemon = True
-            t.start()
+            self.ex.timers.start(self.ex.delay_s, self._attempt)
 
 
 @dataclass
@@ -196,30 +246,35 @@ class ChangelogFileRegistry:
             return {ref: count for ref, (count, _) in self._refs.items()}
 
 
+def change_files(storage: CheckpointStorage) -> Callable[[int], SegmentWriter]:
+    """Change files without file merging: whole files in ``shared/changelog``, whatever the checkpoint."""
+    return functools.partial(WholeFileWriter, storage, CHANGELOG_DIR, CHANGE_FILE_SUFFIX)
+
+
 class BatchingUploadScheduler:
     """Collects upload tasks for ``persist_delay_s`` (or until ``persist_size_threshold`` bytes) and writes
     them as one change file; blocks ``upload`` while more than ``max_in_flight`` bytes are in flight.
 
     ``segments(checkpoint_id)`` gives the writer of change files for a checkpoint (default: whole files in
-    ``shared/changelog``)."""
+    ``shared/changelog``); every attempt writes through it. ``uploads``: the latest :data:`RECENT_UPLOADS`
+    uploads."""
 
     def __init__(self, storage: CheckpointStorage, config: UploadConfig | None = None,
                  segments: Callable[[int], SegmentWriter] | None = None) -> None:
         self.storage = storage
         self.config = config or UploadConfig()
-        self.segments = segments or functools.partial(WholeFileWriter, storage, "shared/changelog", ".chg")
+        self.segments = segments or change_files(storage)
         self.registry = ChangelogFileRegistry()
         self._pool = ThreadPoolExecutor(self.config.num_threads, thread_name_prefix="spate-upload")
+        self._timers = OwnedTimers()
         self._retry = RetryingExecutor(self._pool, self.config.max_attempts, self.config.timeout_s,
-                                       self.config.next_attempt_delay_s)
+                                       self.config.next_attempt_delay_s, self._timers)
         self._cond = threading.Condition()
         self._pending: list[UploadTask] = []
         self._pending_bytes = 0
         self._in_flight = 0
         self._timer: threading.Timer | None = None
-        self.uploads: list[UploadStats] = []
-        # fault-injection point for tests
-        self.write_segment: Callable[[SegmentWriter, bytes], FileRef] = lambda out, data: out.write(data)
+        self.uploads: deque[UploadStats] = deque(maxlen=RECENT_UPLOADS)
 
     def upload(self, task: UploadTask) -> None:
         """Queue ``task``; blocks while too many bytes are in flight. Callers must not hold locks that upload
@@ -234,9 +289,7 @@ class BatchingUploadScheduler:
             if self.config.persist_delay_s <= 0 or self._pending_bytes >= self.config.persist_size_threshold:
                 batch = self._take_pending()
             elif self._timer is None:
-                self._timer = threading.Timer(self.config.persist_delay_s, self.flush)
-                self._timer.daemon = True
-                self._timer.start()
+                self._timer = self._timers.start(self.config.persist_delay_s, self.flush)
         self._start(batch)
 
     def flush(self) -> None:
@@ -246,7 +299,7 @@ class BatchingUploadScheduler:
 
     def _take_pending(self) -> list[UploadTask]:
         if self._timer is not None:
-            self._timer.cancel()
+            self._timers.cancel(self._timer)
             self._timer = None
         tasks, self._pending, self._pending_bytes = self._pending, [], 0
         return tasks
@@ -260,7 +313,7 @@ class BatchingUploadScheduler:
         data, located = encode_change_file([(t.log_id, sqn, cs) for t in tasks for sqn, cs in t.change_sets.items()],
                                            self.config.compress)
         # every attempt writes a new logical file: hedged attempts never collide, losers are discarded
-        execution = self._retry.execute(lambda n: (self.write_segment(out, data), out), self._discard)
+        execution = self._retry.execute(lambda n: (out.write(data), out), self._discard)
         execution.result.add_done_callback(lambda f: self._completed(tasks, located, execution, started))
 
     @staticmethod
@@ -294,5 +347,8 @@ class BatchingUploadScheduler:
             t.on_done(mine, share)
 
     def close(self) -> None:
+        """Write what is pending, wait for the uploads, then end the timers: a retry still waiting gives up
+        (the pool is gone) at once instead of later."""
         self.flush()
         self._pool.shutdown(wait=True)
+        self._timers.close()

@@ -22,29 +22,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from dataclasses import dataclass
 
 from spate.errors import CorruptFileError, FencedError
-from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
+from spate.frames import FrameKind, frame, read_single_frame
+from spate.fs import CheckpointStorage
+from spate.layout import (  # the coordinator imports EPOCHS_DIR from here
+    COMPLETED_SUFFIX,
+    EPOCHS_DIR,
+    SEAL_SUFFIX,
+    claim_path,
+    completed_path,
+    epoch_file_of,
+    epoch_of,
+    seal_path,
+)
 
-EPOCHS_DIR = "_epochs"
-_CLAIM = re.compile(r"^(\d+)$")
-_SEAL = re.compile(r"^(\d+)\.seal$")
-_COMPLETED = re.compile(r"^(\d+)\.completed$")
 KEEP_EPOCHS = 16  # the newest epochs' files are never pruned
-
-
-def claim_path(epoch: int) -> str:
-    return f"{EPOCHS_DIR}/{epoch:010d}"
-
-
-def seal_path(epoch: int) -> str:
-    return f"{EPOCHS_DIR}/{epoch:010d}.seal"
-
-
-def completed_path(epoch: int) -> str:
-    return f"{EPOCHS_DIR}/{epoch:010d}.completed"
 
 
 @dataclass(frozen=True)
@@ -106,13 +100,16 @@ class EpochLog:
     def read(self) -> EpochState:
         claimed, seal_names, completed = [], [], set()
         for rel, _size in self.storage.list_files(EPOCHS_DIR):
-            name = rel.rpartition("/")[2]
-            if m := _CLAIM.match(name):
-                claimed.append(int(m.group(1)))
-            elif m := _SEAL.match(name):
-                seal_names.append(int(m.group(1)))
-            elif m := _COMPLETED.match(name):
-                completed.add(int(m.group(1)))
+            found = epoch_file_of(rel.rpartition("/")[2])
+            if found is None:
+                continue
+            epoch, kind = found
+            if kind == SEAL_SUFFIX:
+                seal_names.append(epoch)
+            elif kind == COMPLETED_SUFFIX:
+                completed.add(epoch)
+            else:
+                claimed.append(epoch)
         seals = {}
         for e in seal_names:
             path = seal_path(e)
@@ -157,5 +154,5 @@ class EpochLog:
         any late commit of theirs. Returns the number of files deleted."""
         limit = min(below, current - KEEP_EPOCHS + 1)
         doomed = [rel for rel, _size in self.storage.list_files(EPOCHS_DIR)
-                  if (m := re.match(r"^(\d+)", rel.rpartition("/")[2])) and int(m.group(1)) < limit]
+                  if (epoch := epoch_of(rel.rpartition("/")[2])) is not None and epoch < limit]
         return sum(self.storage.delete(rel) for rel in doomed)

@@ -12,19 +12,11 @@ from typing import Any
 from spate.changelog.format import read_change_set
 from spate.changelog.state import restore_keyed_state
 from spate.checkpoint.coordinator import list_complete_checkpoints
-from spate.checkpoint.metadata import (
-    METADATA_FILE,
-    QUERY_FILE,
-    CheckpointMetadata,
-    QueryInfo,
-    delivered_path,
-    metadata_path,
-    read_delivered,
-    read_metadata,
-)
+from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo, read_delivered, read_metadata
 from spate.errors import CheckpointError, SpateError
 from spate.fs import CheckpointStorage
 from spate.keygroups import key_group_range
+from spate.layout import METADATA_FILE, QUERY_FILE, delivered_path, metadata_path
 from spate.serde import decode_key, serializer_by_name
 from spate.snapshot.keyed import read_key_groups
 from spate.snapshot.operator import read_operator_piece

@@ -8,7 +8,19 @@ from typing import Any
 
 from spate.checkpoint.ackinfo import ACK_INFO_FIELDS, AckInfo, ack_info_from_stats
 from spate.errors import CorruptFileError
-from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
+from spate.frames import FrameKind, frame, read_single_frame
+from spate.fs import CheckpointStorage
+
+# the names of checkpoint metadata, re-exported for the modules that still import them from here
+from spate.layout import (  # noqa: F401
+    DELIVERED_FILE,
+    METADATA_FILE,
+    QUERY_FILE,
+    checkpoint_dir,
+    delivered_path,
+    metadata_path,
+    staged_dir,
+)
 from spate.segments import FileRef
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle
 from spate.snapshot.outputs import OutputsHandle
@@ -16,26 +28,6 @@ from spate.snapshot.outputs import OutputsHandle
 # 2: handles may be segments of merged files (``file_offset``, ``file_size``); 3: typed per-subtask ack facts
 # (``rows``, ``staged``, ``recovery``, ...) instead of statistics an older reader would misread
 METADATA_FORMAT_VERSION = 3
-QUERY_FILE = "_query"
-METADATA_FILE = "_metadata"
-DELIVERED_FILE = "_delivered"
-
-
-def checkpoint_dir(checkpoint_id: int) -> str:
-    return f"chk-{checkpoint_id}"
-
-
-def metadata_path(checkpoint_id: int) -> str:
-    return f"{checkpoint_dir(checkpoint_id)}/{METADATA_FILE}"
-
-
-def delivered_path(checkpoint_id: int) -> str:
-    """Per-checkpoint delivery marker of older spate versions (still honoured when reading)."""
-    return f"{checkpoint_dir(checkpoint_id)}/{DELIVERED_FILE}"
-
-
-def staged_dir(checkpoint_id: int) -> str:
-    return f"staged/{checkpoint_id}"
 
 
 @dataclass

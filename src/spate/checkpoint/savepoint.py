@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from spate.checkpoint.metadata import METADATA_FILE, CheckpointMetadata
+from spate.checkpoint.metadata import CheckpointMetadata
 from spate.fs import CheckpointStorage
+from spate.layout import METADATA_FILE
 
 
 def write_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target: CheckpointStorage) -> None:

@@ -25,26 +25,22 @@ from collections.abc import Collection, Iterable
 
 from spate.errors import CheckpointError, naming_disk_full
 from spate.filemerging.config import FileMergingConfig
-from spate.fs import CheckpointStorage, random_name
+from spate.fs import CheckpointStorage
+from spate.layout import (  # subtask_dir, worker_dir: also imported from here by the coordinator and the subtask
+    SEGMENT_FILE_SUFFIX,
+    data_file,
+    in_worker_dir,
+    random_name,
+    subtask_dir,
+    worker_dir,
+)
 from spate.segments import FileRef
-
-SUFFIX = ".seg"
-
-
-def subtask_dir(index: int, parallelism: int) -> str:
-    """Directory of subtask ``index`` of ``parallelism``'s shared state."""
-    return f"shared/subtask-{index}-{parallelism}"
-
-
-def worker_dir(worker_id: str) -> str:
-    """Directory of a worker process's private state and change files."""
-    return f"taskowned/{worker_id}"
 
 
 def in_grant_scope(path: str, subtask_directory: str) -> bool:
     """Whether a plan for the subtask owning ``subtask_directory`` grants or revokes ``path``: the subtask's
     own shared files and every worker's private files (the worker that will run the subtask is not known)."""
-    return path.startswith((subtask_directory + "/", "taskowned/"))
+    return path.startswith(subtask_directory + "/") or in_worker_dir(path)
 
 
 class PhysicalFile:
@@ -62,7 +58,7 @@ class PhysicalFile:
         self.lock = threading.Lock()
         self._out = storage.open_new(path)
         self._counts = storage.counts
-        self.local = storage.is_local
+        self.readable_while_open = storage.open_files_readable
         self.held: dict[int, int | None] = {}  # offset of an unsettled segment -> latest checkpoint including it
 
     @property
@@ -236,7 +232,7 @@ class FileMergingManager:
             return pool
 
     def new_file(self, directory: str, checkpoint_id: int) -> PhysicalFile:
-        path = f"{directory}/{random_name(SUFFIX)}"
+        path = data_file(directory, SEGMENT_FILE_SUFFIX)
         with naming_disk_full(self.storage.path(path), checkpoint_id):
             f = PhysicalFile(self.storage, path, checkpoint_id)
         with self.lock:
@@ -302,7 +298,7 @@ class FileMergingManager:
                     if r.offset in f.held:
                         f.held[r.offset] = checkpoint_id
                 self._named.add(path)
-            if not f.local:
+            if not f.readable_while_open:
                 f.revoked = True  # readable only once closed: it takes no more segments
                 f.close()
 

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable, Iterator
 import msgpack
 
 from spate.errors import CorruptFileError
-from spate.fs import CheckpointStorage, FrameKind, frame, read_span_frames
+from spate.frames import FrameKind, frame, read_span_frames
+from spate.fs import CheckpointStorage
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyGroupsHandle
 from spate.state.descriptors import MAP

@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgpack
 
 from spate.errors import CorruptFileError
-from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
+from spate.frames import FrameKind, frame, read_single_frame
+from spate.fs import CheckpointStorage
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import OperatorStateEntry, OperatorStateHandle, OperatorStatePiece
 from spate.state.operator import OperatorStateBackend

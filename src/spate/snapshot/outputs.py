@@ -8,7 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from spate.fs import CheckpointStorage, FrameKind, frame, read_single_frame
+from spate.frames import FrameKind, frame, read_single_frame
+from spate.fs import CheckpointStorage
 from spate.segments import FileRef, SegmentWriter
 from spate.serde import Serializer, encode, serializer_by_name
 

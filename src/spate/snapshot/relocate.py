@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from spate.fs import CheckpointStorage, iter_frames
+from spate.frames import iter_frames
+from spate.fs import CheckpointStorage
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 

@@ -29,6 +29,7 @@ from spate.checkpoint.inspect import (
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.errors import CheckpointError
 from spate.fs import CheckpointStorage, join_uri
+from spate.layout import METADATA_FILE
 from spate.runtime.processor import Context, Processor, Row
 from spate.runtime.subtask import ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
@@ -277,7 +278,7 @@ def write_savepoint(df: Any, key: str | Sequence[str], target: str, processor: A
     if df.isStreaming:
         raise ValueError("write_savepoint bootstraps state from a batch DataFrame (spark.read...), not a stream")
     target_storage = CheckpointStorage(target)
-    if target_storage.exists("_metadata"):
+    if target_storage.exists(METADATA_FILE):
         raise CheckpointError(f"{target} already holds a savepoint; write to a new directory")
     held = target_storage.list_entries()
     if held:

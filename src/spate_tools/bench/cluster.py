@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from spate.checkpoint.metadata import metadata_path
+from spate.layout import metadata_path
 from spate.report import format_table, human_bytes, percentile, progress
 from spate.runtime.local import LocalRunner
 from spate.runtime.processor import Context, Processor

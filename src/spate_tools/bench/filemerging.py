@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from spate.changelog.state import ChangelogConfig
-from spate.checkpoint.metadata import METADATA_FILE
 from spate.fs import CheckpointStorage, FileCounts
-from spate.layout import is_marker
+from spate.layout import METADATA_FILE, is_marker
 from spate.report import format_table, human_bytes, percentile, progress
 from spate.runtime.local import LocalRunner
 from spate.runtime.processor import Context, Processor

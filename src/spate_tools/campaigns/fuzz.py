@@ -43,11 +43,11 @@ from spate.checkpoint.inspect import (
     operator_state_elements,
     verify_checkpoint,
 )
-from spate.checkpoint.metadata import METADATA_FILE
 from spate.errors import SpateError
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import PooledWriter
 from spate.fs import CheckpointStorage
+from spate.layout import METADATA_FILE
 from spate.report import format_table
 from spate.runtime.local import LocalRunner
 from spate.runtime.subtask import Subtask
