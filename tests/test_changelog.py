@@ -113,8 +113,7 @@ def test_scenario_2_preemptive_persist_and_no_reupload(tmp_path):
     w = ChangelogWriter("w", s, preemptive_threshold=1000)
     w.active.put(0, b"k" * 10, b"v" * 990)
     w.after_append()  # 1003 bytes ≥ 1000: uploaded at once
-    time.sleep(0.2)
-    assert len(s.uploads) == 1
+    assert _eventually(lambda: len(s.uploads) == 1)
     handles = w.persist(0).result(5)
     assert len(s.uploads) == 1 and len(handles) == 1, "persist after a pre-emptive upload uploads nothing"
     change(w)
@@ -176,7 +175,6 @@ def test_scenario_3_batching(tmp_path):
     done = []
     for i in range(11):
         s.upload(_task(7, []))
-        time.sleep(0.01)
         if i < 10:
             assert not s.uploads
     s.close()
@@ -194,7 +192,7 @@ def test_scenario_3_in_flight_limit_blocks(tmp_path):
     s.upload(_task(7, []))
     second = threading.Thread(target=s.upload, args=(_task(7, []),))
     second.start()
-    time.sleep(0.2)
+    second.join(0.2)
     assert second.is_alive(), "upload blocks while the in-flight limit is reached"
     gate.set()
     second.join(5)
@@ -232,15 +230,17 @@ def test_scenario_4_retry_policy():
 
 def test_scenario_4_hedging_keeps_exactly_one_result():
     discarded: list = []
+    hanging = threading.Event()  # attempts 1-6 hang until the 7th has won
 
     def action(n):
         if n < 7:
-            time.sleep(0.3)
+            hanging.wait(5)
         return n
 
     ex, res = _run(7, action, timeout=0.005, discard=discarded.append)
-    time.sleep(0.5)
+    hanging.set()
     assert ex.attempts == 7 and res == 7
+    assert _eventually(lambda: len(discarded) == 6)
     assert sorted(discarded) == [1, 2, 3, 4, 5, 6], "later results are discarded"
 
 
@@ -318,7 +318,7 @@ def test_scenario_7_materialization_gating(tmp_path):
     v.update(2)
     assert not clog.maybe_materialize(backend, 20_000), "previous not finished: skipped"
     gate.set()
-    time.sleep(0.2)
+    clog.wait_for_materialization()  # the first one failed
     v.update(3)
     assert clog.maybe_materialize(backend, 30_000), "after a failure it runs again"
     clog.wait_for_materialization()
@@ -441,12 +441,13 @@ def test_hanging_upload_is_hedged(tmp_path):
     root = str(tmp_path)
     with LocalRunner(_count_job(), key="k", checkpoint_root=root, changelog=cfg) as r:
         calls: list = []
+        hanging = threading.Event()
 
         def hang_first(real, data):
             n = len(calls)
             calls.append(None)
             if n == 0:
-                time.sleep(1.0)
+                hanging.wait(5)
             calls[n] = real(data).path
             return calls[n]
 
@@ -455,9 +456,10 @@ def test_hanging_upload_is_hedged(tmp_path):
             result = r.run_batch(0, [{"k": "a"}])
             assert time.perf_counter() - started < 0.9, "the hedged attempt finished first"
             assert result.checkpoint.subtasks[0].stats["upload_attempts"] >= 2
-            time.sleep(1.2)
+            hanging.set()
             storage = CheckpointStorage(root)
-            assert calls[0] and not storage.exists(calls[0]), "the late duplicate was deleted"
+            assert _eventually(lambda: calls[0] is not None), "the hanging attempt wrote its file late"
+            assert _eventually(lambda: not storage.exists(calls[0])), "the late duplicate was deleted"
 
 
 def test_failing_upload_fails_the_checkpoint_and_the_next_one_succeeds(tmp_path):
@@ -627,6 +629,16 @@ def test_aborted_checkpoints_leave_no_change_files_behind(tmp_path):
     for cid in list_complete_checkpoints(storage):
         referenced |= set(load_checkpoint(storage, cid).files())
     assert {p for p, _ in storage.list_files("shared")} <= referenced
+
+
+def _eventually(condition, seconds: float = 10.0) -> bool:
+    """Whether ``condition()`` holds within ``seconds`` (background work finishing), checked as it happens."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _finishes(fn, seconds: float) -> bool:

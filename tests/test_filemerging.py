@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from test_checkpoints import Count, batches, counts, expected_counts
@@ -241,7 +240,7 @@ def test_blocking_and_non_blocking_pools(tmp_path, blocking):
     got: list = []
     t = threading.Thread(target=lambda: got.append(out.write(b"data")))
     t.start()
-    time.sleep(0.2)
+    t.join(0.2 if blocking else 5)  # a blocking pool's writer is still waiting; the other is done
     assert bool(got) != blocking, "blocking pool: the second writer waits; non-blocking: it creates a file"
     pool.give_back(first)
     t.join(5)
