@@ -24,155 +24,29 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import datetime as _dt
-import decimal
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from spate.errors import OutputError, short_repr
+from spate.runtime.output_values import (
+    CONVERSION_ERRORS,
+    OutputField,
+    PandasConversion,
+    arrow_takes,
+    columns_table,
+    concat_column,
+    conform_to_schema,
+    has_struct,
+    joined_column,
+    spark_has_null,
+    struct_gap,
+)
 from spate.runtime.processor import Row
 
 NO_KEY = object()  # end_batch runs for no key
-_CONVERSION_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
-Accepts = Callable[[Any], bool]
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int_range(t: pa.DataType) -> Accepts:
-    bits = t.bit_width
-    low, high = (0, 2 ** bits - 1) if pa.types.is_unsigned_integer(t) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-    return lambda v: _is_int(v) and low <= v <= high
-
-
-def _instances(*types: type) -> Accepts:
-    return lambda v: isinstance(v, types)
-
-
-def _accepts(t: pa.DataType) -> Accepts:
-    """Whether a Python value can be stored in an Arrow field of type ``t`` (None is checked elsewhere)."""
-    is_ = pa.types
-    if is_.is_boolean(t):
-        return _instances(bool)
-    if is_.is_integer(t):
-        return _int_range(t)
-    if is_.is_floating(t):
-        return lambda v: _is_int(v) or isinstance(v, float)
-    if is_.is_decimal(t):
-        return lambda v: _is_int(v) or isinstance(v, decimal.Decimal)
-    if is_.is_string(t) or is_.is_large_string(t):
-        return _instances(str)
-    if is_.is_binary(t) or is_.is_large_binary(t) or is_.is_fixed_size_binary(t):
-        return _instances(bytes, bytearray)
-    if is_.is_timestamp(t):
-        return _instances(_dt.datetime)
-    if is_.is_date(t):
-        return _instances(_dt.date)
-    if is_.is_duration(t):
-        return _instances(_dt.timedelta)
-    if is_.is_list(t) or is_.is_large_list(t):
-        return _list_of(t.value_field)
-    if is_.is_map(t):
-        return _map_of(t.key_field, t.item_field)
-    if is_.is_struct(t):
-        return _struct_of([t.field(i) for i in range(t.num_fields)])
-    return lambda v: _arrow_takes(v, t)
-
-
-def _arrow_takes(value: Any, t: pa.DataType) -> bool:
-    try:
-        pa.scalar(value, type=t)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        return False
-    return True
-
-
-def _value_check(field: pa.Field) -> Accepts:
-    accepts = _accepts(field.type)
-    return (lambda v: v is None or accepts(v)) if field.nullable else (lambda v: v is not None and accepts(v))
-
-
-def _list_of(item: pa.Field) -> Accepts:
-    ok = _value_check(item)
-    return lambda v: isinstance(v, (list, tuple)) and all(ok(x) for x in v)
-
-
-def _map_of(key: pa.Field, item: pa.Field) -> Accepts:
-    key_ok, item_ok = _value_check(key), _value_check(item)
-    return lambda v: isinstance(v, dict) and all(key_ok(k) and item_ok(x) for k, x in v.items())
-
-
-def _struct_of(fields: list[pa.Field]) -> Accepts:
-    names = {f.name for f in fields}
-    checks = [(f.name, _value_check(f)) for f in fields]
-    return lambda v: isinstance(v, dict) and v.keys() == names and all(ok(v[n]) for n, ok in checks)
-
-
-def _fast_types(t: pa.DataType, nullable: bool) -> frozenset[type]:
-    """Python types whose every value a field of type ``t`` takes without a closer look (ints: range-checked
-    per column)."""
-    is_ = pa.types
-    found: set[type] = {type(None)} if nullable else set()
-    if is_.is_boolean(t):
-        found.add(bool)
-    elif is_.is_integer(t):
-        found.add(int)
-    elif is_.is_floating(t):
-        found |= {int, float}
-    elif is_.is_string(t) or is_.is_large_string(t):
-        found.add(str)
-    elif is_.is_binary(t) or is_.is_large_binary(t):
-        found |= {bytes, bytearray}
-    return frozenset(found)
-
-
-class _Field:
-    """One output field: its name, type, full per-value check and the types that need none."""
-
-    def __init__(self, field: pa.Field) -> None:
-        self.name, self.type = field.name, field.type
-        self.ok = _value_check(field)
-        self.fast = _fast_types(field.type, field.nullable)
-        self.int_range = _bounds(field.type) if pa.types.is_integer(field.type) else None
-
-    def column_ok(self, values: list[Any]) -> bool:
-        """Whether every value of the column is right, checked with few Python operations per value."""
-        if not set(map(type, values)) <= self.fast:
-            return all(map(self.ok, values))
-        if self.int_range is not None:
-            ints = [v for v in values if v is not None]
-            return not ints or (self.int_range[0] <= min(ints) and max(ints) <= self.int_range[1])
-        return True
-
-
-def _bounds(t: pa.DataType) -> tuple[int, int]:
-    bits = t.bit_width
-    return (0, 2 ** bits - 1) if pa.types.is_unsigned_integer(t) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-
-
-@dataclass(frozen=True)
-class PandasConversion:
-    """The settings Spark's Python worker converts a yielded pandas DataFrame to Arrow with (a processor's
-    ``pandas_conversion``; Spark reads them from the session): the session time zone, checked casts
-    (``spark.sql.execution.pandas.convertToArrowArraySafely``), ints into decimal fields
-    (``spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled``) and columns assigned by name
-    (``spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName``). The defaults are Spark 4's."""
-
-    timezone: str = "UTC"
-    safecheck: bool = True
-    int_to_decimal: bool = False
-    assign_columns_by_name: bool = True
-
-    def array(self, values: Any, field: pa.Field) -> pa.Array:
-        """``values`` (a DataFrame's column) as an Arrow array of ``field``'s type. Here with pyarrow alone;
-        the Spark transport converts with the installed pyspark's own conversion
-        (:class:`spate.spark.python_worker.PandasOutput`)."""
-        return pa.Array.from_pandas(values, type=field.type, safe=self.safecheck)
 
 
 class Outputs:
@@ -248,7 +122,7 @@ class OutputBuffer:
         self.conversion: PandasConversion = getattr(processor, "pandas_conversion", None) or PandasConversion()
         self.schema = schema
         self.names = frozenset(schema.names) if schema is not None else None
-        self.fields = [_Field(f) for f in schema] if schema is not None else []
+        self.fields = [OutputField(f) for f in schema] if schema is not None else []
         self.rows: list[Row] = []
         self._starts: list[int] = []  # rows produced before each result
         self._origins: list[tuple[str, Any]] = []  # (hook, key) of each result
@@ -291,18 +165,18 @@ class OutputBuffer:
         name to values), converted to the output schema: only lossless conversions between number types."""
         if columns is None:
             return
-        table = _as_table(columns, lambda problem: self._error(hook, NO_KEY, problem))
+        table = columns_table(columns, lambda problem: self._error(hook, NO_KEY, problem))
         if self.schema is None:
             self.rows.extend(table.to_pylist())
             return
-        self._tables.append(_conform(table, self.schema, lambda problem: self._error(hook, NO_KEY, problem)))
+        self._tables.append(conform_to_schema(table, self.schema, lambda problem: self._error(hook, NO_KEY, problem)))
 
     def finish(self) -> Outputs:
         """Check every row collected (an :class:`~spate.errors.OutputError` names the first wrong one) and
         return them."""
         rows = self.rows
         if self.schema is None and self._chunks:
-            rows.extend(pa.table({n: _concat([p[n] for p, _, _ in self._chunks]) for n in self._chunks[0][0]})
+            rows.extend(pa.table({n: concat_column([p[n] for p, _, _ in self._chunks]) for n in self._chunks[0][0]})
                         .to_pylist())
         if set(map(type, rows)) - {dict}:
             self._check_each(rows)
@@ -333,14 +207,14 @@ class OutputBuffer:
         for i, f in enumerate(self.schema):
             values = [cols[i] for cols, _, _ in parts]
             column = None
-            joined = _joined(values)
+            joined = joined_column(values)
             if joined is not None:
                 with contextlib.suppress(Exception):
                     column = self.conversion.array(joined, f)
             if column is None:
                 column = pa.chunked_array([self._part_array(cols[i], f, hook, key) for cols, hook, key in parts],
                                           type=f.type)
-            if _has_struct(f.type) or (not f.nullable and column.null_count):
+            if has_struct(f.type) or (not f.nullable and column.null_count):
                 self._check_column(column, f, [(cols[i], hook, key) for cols, hook, key in parts])
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=self.schema)
@@ -377,16 +251,16 @@ class OutputBuffer:
 
     def _check_column(self, column: Any, f: pa.Field, parts: list[tuple[Any, str, Any]]) -> None:
         """Refuse what Spark would turn into nulls (dicts without a struct field) or nulls the schema forbids."""
-        if _has_struct(f.type):
+        if has_struct(f.type):
             for values, hook, key in parts:
                 for value in values:
-                    gap = _struct_gap(value, f.type)
+                    gap = struct_gap(value, f.type)
                     if gap is not None:
                         raise self._error(hook, key, f"produced field {f.name!r} = {short_repr(value)} without "
                                                      f"struct field {gap!r}, which Spark would fill with null: "
                                                      "set it (None for a null)")
         if not f.nullable and column.null_count:
-            hook, key = next(((h, k) for v, h, k in parts if _spark_has_null(v)), ("process", NO_KEY))
+            hook, key = next(((h, k) for v, h, k in parts if spark_has_null(v)), ("process", NO_KEY))
             raise self._error(hook, key, f"produced nulls in field {f.name!r}, which the output schema makes "
                                          "non-nullable")
 
@@ -401,11 +275,11 @@ class OutputBuffer:
         every = [r for rows, _, _ in self._spark_rows for r in rows]
         try:
             table = pa.Table.from_pylist(every, schema=self.schema)
-        except _CONVERSION_ERRORS:
+        except CONVERSION_ERRORS:
             table = self._spark_rows_each()  # Spark converts each result alone: structs as dicts or as tuples
         for f in self.schema:
             column = table.column(f.name)
-            if _has_struct(f.type) or (not f.nullable and column.null_count):
+            if has_struct(f.type) or (not f.nullable and column.null_count):
                 self._check_column(column, f, [([r[f.name] for r in rows], hook, key)
                                                for rows, hook, key in self._spark_rows])
         return table
@@ -427,7 +301,7 @@ class OutputBuffer:
         for rows, hook, key in self._spark_rows:
             try:
                 tables.append(pa.Table.from_pylist(rows, schema=self.schema))
-            except _CONVERSION_ERRORS as e:
+            except CONVERSION_ERRORS as e:
                 raise self._spark_value_error(rows, hook, key, e) from None
         return pa.concat_tables(tables)
 
@@ -437,8 +311,8 @@ class OutputBuffer:
         for f in self.schema:
             try:
                 pa.array([r[f.name] for r in rows], type=f.type)
-            except _CONVERSION_ERRORS as e:
-                value = next((v for v in (r[f.name] for r in rows) if not _arrow_takes(v, f.type)), None)
+            except CONVERSION_ERRORS as e:
+                value = next((v for v in (r[f.name] for r in rows) if not arrow_takes(v, f.type)), None)
                 return self._error(hook, key, f"produced field {f.name!r} = {short_repr(value)} "
                                               f"({type(value).__name__}), which cannot be stored as {f.type}, as "
                                               f"on Spark ({e}): convert it before yielding it")
@@ -481,112 +355,3 @@ class OutputBuffer:
     def _error(self, hook: str, key: Any, problem: str) -> OutputError:
         where = f"{self.processor_name}.{hook}" + ("" if key is NO_KEY else f" for key {short_repr(key)}")
         return OutputError(f"{where} {problem}; the batch fails and its checkpoint is not taken")
-
-
-def _concat(values: list[Any]) -> Any:
-    """One column from the parts' columns (numpy arrays concatenated, anything else as a list)."""
-    import numpy as np
-
-    if all(isinstance(v, np.ndarray) for v in values):
-        return np.concatenate(values) if values else np.array([])
-    return [x for v in values for x in v]
-
-
-def _joined(values: list[Any]) -> Any:
-    """The parts' values of one column as one column when they share their dtype (numpy arrays, pandas Series),
-    else None: Spark converts each DataFrame alone, and a column's conversion depends on its dtype."""
-    import numpy as np
-
-    if not values or len({getattr(v, "dtype", None) for v in values}) != 1:
-        return None
-    if all(isinstance(v, np.ndarray) for v in values):
-        return np.concatenate(values)
-    import pandas as pd
-
-    if all(isinstance(v, pd.Series) for v in values):
-        return pd.concat(values, ignore_index=True)
-    return None
-
-
-def _has_struct(t: pa.DataType) -> bool:
-    if pa.types.is_struct(t):
-        return True
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return _has_struct(t.value_type)
-    return pa.types.is_map(t) and (_has_struct(t.key_type) or _has_struct(t.item_type))
-
-
-def _struct_gap(value: Any, t: pa.DataType) -> str | None:
-    """The path of a struct field a dict in ``value`` lacks (Spark fills it with null), or None."""
-    if value is None:
-        return None
-    if pa.types.is_struct(t):
-        if not isinstance(value, dict):
-            return None  # positional (a tuple or Row): the conversion checks its length
-        for f in t:
-            if f.name not in value:
-                return f.name
-            gap = _struct_gap(value[f.name], f.type)
-            if gap is not None:
-                return f"{f.name}.{gap}"
-        return None
-    if pa.types.is_map(t):
-        items = value.items() if isinstance(value, dict) else value
-        return next((g for k, v in items for g in (_struct_gap(k, t.key_type), _struct_gap(v, t.item_type))
-                     if g is not None), None)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return next((g for v in value if (g := _struct_gap(v, t.value_type)) is not None), None)
-    return None
-
-
-def _spark_has_null(values: Any) -> bool:
-    import pandas as pd
-
-    return bool(pd.isna(pd.Series(values, dtype=object)).any()) if len(values) else False
-
-
-def _as_table(columns: Any, error: Callable[[str], OutputError]) -> pa.Table:
-    if isinstance(columns, pa.Table):
-        return columns
-    if isinstance(columns, pa.RecordBatch):
-        return pa.Table.from_batches([columns])
-    if isinstance(columns, Mapping):
-        try:
-            return pa.table({name: _column(values) for name, values in columns.items()})
-        except (pa.ArrowException, TypeError, ValueError) as e:
-            raise error(f"returned columns Arrow cannot build a table of ({e})") from e
-    raise error(f"returned {type(columns).__name__}, not columns (a pyarrow Table or RecordBatch, or a mapping "
-                "of column name to values)")
-
-
-def _column(values: Any) -> Any:
-    if isinstance(values, (pa.Array, pa.ChunkedArray)) or hasattr(values, "__array__"):
-        return values
-    return list(values)
-
-
-def _numeric(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-
-
-def _conform(table: pa.Table, schema: pa.Schema, error: Callable[[str], OutputError]) -> pa.Table:
-    """``table`` with exactly ``schema``'s columns and types: numbers cast without loss, nothing else cast."""
-    names = set(table.column_names)
-    if names != set(schema.names):
-        extra, missing = sorted(names - set(schema.names)), sorted(set(schema.names) - names)
-        what = f"column {extra[0]!r}, which is not in the output schema" if extra else f"no column {missing[0]!r}"
-        raise error(f"returned {what} ({', '.join(schema.names)})")
-    columns = []
-    for f in schema:
-        col = table.column(f.name)
-        if col.type != f.type:
-            if not (_numeric(col.type) and _numeric(f.type)) and not pa.types.is_null(col.type):
-                raise error(f"returned column {f.name!r} of type {col.type}, which cannot be stored as {f.type}")
-            try:
-                col = col.cast(f.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise error(f"returned column {f.name!r} with values {f.type} cannot hold ({e})") from e
-        if not f.nullable and col.null_count:
-            raise error(f"returned nulls in column {f.name!r}, which the output schema makes non-nullable")
-        columns.append(col)
-    return pa.Table.from_arrays(columns, schema=schema)

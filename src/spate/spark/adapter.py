@@ -29,7 +29,8 @@ from typing import Any
 import pyarrow as pa
 
 from spate.runtime.batch import KeyedBatch, KeyRows
-from spate.runtime.outputs import ColumnChunk, PandasConversion, SparkRows
+from spate.runtime.output_values import PandasConversion
+from spate.runtime.outputs import ColumnChunk, SparkRows
 from spate.runtime.processor import Context, Processor, Row
 from spate.spark.python_worker import PythonWorkerConf, in_session_zone, pandas_chunks, pandas_input
 from spate.spark.tws_handle import StatefulProcessorHandle, StateSchemas

@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spate.runtime.outputs import PandasConversion
+from spate.runtime.output_values import PandasConversion
 
 _NO_LIMIT = 2**31 - 1
 _RUNNER_CONF = "org.apache.spark.sql.execution.python.ArrowPythonRunner"
@@ -115,7 +115,7 @@ def _bytes(text: str | None) -> int | None:
 
 @dataclass(frozen=True)
 class PandasOutput(PandasConversion):
-    """:class:`~spate.runtime.outputs.PandasConversion` with the installed pyspark's own conversion."""
+    """:class:`~spate.runtime.output_values.PandasConversion` with the installed pyspark's own conversion."""
 
     def array(self, values: Any, field: pa.Field) -> pa.Array:
         import pandas as pd
