@@ -44,10 +44,11 @@ class Janitor:
         self._closed = False
 
     # -- what gets deleted ----------------------------------------------------------------------------
-    def discard(self, rel: str) -> None:
-        """Delete a physical file no retained checkpoint needs (the file registry's discard callback)."""
+    def discard(self, rel: str, delete: Callable[[str], None] | None = None) -> None:
+        """Delete a physical file no retained checkpoint needs, with ``delete`` (default
+        :meth:`delete_file`)."""
         self._count(1)
-        self._submit(self._delete, rel)
+        self._submit(delete or self.delete_file, rel)
 
     def drop_checkpoint(self, checkpoint_id: int) -> None:
         """Delete a subsumed checkpoint: its metadata now (from then on it is not complete, whatever happens
@@ -65,7 +66,8 @@ class Janitor:
             self.storage.delete(rel)
         self._count(len(rels))
 
-    def _delete(self, rel: str) -> None:
+    def delete_file(self, rel: str) -> None:
+        """Delete ``rel`` now, if spate's layout names it."""
         if is_spate_file(rel):  # a path from metadata: never delete what spate does not name so
             self.storage.delete(rel)
         else:
