@@ -102,7 +102,7 @@ def test_take_over_and_metadata_are_conditional_writes_on_s3(s3_uri):
     first, second = Coordinator(root, 2), Coordinator(root, 2)
     first.start()
     second.epochs.read = lambda: stale
-    second._query_file = lambda savepoint: stale_query
+    second.take_over._query_file = lambda savepoint, *settings: stale_query
     with pytest.raises(FencedError, match="same time"):
         second.start()
     with pytest.raises(FileExistsError):

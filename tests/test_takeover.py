@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -44,7 +43,7 @@ def test_two_drivers_reading_the_same_epoch_cannot_both_own_it(tmp_path):
     first.start()
     before = _files(root)
     second.epochs.read = lambda: stale  # both read the root before either claimed
-    second._query_file = lambda savepoint: stale_query  # type: ignore[method-assign]
+    second.take_over._query_file = lambda savepoint, *settings: stale_query  # type: ignore[method-assign]
     with pytest.raises(FencedError, match="same time"):
         second.start()
     assert _files(root) == before, "the loser wrote and deleted nothing"
@@ -281,7 +280,7 @@ def test_replacing_a_fenced_commit_never_deletes_a_newer_drivers_commit(tmp_path
     with pytest.raises(FencedError):
         d.run_batch(3, src[3])  # a fenced commit of 3, for E to replace
     d.close()
-    decide = e.coordinator._fenced_commit
+    decide = e.coordinator.take_over.fenced_commit
 
     def newer_driver_commits_first(checkpoint_id: int) -> bool:
         decision = decide(checkpoint_id)
@@ -289,7 +288,7 @@ def test_replacing_a_fenced_commit_never_deletes_a_newer_drivers_commit(tmp_path
             f.run_batch(3, src[3])
         return decision
 
-    e.coordinator._fenced_commit = newer_driver_commits_first  # type: ignore[method-assign]
+    e.coordinator.take_over.fenced_commit = newer_driver_commits_first  # type: ignore[method-assign]
     with pytest.raises(FencedError):
         e.run_batch(3, src[3])
     e.close()
@@ -307,20 +306,14 @@ def test_paused_old_driver_never_empties_a_newer_drivers_directories(tmp_path):
     old = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, retained=1)
     paused: list = []
 
-    class PausedThread:  # fault injection: the old driver's discard thread gets no CPU for a while
-        def submit(self, fn, *args):
-            paused.append((fn, args))
-            done: Future = Future()
-            done.set_result(None)
-            return done
+    def paused_worker(fn, *args) -> None:  # fault injection: the old driver's janitor gets no CPU for a while
+        paused.append((fn, args))
 
-        def shutdown(self, wait: bool = True) -> None:
-            pass
-
-    old.coordinator._discarder = PausedThread()  # type: ignore[assignment]
+    old.coordinator.janitor._submit = paused_worker  # type: ignore[method-assign]
     old.run(src, until=6)
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=4, retained=3) as new:
         new.run(src, until=9)
+    assert paused, "the old driver left background deletions"
     for fn, args in paused:  # the old driver resumes
         fn(*args)
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=4) as r:

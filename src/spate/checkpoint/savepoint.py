@@ -4,10 +4,11 @@ that directory, so it can be moved anywhere and restored by any query (``restore
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 from spate.checkpoint.metadata import CheckpointMetadata
-from spate.fs import CheckpointStorage
-from spate.layout import METADATA_FILE
+from spate.fs import CheckpointStorage, join_uri
+from spate.layout import METADATA_FILE, SAVEPOINTS_DIR
 
 
 def write_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target: CheckpointStorage) -> None:
@@ -16,3 +17,18 @@ def write_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target:
         target.write(rel, source.read(rel, f"checkpoint {meta.checkpoint_id}"))
     sp = dataclasses.replace(meta, is_savepoint=True)
     target.create_exclusive(METADATA_FILE, sp.to_bytes())
+
+
+def take_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target_uri: str | None = None) -> str:
+    """Copy checkpoint ``meta`` of the root ``source`` into a self-contained, relocatable directory (default
+    ``<root>/savepoints/savepoint-<n>-<random>``). Returns its URI."""
+    name = f"savepoint-{meta.checkpoint_id}-{uuid.uuid4().hex[:8]}"
+    target = target_uri or join_uri(source.uri, f"{SAVEPOINTS_DIR}/{name}")
+    target_storage = CheckpointStorage(target)
+    root = source.root.rstrip("/") + "/"
+    if (type(target_storage.fs) is type(source.fs) and (target_storage.root + "/").startswith(root)
+            and not (target_storage.root + "/").startswith(root + SAVEPOINTS_DIR + "/")):
+        raise ValueError(f"savepoint target {target} is inside the checkpoint root {source.uri}, where "
+                         f"orphan cleanup would delete it; use a directory under {SAVEPOINTS_DIR}/ or outside the root")
+    write_savepoint(source, meta, target_storage)
+    return target

@@ -165,9 +165,14 @@ class Autoscaler:
             )
         self.policy = policy
         self.max_parallelism = min(policy.max_parallelism, limit)
-        self.decisions: deque[ScalingDecision] = deque(maxlen=DECISIONS_KEPT)  # the latest, oldest first
+        self._decisions: deque[ScalingDecision] = deque(maxlen=DECISIONS_KEPT)
         self._rescaled_at: tuple[int, float] | None = None  # (batch id, wall clock) of the last rescale
         self._last_batch_id: int | None = None
+
+    @property
+    def decisions(self) -> list[ScalingDecision]:
+        """The latest decisions (up to ``DECISIONS_KEPT``), oldest first."""
+        return list(self._decisions)
 
     def note_rescaled(self, batch_id: int, at_s: float) -> None:
         """Start the cooldown for a rescale made outside the autoscaler (e.g. by hand).
@@ -194,7 +199,7 @@ class Autoscaler:
         if to == obs.parallelism:
             return None
         decision = ScalingDecision(obs.batch_id, obs.parallelism, to, f"{why}: {obs.parallelism} → {to}", obs.at_s)
-        self.decisions.append(decision)
+        self._decisions.append(decision)
         self._rescaled_at = (obs.batch_id, obs.at_s)
         log.info("autoscale: %s", decision.reason)
         return decision

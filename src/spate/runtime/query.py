@@ -130,7 +130,7 @@ class QueryDriver:
     @property
     def decisions(self) -> list[ScalingDecision]:
         """What the autoscaling policy decided (the latest ones; empty without a policy)."""
-        return list(self.autoscaler.decisions) if self.autoscaler is not None else []
+        return self.autoscaler.decisions if self.autoscaler is not None else []
 
     # -- batches --------------------------------------------------------------------------------------
     def covered(self, batch_id: int) -> bool:

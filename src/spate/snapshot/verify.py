@@ -2,42 +2,83 @@
 
 Local recovery reuses a subtask's local state instead of downloading it, but the handles it carries on
 (materialized snapshots, change sets) stay in every later checkpoint until the next materialization. So the
-first time a process reuses state that references a segment, it reads the segment and checks every frame's
-checksum; segments are immutable, so each is checked once per process and storage.
+first time a worker reuses state that references a segment, it reads the segment and checks every frame's
+checksum. Segments are immutable, so a :class:`VerifiedSpans` remembers what was checked, and each segment
+is checked once as long as it is remembered (the cache is bounded: the least recently used are forgotten
+first, and checked again if they come back).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from spate.errors import SpateError
 from spate.fs import CheckpointStorage, FrameKind, read_span_frames
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 
-_Span = tuple[str, int, int, int]  # path, file offset, offset, length
-_verified: dict[str, set[_Span]] = {}  # storage URI -> spans whose frames this process verified
-_lock = threading.Lock()
+Span = tuple[str, int, int, int]  # path, file offset, offset, length
+DEFAULT_CAPACITY = 65536  # spans remembered per storage
+_ATTRIBUTE = "verified_spans"
+
+
+class VerifiedSpans:
+    """The spans of one storage's files whose frames were verified, at most ``capacity`` of them (least
+    recently used forgotten first). Thread-safe: the subtasks of a worker share one."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._spans: OrderedDict[Span, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def __contains__(self, span: object) -> bool:
+        with self._lock:
+            if span not in self._spans:
+                return False
+            self._spans.move_to_end(span)  # type: ignore[arg-type]
+            return True
+
+    def add(self, span: Span) -> None:
+        with self._lock:
+            self._spans[span] = None
+            self._spans.move_to_end(span)
+            while len(self._spans) > self.capacity:
+                self._spans.popitem(last=False)
+
+    @staticmethod
+    def of(storage: CheckpointStorage) -> VerifiedSpans:
+        """The spans verified of ``storage``, kept with that storage object: it lives as long as its owner
+        (a worker's services) keeps the storage, and a later owner starts afresh."""
+        cache = vars(storage).setdefault(_ATTRIBUTE, VerifiedSpans())
+        assert isinstance(cache, VerifiedSpans)
+        return cache
 
 
 def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyGroupsHandle | ChangeSetHandle],
-                   context: str = "") -> list[str]:
-    """Read every frame of each handle's span not verified yet by this process and check its checksum and
-    kind; returns the problems found (empty: every referenced byte is intact)."""
+                   context: str = "", verified: VerifiedSpans | None = None) -> list[str]:
+    """Read every frame of each handle's span not in ``verified`` yet (default: the spans verified of
+    ``storage``, :meth:`VerifiedSpans.of`) and check its checksum and kind; returns the problems found (empty:
+    every referenced byte is intact). The intact spans are added to ``verified``."""
+    if verified is None:
+        verified = VerifiedSpans.of(storage)
     problems = []
     for handle in handles:
         if not handle.offsets:
             continue
-        span = (handle.path, handle.file_offset, *handle.span())
-        with _lock:
-            if span in _verified.get(storage.uri, ()):
-                continue
+        span: Span = (handle.path, handle.file_offset, *handle.span())
+        if span in verified:
+            continue
         problem = _check(storage, handle, context)
         if problem is not None:
             problems.append(problem)
             continue
-        with _lock:
-            _verified.setdefault(storage.uri, set()).add(span)
+        verified.add(span)
     return problems
 
 

@@ -1,0 +1,65 @@
+"""Finding the complete checkpoints of a root: the ``chk-<n>`` directories holding a metadata file, and which
+of them count under the fencing epochs' seals (:mod:`spate.checkpoint.epochs`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from spate.checkpoint.epochs import EpochLog, EpochState
+from spate.checkpoint.metadata import CheckpointMetadata, metadata_path, read_metadata
+from spate.errors import MissingFileError
+from spate.fs import CheckpointStorage
+
+_CHK = re.compile(r"^chk-(\d+)$")
+
+
+def metadata_ids(storage: CheckpointStorage) -> list[int]:
+    """Ids of every ``chk-<n>`` directory holding a metadata file, ascending (not yet verified)."""
+    ids = [int(m.group(1)) for name in storage.list_dirs() if (m := _CHK.match(name))]
+    return sorted(n for n in ids if storage.exists(metadata_path(n)))
+
+
+def written_by(storage: CheckpointStorage, checkpoint_id: int) -> CheckpointMetadata:
+    """The metadata of checkpoint ``checkpoint_id``, whichever driver wrote it."""
+    return read_metadata(storage, metadata_path(checkpoint_id))
+
+
+@dataclass
+class Discovery:
+    """The complete checkpoints of a root as one driver saw them."""
+
+    retained: list[CheckpointMetadata]  # the newest visible ones, ascending
+    latest_id: int  # the newest visible id, -1 if none
+
+
+def discover(storage: CheckpointStorage, epochs: EpochState, retained: int) -> Discovery:
+    """Read metadata newest first until ``retained`` visible checkpoints are found (metadata a fenced driver
+    wrote after a take-over looked is skipped: it never counts)."""
+    found: list[CheckpointMetadata] = []
+    for n in reversed(metadata_ids(storage)):
+        if len(found) == retained:
+            break
+        try:
+            meta = written_by(storage, n)
+        except MissingFileError:
+            continue  # an older driver subsumed it while this one looked
+        if epochs.visible(n, meta.epoch):
+            found.append(meta)
+    found.reverse()
+    return Discovery(found, found[-1].checkpoint_id if found else -1)
+
+
+def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
+    """Ids of the complete checkpoints of a root, ascending: those with a metadata file that counts under
+    the epochs' seals (not yet verified). A metadata file needs reading only if a seal might exclude it."""
+    epochs = EpochLog(storage).read()
+    lowest_seal = min((s.sealed for s in epochs.seals.values()), default=None)
+    out = []
+    for n in metadata_ids(storage):
+        try:
+            if lowest_seal is None or n <= lowest_seal or epochs.visible(n, written_by(storage, n).epoch):
+                out.append(n)
+        except MissingFileError:
+            continue  # subsumed while listing
+    return out
