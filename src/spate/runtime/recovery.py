@@ -16,6 +16,10 @@ never continued after a checkpoint it took part in was aborted, so the change se
 rejected duplicate ack or of a fenced driver's batch are in no completed checkpoint's list. Anything else — no
 lineage (state written by an older spate), a materialization or a re-written file since k — means a full
 restore. At a new parallelism the old subtasks' copies are used as :mod:`spate.runtime.rescale` describes.
+
+Here are the tag (:func:`read_tag`, :func:`write_tag`, :func:`mark_dirty`) and the rules that trust it
+(:func:`live_at_base`, :func:`catch_up_start`); :class:`spate.runtime.restore.StateRecovery` is the ladder that
+uses them.
 """
 
 from __future__ import annotations

@@ -261,6 +261,7 @@ class StateRecovery:
         reusable = plan.base_checkpoint_id is not None and not plan.base_is_savepoint and not plan.changelog
         handles = (plan.base_checkpoint_id, list(plan.keyed)) if reusable else None
         return self._recovered(plan, table, clog, operator, full_restore(plan, _ms_since(started)),
+                               _nonzero(replayed_change_sets=len(plan.changelog)),
                                handles=handles)  # type: ignore[arg-type]
 
     def _restore_keyed_state(self, plan: SubtaskPlan, table: StateTable, clog: ChangelogKeyedState | None) -> None:
