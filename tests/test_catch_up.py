@@ -277,6 +277,7 @@ def test_a_materialization_since_the_copy_means_a_full_restore(tmp_path, monkeyp
     reads.clear()
     acks, outputs = cluster.batch(10, _rows(10), ["e1/a"])
     assert acks[0].recovery == "restored" and reads.snapshots, "the copy's change sets are no longer listed"
+    assert acks[0].stats.get("replayed_change_sets", 0) == len(reads.change_sets), "a restore replays them all"
     assert _norm(outputs) == _norm(model.batch(_rows(10), now_of(10)))
     _assert_state_is_the_models(cluster.root, model, now_of(10))
     cluster.close()

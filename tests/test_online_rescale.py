@@ -5,6 +5,7 @@ one takes over). Outputs, checkpointed keyed state, timers and operator state al
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -163,13 +164,19 @@ def test_a_missing_local_copy_is_read_from_checkpoint_storage_for_its_key_groups
     sc.cleanup()
 
 
+def _fold_per_batch(runner: LocalRunner, entries: int) -> None:
+    """The runner's subtasks made from now on (at its rescales, when tables over bases appear) fold ``entries``
+    entries of their bases into them per batch (a new config: none is changed in place)."""
+    runner.config = dataclasses.replace(runner.config, fold_per_batch=entries)
+
+
 def test_a_rescaled_table_folds_its_bases_in_and_lets_them_go():
     """1 → 2: both new subtasks read the old table through a hard link; the batches after the rescale (not the
     rescaling one) fold it in, a bounded number of entries each, until the tables are plain ones again."""
     sc = Scenario(_every_op(1) + [[(KEYS[0], "ladd", b), (KEYS[1], "mdel", b)] for b in range(5)], "lmdb", False,
                   "off")
     r = sc.runner(1)
-    r.config.fold_per_batch = 30
+    _fold_per_batch(r, 30)
     sc.run(r, 0)
     r.rescale(2)
     sc.run(r, 1)
@@ -203,7 +210,7 @@ def test_key_groups_left_in_a_copy_from_an_earlier_parallelism_never_come_back()
     reads = [(k, "ladd", 1) for k in KEYS]
     sc = Scenario([puts, deletes, reads, reads, puts, reads], "lmdb", True, "off")
     r = sc.runner(1)
-    r.config.fold_per_batch = 0
+    _fold_per_batch(r, 0)
     for n, parallelism in enumerate([1, 2, 2, 1, 1, 2]):
         r.rescale(parallelism)
         sc.run(r, n)

@@ -15,6 +15,8 @@ from spate import (
     Processor,
     ValueStateDescriptor,
 )
+from spate.checkpoint.ackinfo import CAUGHT_UP, RecoveryInfo
+from spate.checkpoint.protocol import SubtaskAck
 from spate.keygroups import compile_key_hasher
 from spate.runtime.services import WorkerServices
 from spate.runtime.subtask import Subtask, SubtaskConfig, processor_factory
@@ -61,6 +63,47 @@ def test_a_rejected_attempt_does_not_reuse_its_deleted_files(tmp_path):
     coord.acknowledge(again.ack)
     meta = coord.complete(1)
     assert all(CheckpointStorage(root).exists(p) for p in meta.files())
+
+
+def test_an_ack_carries_how_the_state_was_recovered_as_its_typed_fields():
+    info = RecoveryInfo(recovery=CAUGHT_UP, restored_from=7, caught_up_from=3, restore_bytes=10, restore_ms=1.5)
+    ack = SubtaskAck(7, 0, 1, rows=2, **info.recovery_info())
+    again = SubtaskAck.from_dict(ack.to_dict())
+    assert RecoveryInfo(**again.recovery_info()) == info and (again.recovery, again.rows) == ("caught_up", 2)
+    with pytest.raises(ValueError, match="recovery must be one of"):
+        RecoveryInfo(recovery="teleported")
+
+
+class _FailsToOpenOnce(C):
+    failures = [1]
+
+    def open(self, ctx):
+        super().open(ctx)
+        if self.failures[0]:
+            self.failures[0] -= 1
+            raise RuntimeError("open failed")
+
+
+@pytest.mark.parametrize("table", ["heap", "lmdb"])
+def test_a_processor_that_fails_to_open_on_restored_state_leaves_nothing_open_and_the_retry_restores(
+        tmp_path, table):
+    root, local = str(tmp_path / "c"), str(tmp_path / "local")
+    coord = Coordinator(root, 1)
+    coord.start()
+    config = SubtaskConfig(table=table, local_dir=local if table == "lmdb" else None)
+    first = Subtask(0, 1, processor_factory(C), config, WorkerServices(root))
+    coord.acknowledge(first.run(coord.begin(0, 0)[0], _rows(coord, ["x"])).ack)
+    coord.complete(0)
+    first.close(destroy=True)  # the next subtask restores from checkpoint storage
+    _FailsToOpenOnce.failures[0] = 1
+    second = Subtask(0, 1, processor_factory(_FailsToOpenOnce), config, WorkerServices(root))
+    plan = coord.begin(1, 0)[0]
+    with pytest.raises(RuntimeError, match="open failed"):
+        second.run(plan, _rows(coord, ["x"]))
+    assert (second.keyed, second.processor, second.clog) == (None, None, None)
+    out = second.run(plan, _rows(coord, ["x"]))
+    assert out.ack.recovery == "restored" and out.rows == [{"k": "x", "c": 2}]
+    second.close()
 
 
 def test_a_failed_sink_gets_the_batch_again_before_the_next_one(tmp_path):

@@ -17,13 +17,12 @@ RECOVERY_KINDS = (NEW, REUSED, CAUGHT_UP, RESTORED, RESCALED)
 
 
 @dataclass(kw_only=True)
-class AckInfo:
-    """Typed facts about one subtask's batch.
+class RecoveryInfo:
+    """How a subtask's state got to its plan's base checkpoint: the part of :class:`AckInfo` the subtask's
+    recovery produces (:class:`spate.runtime.restore.StateRecovery`).
 
     Attributes:
-        rows: input rows the subtask processed.
-        staged: its outputs were staged in the checkpoint for the sink (a sink was configured).
-        recovery: how its state got to the plan's base checkpoint, one of :data:`RECOVERY_KINDS`.
+        recovery: one of :data:`RECOVERY_KINDS` (:data:`UNKNOWN` only in metadata of version < 3).
         restored_from: the base checkpoint whose files it read (``restored``, ``caught_up``, ``rescaled``), else
             None.
         caught_up_from: with ``caught_up``, the checkpoint its local copy was at; else None.
@@ -31,6 +30,31 @@ class AckInfo:
             sets and operator state; 0 when the state was live in the process). With ``rescaled``, only what no
             local copy held (the ack's ``stats["local_copy_bytes"]`` says what was copied locally).
         restore_ms: how long that took.
+    """
+
+    recovery: str = NEW
+    restored_from: int | None = None
+    caught_up_from: int | None = None
+    restore_bytes: int = 0
+    restore_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.recovery not in (*RECOVERY_KINDS, UNKNOWN):
+            raise ValueError(f"recovery must be one of {RECOVERY_KINDS}, got {self.recovery!r}")
+
+    def recovery_info(self) -> dict[str, Any]:
+        """The recovery facts as keyword arguments of :class:`AckInfo` (and of this class)."""
+        return {f.name: getattr(self, f.name) for f in fields(RecoveryInfo)}
+
+
+@dataclass(kw_only=True)
+class AckInfo(RecoveryInfo):
+    """Typed facts about one subtask's batch: how its state got to the base (the inherited
+    :class:`RecoveryInfo` fields, as the subtask's recovery produced them) and what the batch did.
+
+    Attributes:
+        rows: input rows the subtask processed.
+        staged: its outputs were staged in the checkpoint for the sink (a sink was configured).
         executor: where it ran (filled in by the transport, e.g. the Spark executor id; None in-process).
         next_processing_timer_ms / next_event_timer_ms: the earliest timer of each time domain still registered
             after the batch (a lower bound: it may have been deleted since), None without one. The driver runs a
@@ -39,25 +63,17 @@ class AckInfo:
 
     rows: int = 0
     staged: bool = False
-    recovery: str = NEW
-    restored_from: int | None = None
-    caught_up_from: int | None = None
-    restore_bytes: int = 0
-    restore_ms: float = 0.0
     executor: str | None = None
     next_processing_timer_ms: int | None = None
     next_event_timer_ms: int | None = None
 
-    def __post_init__(self) -> None:
-        if self.recovery not in (*RECOVERY_KINDS, UNKNOWN):
-            raise ValueError(f"recovery must be one of {RECOVERY_KINDS}, got {self.recovery!r}")
-
     def ack_info(self) -> dict[str, Any]:
         """The typed fields as a dict (their JSON form)."""
-        return {f.name: getattr(self, f.name) for f in fields(AckInfo)}
+        return {name: getattr(self, name) for name in ACK_INFO_FIELDS}
 
 
-ACK_INFO_FIELDS = tuple(f.name for f in fields(AckInfo))
+# rows and staged first: the JSON keeps the order it had before the recovery facts were a part of their own
+ACK_INFO_FIELDS = ("rows", "staged", *(f.name for f in fields(AckInfo) if f.name not in ("rows", "staged")))
 
 
 def ack_info_from_stats(stats: dict[str, Any]) -> dict[str, Any]:

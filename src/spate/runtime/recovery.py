@@ -16,14 +16,17 @@ never continued after a checkpoint it took part in was aborted, so the change se
 rejected duplicate ack or of a fenced driver's batch are in no completed checkpoint's list. Anything else — no
 lineage (state written by an older spate), a materialization or a re-written file since k — means a full
 restore. At a new parallelism the old subtasks' copies are used as :mod:`spate.runtime.rescale` describes.
+
+Here are the tag (:func:`read_tag`, :func:`write_tag`, :func:`mark_dirty`) and the rules that trust it
+(:func:`live_at_base`, :func:`catch_up_start`); :class:`spate.runtime.restore.StateRecovery` is the ladder that
+uses them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, RESTORED, REUSED
+from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, RESTORED, REUSED, RecoveryInfo
 from spate.checkpoint.protocol import SubtaskPlan
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStatePiece
 from spate.snapshot.lineage import (  # noqa: F401  (re-exported: the table tag's lineage)
@@ -33,6 +36,12 @@ from spate.snapshot.lineage import (  # noqa: F401  (re-exported: the table tag'
     change_set_identity,
     keyed_identity,
 )
+from spate.state.lmdb_table import LmdbTable
+from spate.state.overlay import OverlayTable
+from spate.state.table import StateTable
+
+DIRTY = b"dirty"  # tag of a table changed since its last checkpoint
+EMPTY = -1  # tag of state that reflects "no checkpoint yet"
 
 
 def catch_up_start(checkpoint_id: int, lineage: Lineage | None, plan: SubtaskPlan) -> int | None:
@@ -67,28 +76,49 @@ def bytes_to_read(handles: Iterable[KeyGroupsHandle | ChangeSetHandle],
     return sum(h.span()[1] for h in handles if h.offsets) + sum(p.length for p in pieces)
 
 
-@dataclass(frozen=True)
-class Recovery:
-    """How the state of a subtask's batch got to the plan's base: ``kind`` is one of
-    :data:`~spate.checkpoint.ackinfo.RECOVERY_KINDS`; ``restored_from`` the base checkpoint whose files were
-    read (restored or caught up); ``caught_up_from`` the checkpoint the local copy was at; ``restore_bytes``
-    and ``restore_ms`` what reading and replaying cost; ``replayed`` the change sets replayed; ``local_bytes``
-    what an online rescale copied from local copies of the old subtasks' state instead, ``local_moved_bytes``
-    what it took over by moving a copy no other new subtask needed."""
-
-    kind: str
-    restored_from: int | None = None
-    caught_up_from: int | None = None
-    restore_bytes: int = 0
-    restore_ms: float = 0.0
-    replayed: int = 0
-    local_bytes: int = 0
-    local_moved_bytes: int = 0
-
-
-def full_restore(plan: SubtaskPlan, restore_ms: float) -> Recovery:
+def full_restore(plan: SubtaskPlan, restore_ms: float) -> RecoveryInfo:
     """A restore from checkpoint storage of everything the plan names (``new`` without a base)."""
     if plan.base_checkpoint_id is None:
-        return Recovery(NEW)
+        return RecoveryInfo(recovery=NEW)
     read = bytes_to_read([*plan.keyed, *plan.changelog], plan.operator)
-    return Recovery(RESTORED, plan.base_checkpoint_id, None, read, restore_ms, len(plan.changelog))
+    return RecoveryInfo(recovery=RESTORED, restored_from=plan.base_checkpoint_id, restore_bytes=read,
+                        restore_ms=restore_ms)
+
+
+# -- the table's tag ------------------------------------------------------------------------------------------
+def read_tag(table: LmdbTable | OverlayTable) -> tuple[int, Lineage | None] | None:
+    """(checkpoint, lineage) a local table's state was committed as (None: unknown or changed since)."""
+    raw = table.committed_meta(TAG_META)
+    if raw is None or raw == DIRTY:
+        return None
+    try:
+        checkpoint_id = int(raw)
+    except ValueError:
+        return None
+    return checkpoint_id, Lineage.from_bytes(table.committed_meta(LINEAGE_META))
+
+
+def write_tag(table: StateTable, checkpoint_id: int, lineage: Lineage) -> None:
+    """Commit the table as the state of ``checkpoint_id`` with ``lineage``, in one transaction."""
+    table.put_meta(TAG_META, str(checkpoint_id).encode())
+    table.put_meta(LINEAGE_META, lineage.to_bytes())
+    table.commit()
+
+
+def mark_dirty(table: StateTable) -> None:
+    """Commit the table as no checkpoint's state (until the next :func:`write_tag`)."""
+    table.put_meta(TAG_META, DIRTY)
+    table.commit()
+
+
+def live_at_base(tag: int | None, lineage: Lineage | None, lmdb: LmdbTable | None, plan: SubtaskPlan) -> bool:
+    """Whether state a process holds, tagged ``tag`` with ``lineage``, is exactly the plan's base: tagged with
+    it, of its lineage (not an attempt whose ack was not the one accepted), and for an ``lmdb`` table not moved
+    on by another process since."""
+    if plan.base_is_savepoint:
+        return False
+    if plan.base_checkpoint_id is None:
+        return tag == EMPTY
+    if tag != plan.base_checkpoint_id or catch_up_start(tag, lineage, plan) != len(plan.changelog):
+        return False
+    return lmdb is None or read_tag(lmdb) == (tag, lineage) and not lmdb.linked_elsewhere()

@@ -50,6 +50,7 @@ from spate.fs import CheckpointStorage
 from spate.layout import METADATA_FILE
 from spate.report import format_table
 from spate.runtime.local import LocalRunner
+from spate.runtime.restore import StateRecovery
 from spate.runtime.subtask import Subtask
 from spate_tools.campaigns import driver_races
 from spate_tools.campaigns.model_job import OPS, Model, ModelJob
@@ -173,7 +174,7 @@ class FaultInjector:
 
     def install(self) -> None:
         self._wrap(Coordinator, "remove_orphans", before="takeover")
-        self._wrap(Subtask, "_restore", after="restore")
+        self._wrap(StateRecovery, "restore", after="restore")
         self._wrap(Subtask, "_process", after="process")
         self._wrap(PooledWriter, "write", after="segment")
         self._wrap(BatchingUploadScheduler, "_completed", before="upload")

@@ -1,0 +1,115 @@
+"""The checkpoint files one subtask's snapshots write: whole files, or with file merging (FLIP-306) segments of
+its worker's merged files, which are reported to the coordinator with the ack."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spate.checkpoint.metadata import checkpoint_dir, staged_dir
+from spate.checkpoint.protocol import SubtaskPlan
+from spate.filemerging.manager import FileMergingManager, subtask_dir
+from spate.runtime.services import WorkerServices
+from spate.segments import FileRef, SegmentWriter, WholeFileWriter
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.relocate import H, relocate
+
+
+class RecordingWriter:
+    """A segment writer that notes what it wrote in ``written``."""
+
+    def __init__(self, out: SegmentWriter, written: list[FileRef]) -> None:
+        self.out, self.written = out, written
+
+    def write(self, data: bytes) -> FileRef:
+        ref = self.out.write(data)
+        self.written.append(ref)
+        return ref
+
+    def discard(self, ref: FileRef) -> None:
+        self.out.discard(ref)
+
+
+class Relocator:
+    """With file merging: gives a handle's re-written copy if new checkpoints must not reference where it is,
+    else the handle itself. Re-written: segments in another subtask's directory (state restored after a
+    rescale: each subtask owns what it needs), and the files the plan names as not reusable (wasting too much
+    space, or in the private directory of a worker of an earlier run)."""
+
+    def __init__(self, storage: Any, out: SegmentWriter, non_reusable: list[str], own_dir: str) -> None:
+        self.storage, self.out = storage, out
+        self.bad, self.mine = frozenset(non_reusable), own_dir + "/"
+
+    def needed(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
+        other_subtask = h.path.startswith("shared/subtask-") and not h.path.startswith(self.mine)
+        return other_subtask or h.path in self.bad
+
+    def __call__(self, h: H) -> H:
+        return relocate(self.storage, h, self.out) if self.needed(h) else h
+
+
+class SnapshotFiles:
+    """The files subtask ``index`` of ``parallelism`` writes its snapshots to, through its worker's
+    ``services``. With file merging it keeps the segments an attempt wrote until an ack names them: those no ack
+    named (the attempt failed, or a copy was not needed) are given up, so they no longer keep their files in
+    use."""
+
+    def __init__(self, index: int, parallelism: int, services: WorkerServices) -> None:
+        self.index, self.parallelism = index, parallelism
+        self.services = services
+        self.own_dir = subtask_dir(index, parallelism)
+        self._unsynced: list[FileRef] = []  # segments this attempt wrote that no ack named yet
+
+    @property
+    def merging(self) -> FileMergingManager | None:
+        return self.services.merging
+
+    @property
+    def worker(self) -> str | None:
+        """The worker's id with file merging (the ack's ``worker``), else None."""
+        return self.merging.worker_id if self.merging is not None else None
+
+    def begin(self, plan: SubtaskPlan) -> None:
+        """The plan's checkpoint starts: with file merging, its manager learns the base and the open files."""
+        manager = self.merging
+        if manager is None:
+            return
+        self.give_up_unsynced()
+        same_root = plan.base_uri == plan.checkpoint_uri and not plan.base_is_savepoint
+        manager.begin(plan.checkpoint_id, plan.base_checkpoint_id if same_root else None, plan.open_files,
+                      plan.epoch, scope=self.own_dir)
+
+    def writers(self, plan: SubtaskPlan) -> tuple[SegmentWriter, SegmentWriter, SegmentWriter]:
+        """Writers of (keyed snapshots, operator state, staged outputs): segments of merged files, or whole
+        files in the subtask's directory, the checkpoint's directory and the staged-outputs directory."""
+        cp, manager = plan.checkpoint_id, self.merging
+        if manager is not None:
+            private = RecordingWriter(manager.private_writer(cp), self._unsynced)
+            return RecordingWriter(manager.shared_writer(self.index, self.parallelism, cp), self._unsynced), \
+                private, private
+        storage = self.services.storage
+        return (WholeFileWriter(storage, self.own_dir, ".kg", cp),
+                WholeFileWriter(storage, checkpoint_dir(cp), ".op", cp),
+                WholeFileWriter(storage, staged_dir(cp), ".out", cp))
+
+    def relocator(self, plan: SubtaskPlan, out: SegmentWriter) -> Relocator | None:
+        """With file merging, what re-writes the handles the new checkpoint must not reference (to ``out``)."""
+        if self.merging is None:
+            return None
+        return Relocator(self.services.storage, out, plan.non_reusable, self.own_dir)
+
+    def report(self, plan: SubtaskPlan, named: list[FileRef], written: list[FileRef]) -> dict[str, list]:
+        """Once the snapshot is durable: the physical files for the ack (path → [size, still open]). ``named``:
+        every segment the ack references; ``written``: the whole files this snapshot wrote."""
+        manager = self.merging
+        if manager is None:
+            return {ref.path: [ref.length, False] for ref in written}
+        manager.sync(named, plan.checkpoint_id)
+        self.give_up_unsynced(keep=named)
+        return manager.report(plan.checkpoint_id)
+
+    def give_up_unsynced(self, keep: list[FileRef] | None = None) -> None:
+        """Segments written that no ack named (but ``keep``) no longer keep their files in use."""
+        if self.merging is not None:
+            named = set(keep or ())
+            self.merging.settle([ref for ref in self._unsynced if ref not in named])
+        self._unsynced.clear()
