@@ -7,7 +7,7 @@ from typing import Any
 
 from spate.keygroups.hashers import compile_key_hasher
 from spate.keygroups.inference import hash_inferred
-from spate.keygroups.memo import LONG_CACHE, STR_CACHE, long_miss, str_miss
+from spate.keygroups.memo import cached_long_hash, cached_str_hash, long_miss, str_miss
 from spate.keygroups.ranges import MAX_MAX_PARALLELISM, check_max_parallelism
 from spate.keygroups.vectorized import numpy_key_groups
 
@@ -22,10 +22,10 @@ def key_group(key: Any, max_parallelism: int, key_types: Any = None) -> int:
     if key_types is None:  # hashers.hash_dynamic, inlined: one call less per key
         t = type(key)
         if t is int:
-            h = LONG_CACHE.get(key)
+            h = cached_long_hash(key)
             return (long_miss(key) if h is None else h) % max_parallelism
         if t is str:
-            h = STR_CACHE.get(key)
+            h = cached_str_hash(key)
             return (str_miss(key) if h is None else h) % max_parallelism
         h = hash_inferred(key)
         return (h - 0x100000000 if h & 0x80000000 else h) % max_parallelism

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from spate.keygroups.inference import hash_inferred
-from spate.keygroups.memo import LONG_CACHE, MEMO_HASHERS, STR_CACHE, KeyHasher, long_miss, memo_hasher, str_miss
+from spate.keygroups.memo import (
+    MEMO_HASHERS,
+    KeyHasher,
+    cached_long_hash,
+    cached_str_hash,
+    long_miss,
+    memo_hasher,
+    str_miss,
+)
 from spate.keygroups.murmur3 import SEED
 from spate.keygroups.type_names import normalize_key_types, update_for
 from spate.keygroups.updates import Update
@@ -79,10 +87,10 @@ def hash_dynamic(key: Any) -> int:
     """``spark_hash`` without key_types, as a one-argument hasher."""
     t = type(key)
     if t is int:
-        h = LONG_CACHE.get(key)
+        h = cached_long_hash(key)
         return long_miss(key) if h is None else h
     if t is str:
-        h = STR_CACHE.get(key)
+        h = cached_str_hash(key)
         return str_miss(key) if h is None else h
     h = hash_inferred(key)
     return h - 0x100000000 if h & 0x80000000 else h

@@ -20,6 +20,10 @@ _CACHE_MAX_STR_LEN = 256
 LONG_CACHE: dict[int, int] = {}
 INT32_CACHE: dict[int, int] = {}
 STR_CACHE: dict[str, int] = {}
+# The tables' lookups, bound once: a hot path calls them directly (a method call on a name imported from
+# another module would build a bound method per call).
+cached_long_hash = LONG_CACHE.get
+cached_str_hash = STR_CACHE.get
 
 
 def _remember(cache: dict[Any, int], key: Any, unsigned: int) -> int:

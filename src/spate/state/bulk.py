@@ -18,7 +18,7 @@ from spate.serde import encode_keys, packb_many
 from spate.state.keyed import KeyedStateBackend
 from spate.state.keyed_states import IMMUTABLE_TYPES, ValueState, encode_error
 from spate.state.layout import U16, VOID_NAMESPACE_PART
-from spate.state.stored import EXPIRY
+from spate.state.stored import pack_expiry, unpack_expiry
 
 _U16_PACK = U16.pack
 _MAX_KEY_BYTES = 0xFFFF
@@ -101,7 +101,7 @@ class BulkValueState:
         out = []
         for raw in raws:
             if raw is not None and ttl:
-                raw = raw[8:] if EXPIRY.unpack_from(raw)[0] > now else None
+                raw = raw[8:] if unpack_expiry(raw)[0] > now else None
             if raw is None:
                 out.append(copy.deepcopy(default) if self._copy_default else default)
             else:
@@ -114,7 +114,7 @@ class BulkValueState:
         values = _plain_values(values)
         if len(values) != len(primaries):
             raise ValueError(f"put_many on state {self.name!r}: {len(values)} values for {len(primaries)} keys")
-        expiry = EXPIRY.pack(self._b.now_ms + self._ttl) if self._ttl else b""
+        expiry = pack_expiry(self._b.now_ms + self._ttl) if self._ttl else b""
         cleared = [i for i, v in enumerate(values) if v is None]
         for i in cleared:
             self._table.delete(kgs[i], primaries[i])

@@ -27,7 +27,7 @@ from spate.state.keyed_states import (
     ValueState,
 )
 from spate.state.layout import VOID_NAMESPACE_PART, split_primary
-from spate.state.stored import EXPIRY, LENGTH, StateMeta, decode_list, decode_stored, live_list
+from spate.state.stored import EXPIRY, LENGTH, StateMeta, decode_list, decode_stored, live_list, unpack_expiry
 from spate.state.table import StateTable
 from spate.state.timers import RESERVED_SIDS, TimerService
 
@@ -143,7 +143,7 @@ class KeyedStateBackend(KeyScope):
         now = self.now_ms
         if meta.kind == d.LIST:
             return lambda raw: live_list(raw, now)
-        return lambda raw: raw if EXPIRY.unpack_from(raw)[0] > now else None
+        return lambda raw: raw if unpack_expiry(raw)[0] > now else None
 
     def keys(self, descriptor: d.StateDescriptor, namespace: Any = None) -> Iterator[Any]:
         """Every key that has a value in the given state (and namespace) in this subtask."""

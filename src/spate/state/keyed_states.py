@@ -15,7 +15,7 @@ from spate.serde import Serializer, decode_key, encode_key
 from spate.state import descriptors as d
 from spate.state.key_scope import KeyScope
 from spate.state.layout import U16, VOID_NAMESPACE_PART, length_prefixed
-from spate.state.stored import EXPIRY, LENGTH, StateMeta, decode_list
+from spate.state.stored import StateMeta, decode_list, pack_expiry, pack_length, unpack_expiry
 
 IMMUTABLE_TYPES = (type(None), bool, int, float, str, bytes, tuple)  # a default of these is not copied
 
@@ -68,14 +68,14 @@ class KeyedState:
         except Exception as e:  # noqa: BLE001
             raise encode_error(self, value, e) from e
         if self._ttl:
-            return EXPIRY.pack(self._b.now_ms + self._ttl) + data
+            return pack_expiry(self._b.now_ms + self._ttl) + data
         return data
 
     def _loads(self, raw: bytes | None) -> tuple[bool, Any]:
         if raw is None:
             return False, None
         if self._ttl:
-            if EXPIRY.unpack_from(raw)[0] <= self._b.now_ms:
+            if unpack_expiry(raw)[0] <= self._b.now_ms:
                 return False, None
             raw = raw[8:]
         return True, self._ser.loads(raw)
@@ -134,7 +134,7 @@ class ValueState(KeyedState):
         except Exception as e:  # noqa: BLE001
             raise encode_error(self, value, e) from e
         if self._ttl:
-            data = EXPIRY.pack(b.now_ms + self._ttl) + data
+            data = pack_expiry(b.now_ms + self._ttl) + data
         self._table.put(b._kg, self._sid + b._key_part + self._ns_part, data)
         b.dirty = True
 
@@ -145,8 +145,8 @@ class ListState(KeyedState):
     def _element(self, value: Any) -> bytes:
         data = self._dumps(value)
         if self._ttl:
-            return data[:8] + LENGTH.pack(len(data) - 8) + data[8:]
-        return LENGTH.pack(len(data)) + data
+            return data[:8] + pack_length(len(data) - 8) + data[8:]
+        return pack_length(len(data)) + data
 
     def _decode(self, raw: bytes) -> list[Any]:
         return decode_list(raw, bool(self._ttl), self._b.now_ms, self._ser.loads)

@@ -17,6 +17,11 @@ from spate.state import descriptors as d
 
 EXPIRY = struct.Struct(">Q")  # a TTL'd value's expiry time (ms), before its data
 LENGTH = struct.Struct(">I")  # a list element's length, before its data
+# Bound once: hot paths in other modules call them directly (a method call on a name imported from another
+# module would build a bound method per call).
+pack_expiry = EXPIRY.pack
+unpack_expiry = EXPIRY.unpack_from
+pack_length = LENGTH.pack
 
 
 @dataclass(frozen=True)
