@@ -385,15 +385,15 @@ def _open_elsewhere_while_locked(path, holder) -> str:
 def test_lmdb_restores_keep_the_digest_current_without_rereading_the_table(tmp_path, monkeypatch):
     """A restore replays many change sets into lmdb: each bulk write updates the table's digest from the values
     it replaces instead of re-reading the whole table at the next commit, and the digest stays right."""
-    from spate.state import lmdb_table
+    from spate.state import lmdb_writer
 
     table = LmdbTable(str(tmp_path / "t"))
     table.put(3, b"k1", b"v1")
     table.put(3, b"k2", b"v2")
     table.commit()
     full_scans = []
-    original = lmdb_table._table_digest
-    monkeypatch.setattr(lmdb_table, "_table_digest", lambda txn: full_scans.append(1) or original(txn))
+    original = lmdb_writer.table_digest
+    monkeypatch.setattr(lmdb_writer, "table_digest", lambda txn: full_scans.append(1) or original(txn))
     for n in range(5):
         table.restore_key_group(3, [b"k1", f"new{n}".encode(), f"k{n + 3}".encode(), b"x"], frozenset())
         table.put(4, f"other{n}".encode(), b"y")

@@ -15,8 +15,10 @@ from typing import Any, Protocol
 from spate.errors import InvalidKeyError, short_repr
 from spate.keygroups import normalize_key
 from spate.serde import encode_keys, packb_many
-from spate.state.keyed import _EXP, _IMMUTABLE, VOID_NAMESPACE_PART, KeyedStateBackend, ValueState, _encode_error
-from spate.state.layout import U16
+from spate.state.keyed import KeyedStateBackend
+from spate.state.keyed_states import IMMUTABLE_TYPES, ValueState, encode_error
+from spate.state.layout import U16, VOID_NAMESPACE_PART
+from spate.state.stored import pack_expiry, unpack_expiry
 
 _U16_PACK = U16.pack
 _MAX_KEY_BYTES = 0xFFFF
@@ -46,7 +48,7 @@ class BulkValueState:
         self._sid = state._sid
         self._ttl = state._ttl
         self._default = state.descriptor.default  # type: ignore[attr-defined]
-        self._copy_default = not isinstance(self._default, _IMMUTABLE)
+        self._copy_default = not isinstance(self._default, IMMUTABLE_TYPES)
         self._last: tuple[Any, Sequence[int], list[bytes]] | None = None  # the last keys and their primaries
 
     @property
@@ -99,7 +101,7 @@ class BulkValueState:
         out = []
         for raw in raws:
             if raw is not None and ttl:
-                raw = raw[8:] if _EXP.unpack_from(raw)[0] > now else None
+                raw = raw[8:] if unpack_expiry(raw)[0] > now else None
             if raw is None:
                 out.append(copy.deepcopy(default) if self._copy_default else default)
             else:
@@ -112,7 +114,7 @@ class BulkValueState:
         values = _plain_values(values)
         if len(values) != len(primaries):
             raise ValueError(f"put_many on state {self.name!r}: {len(values)} values for {len(primaries)} keys")
-        expiry = _EXP.pack(self._b.now_ms + self._ttl) if self._ttl else b""
+        expiry = pack_expiry(self._b.now_ms + self._ttl) if self._ttl else b""
         cleared = [i for i, v in enumerate(values) if v is None]
         for i in cleared:
             self._table.delete(kgs[i], primaries[i])
@@ -136,7 +138,7 @@ class BulkValueState:
                 try:
                     self._state._pack(value)
                 except Exception as e:  # noqa: BLE001
-                    raise _encode_error(self._state, value, e) from e
+                    raise encode_error(self._state, value, e) from e
             raise
 
     def clear_many(self, keys: KeySet | Sequence[Any]) -> None:

@@ -40,3 +40,6 @@ def split_primary(primary: bytes) -> tuple[int, bytes, bytes]:
     key = primary[4:4 + klen]
     nslen = U16.unpack_from(primary, 4 + klen)[0]
     return sid, key, primary[6 + klen:6 + klen + nslen]
+
+
+VOID_NAMESPACE_PART = length_prefixed(b"")  # the namespace part of a primary in the default namespace

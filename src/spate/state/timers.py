@@ -10,13 +10,11 @@ from __future__ import annotations
 import heapq
 import struct
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spate.serde import decode_key, encode_key
+from spate.state.key_scope import KeyScope
 from spate.state.layout import U16, length_prefixed, split_primary
-
-if TYPE_CHECKING:
-    from spate.state.keyed import KeyedStateBackend
 
 EVENT_TIME = "event"
 PROCESSING_TIME = "processing"
@@ -33,7 +31,7 @@ def _ts_bytes(ts: int) -> bytes:
 class TimerService:
     """Register, delete, list and fire timers of one subtask."""
 
-    def __init__(self, backend: KeyedStateBackend) -> None:
+    def __init__(self, backend: KeyScope) -> None:
         self._b = backend
         self._prefix = {dom: U16.pack(sid) for dom, sid in TIMER_SIDS.items()}
         self._heaps: dict[str, list[tuple[int, int, bytes]]] = {dom: [] for dom in TIMER_SIDS}
