@@ -111,3 +111,44 @@ def test_imports_follow_the_layers():
     stale = [pair for pair in EXCEPTIONS if pair[1] not in _imports(modules[pair[0]])]
     assert not stale, f"no longer imported, drop these exceptions: {stale}"
 
+
+
+def _resolve(target: str, modules: dict[str, Path]) -> str | None:
+    """The module ``target`` names, or its package (``from spate.x import y`` where ``y`` is a name)."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {m: {t for t in (_resolve(x, modules) for x in _imports(p)) if t and t != m}
+             for m, p in modules.items()}
+    packages = {m for m, p in modules.items() if p.name == "__init__.py"}
+    cycles, state = [], dict.fromkeys(graph, 0)  # 0 unseen, 1 on the path, 2 done
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(graph[m] - packages):  # a package's __init__ re-exports: importing it is not a cycle
+            if state[t] == 1:
+                cycles.append(path[path.index(t):] + [t] if t in path else [m, t])
+            elif state[t] == 0:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if state[m] == 0:
+            visit(m, [m])
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_product_module_is_over_500_lines():
+    long = {m: n for m, p in _modules().items()
+            if m.split(".")[0] == "spate" and (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"split these along their seams (docs/architecture.md): {long}"
+
+
+def test_the_architecture_doc_names_every_layer():
+    doc = (SRC.parent / "docs" / "architecture.md").read_text()
+    missing = [name for row in LAYERS for name in row if f"`{name.removeprefix('tools.')}`" not in doc]
+    assert not missing, f"docs/architecture.md does not name these layers of LAYERS: {missing}"

@@ -1,8 +1,8 @@
-"""The cache of verified checkpoint-file spans is bounded and owned by whoever holds the storage."""
+"""The cache of verified checkpoint-file spans is bounded and owned by the worker's services."""
 
 from __future__ import annotations
 
-from spate.fs import CheckpointStorage
+from spate.runtime.services import WorkerServices
 from spate.snapshot.verify import VerifiedSpans
 
 
@@ -16,8 +16,12 @@ def test_verified_spans_are_bounded_least_recently_used_first():
     assert len(spans) == 2 and a in spans and c in spans and b not in spans
 
 
-def test_verified_spans_belong_to_one_storage_object(tmp_path):
-    first, second = CheckpointStorage(str(tmp_path)), CheckpointStorage(str(tmp_path))
-    VerifiedSpans.of(first).add(("p", 0, 0, 1))
-    assert ("p", 0, 0, 1) in VerifiedSpans.of(first)
-    assert ("p", 0, 0, 1) not in VerifiedSpans.of(second), "a later owner of the root starts afresh"
+def test_verified_spans_belong_to_one_owner_of_one_root(tmp_path):
+    root, savepoint = str(tmp_path / "root"), str(tmp_path / "savepoint")
+    first, second = WorkerServices(root), WorkerServices(root)
+    first.verified_spans(root).add(("p", 0, 0, 1))
+    assert ("p", 0, 0, 1) in first.verified_spans(root)
+    assert ("p", 0, 0, 1) not in first.verified_spans(savepoint), "the same path in another root is another file"
+    assert ("p", 0, 0, 1) not in second.verified_spans(root), "a later owner of the root starts afresh"
+    first.close()
+    second.close()

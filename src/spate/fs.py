@@ -9,8 +9,7 @@ implementation per kind of file system, as pyiceberg's ``FileIO`` has.
 
 ``CheckpointStorage(uri)`` (or ``storage_for(uri)``, cached per process) picks the implementation for the URI.
 Paths handed to a storage are relative to its root and validated so that nothing read from metadata can point
-outside the root. The frame format spate files are made of is :mod:`spate.frames`; ``FrameKind``, ``frame`` and
-``read_span_frames`` are re-exported here for the modules that still import them from this one.
+outside the root. The frame format spate files are made of is :mod:`spate.frames`.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from spate.errors import CheckpointError, CorruptFileError, MissingFileError
-from spate.frames import FrameKind, frame, read_span_frames  # noqa: F401 - re-exported for the coordinator and verify
 from spate.layout import is_marker, is_spate_dir, is_spate_file, temporary_path
 from spate.objectstore import put_if_absent
 

@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import logging
 
-from spate.checkpoint.epochs import EPOCHS_DIR, EpochLog
+from spate.checkpoint.epochs import EpochLog
 from spate.checkpoint.janitor import Janitor
-from spate.checkpoint.metadata import (
+from spate.checkpoint.metadata import CheckpointMetadata
+from spate.fs import CheckpointStorage
+from spate.layout import (
+    CHANGELOG_DIR,
     DELIVERED_FILE,
+    EPOCHS_DIR,
     METADATA_FILE,
     QUERY_FILE,
-    CheckpointMetadata,
+    SAVEPOINTS_DIR,
     delivered_path,
+    in_shared_or_worker_dir,
+    is_engine_owned,
+    is_spate_file,
     metadata_path,
+    subtask_dir,
+    worker_dir,
 )
-from spate.filemerging.manager import subtask_dir, worker_dir
-from spate.fs import CheckpointStorage
-from spate.layout import is_engine_owned, is_spate_file
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +35,7 @@ log = logging.getLogger(__name__)
 def live_dirs(parallelism: int, live_workers: set[str]) -> set[str]:
     """Directories a running worker may write to: this parallelism's subtask directories, the change-file
     directory without merging, and the private directories of the workers of the latest checkpoint."""
-    live = {subtask_dir(i, parallelism) for i in range(parallelism)} | {"shared/changelog"}
+    live = {subtask_dir(i, parallelism) for i in range(parallelism)} | {CHANGELOG_DIR}
     return live | {worker_dir(w) for w in live_workers}
 
 
@@ -55,7 +61,7 @@ class RootCleanup:
         orphans, kept = [], []
         for f in self.storage.stat_files():
             rel = f.path
-            if rel in markers or rel.startswith(("savepoints/", EPOCHS_DIR + "/")) or is_engine_owned(rel):
+            if rel in markers or rel.startswith((SAVEPOINTS_DIR + "/", EPOCHS_DIR + "/")) or is_engine_owned(rel):
                 continue
             if rel in referenced:
                 kept.append((rel, f.size))
@@ -84,6 +90,6 @@ class RootCleanup:
         if not self.storage.is_local:
             return
         for d in dict.fromkeys(candidates):
-            managed = d.startswith(("shared/", "taskowned/"))
+            managed = in_shared_or_worker_dir(d)
             if managed and d not in live and d not in in_use and not any(u.startswith(d + "/") for u in in_use):
                 self.janitor.remove_empty_dirs(d)

@@ -28,19 +28,16 @@ from spate.checkpoint.delivery import SinkDelivery
 from spate.checkpoint.discovery import list_complete_checkpoints
 from spate.checkpoint.epochs import EpochLog
 from spate.checkpoint.janitor import Janitor
-from spate.checkpoint.metadata import (
-    CheckpointMetadata,
-    QueryInfo,
-    metadata_path,
-)
+from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.checkpoint.savepoint import take_savepoint
 from spate.checkpoint.takeover import TakeOver
 from spate.errors import CheckpointError, FencedError, naming_disk_full
-from spate.filemerging.manager import in_grant_scope, subtask_dir, worker_dir
+from spate.filemerging.manager import in_grant_scope
 from spate.filemerging.registry import FileRegistry
 from spate.fs import CheckpointStorage
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
+from spate.layout import in_worker_dir, metadata_path, subtask_dir, worker_dir
 
 __all__ = ["DEFAULT_RETAINED", "Coordinator", "list_complete_checkpoints"]
 
@@ -91,7 +88,7 @@ class Coordinator:
         self.janitor = Janitor(self.storage)
         self.cleanup = RootCleanup(self.storage, self.janitor)
         self.delivery = SinkDelivery(self.storage, self.take_over)
-        self.registry = FileRegistry(self._discard, max_space_amplification)
+        self.registry = FileRegistry(self.janitor.discard, max_space_amplification)
         self.live_workers: set[str] = set()
         self.run_workers: set[str] = set()  # every worker whose ack a checkpoint of this driver's run holds
 
@@ -115,7 +112,7 @@ class Coordinator:
         self.completed, savepoint = resumed.completed, resumed.savepoint
         for meta in self.completed:
             self._register(meta)
-        for rel, size in self.remove_orphans():
+        for rel, size in self.cleanup.remove_orphans(self.completed, self.epochs, self.query.epoch):
             self.registry.track(rel, size)
         self.base = self.completed[-1] if self.completed else savepoint
         self._base_storage = self.storage if self.completed or savepoint is None else \
@@ -126,12 +123,6 @@ class Coordinator:
     def _register(self, meta: CheckpointMetadata) -> None:
         for ref in meta.segments():
             self.registry.register(ref, meta.checkpoint_id)
-
-    def remove_orphans(self) -> list[tuple[str, int]]:
-        """Delete the orphan files under the root (:meth:`RootCleanup.remove_orphans`); returns the referenced
-        state files that remain, with their sizes."""
-        assert self.query is not None
-        return self.cleanup.remove_orphans(self.completed, self.epochs, self.query.epoch)
 
     # -- one checkpoint -------------------------------------------------------------------------------
     @property
@@ -205,7 +196,7 @@ class Coordinator:
         if self.base is None or self.base.parallelism == self.parallelism:
             return []
         mine = tuple(worker_dir(w) + "/" for w in self.run_workers)
-        return sorted({h.path for h in handles if h.path.startswith("taskowned/") and not h.path.startswith(mine)})
+        return sorted({h.path for h in handles if in_worker_dir(h.path) and not h.path.startswith(mine)})
 
     def acknowledge(self, ack: SubtaskAck) -> bool:
         """Accept the first ack of each subtask for the pending checkpoint; refuse any other. The files a
@@ -295,19 +286,8 @@ class Coordinator:
 
     def _subsume(self) -> list[str]:
         while len(self.completed) > self.retained:
-            self._drop_checkpoint(self.completed.pop(0).checkpoint_id)
+            self.janitor.drop_checkpoint(self.completed.pop(0).checkpoint_id)
         return self.registry.unregister_unused(self.completed[0].checkpoint_id)
-
-    # The crash campaign (spate.fuzz) kills the driver right after these steps, found by name on this class.
-    def _drop_checkpoint(self, checkpoint_id: int) -> None:
-        self.janitor.drop_checkpoint(checkpoint_id)
-
-    def _discard(self, rel: str) -> None:
-        """The file registry's discard callback: the janitor deletes ``rel`` in the background."""
-        self.janitor.discard(rel, self._delete)
-
-    def _delete(self, rel: str) -> None:
-        self.janitor.delete_file(rel)
 
     def _sweep(self, paths: list[str]) -> None:
         """Delete those of ``paths`` that nothing references and no worker appends to."""

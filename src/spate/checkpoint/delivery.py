@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from spate.checkpoint.metadata import DELIVERED_FILE, CheckpointMetadata, delivered_path, read_delivered
+from spate.checkpoint.metadata import CheckpointMetadata, read_delivered
 from spate.checkpoint.takeover import TakeOver
 from spate.errors import naming_disk_full
-from spate.fs import CheckpointStorage, FrameKind, frame
+from spate.frames import FrameKind, frame
+from spate.fs import CheckpointStorage
+from spate.layout import DELIVERED_FILE, delivered_path
 from spate.snapshot.outputs import read_outputs
 
 

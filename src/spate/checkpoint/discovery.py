@@ -3,20 +3,18 @@ of them count under the fencing epochs' seals (:mod:`spate.checkpoint.epochs`)."
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from spate.checkpoint.epochs import EpochLog, EpochState
-from spate.checkpoint.metadata import CheckpointMetadata, metadata_path, read_metadata
+from spate.checkpoint.metadata import CheckpointMetadata, read_metadata
 from spate.errors import MissingFileError
 from spate.fs import CheckpointStorage
-
-_CHK = re.compile(r"^chk-(\d+)$")
+from spate.layout import checkpoint_id_of, metadata_path
 
 
 def metadata_ids(storage: CheckpointStorage) -> list[int]:
     """Ids of every ``chk-<n>`` directory holding a metadata file, ascending (not yet verified)."""
-    ids = [int(m.group(1)) for name in storage.list_dirs() if (m := _CHK.match(name))]
+    ids = [n for name in storage.list_dirs() if (n := checkpoint_id_of(name)) is not None]
     return sorted(n for n in ids if storage.exists(metadata_path(n)))
 
 

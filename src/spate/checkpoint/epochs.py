@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from spate.errors import CorruptFileError, FencedError
 from spate.frames import FrameKind, frame, read_single_frame
 from spate.fs import CheckpointStorage
-from spate.layout import (  # the coordinator imports EPOCHS_DIR from here
+from spate.layout import (
     COMPLETED_SUFFIX,
     EPOCHS_DIR,
     SEAL_SUFFIX,

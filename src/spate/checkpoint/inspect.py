@@ -23,10 +23,9 @@ from spate.snapshot.operator import read_operator_piece
 from spate.snapshot.outputs import read_outputs
 from spate.state.descriptors import LIST
 from spate.state.heap import HeapTable
-from spate.state.keyed import _EXP as EXPIRY
-from spate.state.keyed import _LEN as LENGTH
 from spate.state.keyed import KeyedStateBackend, StateMeta, decode_stored
 from spate.state.layout import U16, split_primary
+from spate.state.stored import EXPIRY, LENGTH
 from spate.state.timers import TIMER_SIDS
 
 

@@ -19,9 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from spate.checkpoint.metadata import checkpoint_dir, metadata_path, staged_dir
 from spate.fs import CheckpointStorage
-from spate.layout import is_spate_file
+from spate.layout import checkpoint_dir, is_spate_file, metadata_path, staged_dir
 
 log = logging.getLogger(__name__)
 QUEUE_SIZE = 1024  # deletions waiting for the worker before a submitter waits for room
@@ -44,11 +43,10 @@ class Janitor:
         self._closed = False
 
     # -- what gets deleted ----------------------------------------------------------------------------
-    def discard(self, rel: str, delete: Callable[[str], None] | None = None) -> None:
-        """Delete a physical file no retained checkpoint needs, with ``delete`` (default
-        :meth:`delete_file`)."""
+    def discard(self, rel: str) -> None:
+        """Delete a physical file no retained checkpoint needs, in the background (:meth:`delete_file`)."""
         self._count(1)
-        self._submit(delete or self.delete_file, rel)
+        self._submit(self.delete_file, rel)
 
     def drop_checkpoint(self, checkpoint_id: int) -> None:
         """Delete a subsumed checkpoint: its metadata now (from then on it is not complete, whatever happens

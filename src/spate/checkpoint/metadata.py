@@ -10,16 +10,9 @@ from spate.checkpoint.ackinfo import ACK_INFO_FIELDS, AckInfo, ack_info_from_sta
 from spate.errors import CorruptFileError
 from spate.frames import FrameKind, frame, read_single_frame
 from spate.fs import CheckpointStorage
-
-# the names of checkpoint metadata, re-exported for the modules that still import them from here
-from spate.layout import (  # noqa: F401
+from spate.layout import (
     DELIVERED_FILE,
-    METADATA_FILE,
     QUERY_FILE,
-    checkpoint_dir,
-    delivered_path,
-    metadata_path,
-    staged_dir,
 )
 from spate.segments import FileRef
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from spate.checkpoint.discovery import Discovery, discover, metadata_ids, written_by
 from spate.checkpoint.epochs import EpochLog, EpochState, Seal
-from spate.checkpoint.metadata import METADATA_FILE, QUERY_FILE, CheckpointMetadata, QueryInfo, read_metadata
+from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo, read_metadata
 from spate.errors import CheckpointError, CorruptFileError, FencedError, IncompatibleStateError
 from spate.fs import CheckpointStorage
 from spate.keygroups import default_max_parallelism
+from spate.layout import METADATA_FILE, QUERY_FILE, SAVEPOINTS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class TakeOver:
         if metadata_ids(self.storage):
             raise CheckpointError(f"{self.storage.path(QUERY_FILE)} is missing but checkpoints exist; the root is "
                                   "damaged: restore it from a backup, or restore a savepoint into a new root")
-        foreign = [e for e in entries if not e.startswith("_") and e != "savepoints"]
+        foreign = [e for e in entries if not e.startswith("_") and e != SAVEPOINTS_DIR]
         if foreign:
             shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
             raise CheckpointError(f"{self.storage.uri} is not empty and is not a spate checkpoint root (no "

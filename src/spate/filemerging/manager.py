@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable
 from spate.errors import CheckpointError, naming_disk_full
 from spate.filemerging.config import FileMergingConfig
 from spate.fs import CheckpointStorage
-from spate.layout import (  # subtask_dir, worker_dir: also imported from here by the coordinator and the subtask
+from spate.layout import (
     SEGMENT_FILE_SUFFIX,
     data_file,
     in_worker_dir,

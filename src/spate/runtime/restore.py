@@ -207,7 +207,8 @@ class StateRecovery:
         if not state.carried:
             return
         assert state.clog is not None and plan.base_uri is not None
-        problems = verify_handles(self.services.storage_of(plan.base_uri), state.carried, self._context(plan))
+        problems = verify_handles(self.services.storage_of(plan.base_uri), state.carried,
+                                  self.services.verified_spans(plan.base_uri), self._context(plan))
         if problems:
             log.warning("subtask %d: checkpoint files its local state references are damaged (%s); materializing "
                         "the local state anew instead of referencing them", self.index, "; ".join(problems))

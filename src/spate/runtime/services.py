@@ -16,6 +16,7 @@ from spate.changelog.upload import BatchingUploadScheduler
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import FileMergingManager
 from spate.fs import CheckpointStorage
+from spate.snapshot.verify import VerifiedSpans
 from spate.state.overlay import SharedReaders
 
 MATERIALIZER_THREADS = 2  # materializations of one worker's subtasks that run at once
@@ -43,6 +44,7 @@ class WorkerServices:
             self.scheduler = BatchingUploadScheduler(self.storage, changelog.upload, segments)
             self.materializers = ThreadPoolExecutor(MATERIALIZER_THREADS, thread_name_prefix="spate-materialize")
         self._read_only: dict[str, CheckpointStorage] = {}
+        self._verified: dict[str, VerifiedSpans] = {}  # per checkpoint URI read: spans checked (bounded each)
         self.trusted_local: set[str] = set()  # local lmdb directories this worker wrote or checked (digest)
         # read-only lmdb files open in this worker (bases of rescaled tables); lmdb opens a file once per process,
         # so workers simulated in one process pass one
@@ -61,6 +63,14 @@ class WorkerServices:
         if storage is None:
             storage = self._read_only[uri] = CheckpointStorage(uri)
         return storage
+
+    def verified_spans(self, uri: str) -> VerifiedSpans:
+        """The spans of ``uri``'s files this worker checked already (:func:`~spate.snapshot.verify.verify_handles`):
+        each is read once while remembered."""
+        spans = self._verified.get(uri)
+        if spans is None:
+            spans = self._verified[uri] = VerifiedSpans()
+        return spans
 
     def checkpoint_completed(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` of this root completed (a driver in this process learned it)."""

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from spate.checkpoint.metadata import checkpoint_dir, staged_dir
 from spate.checkpoint.protocol import SubtaskPlan
-from spate.filemerging.manager import FileMergingManager, subtask_dir
+from spate.filemerging.manager import FileMergingManager
+from spate.layout import (
+    KEY_GROUPS_SUFFIX,
+    OPERATOR_STATE_SUFFIX,
+    STAGED_OUTPUTS_SUFFIX,
+    checkpoint_dir,
+    in_subtask_dir,
+    staged_dir,
+    subtask_dir,
+)
 from spate.runtime.services import WorkerServices
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
@@ -40,7 +48,7 @@ class Relocator:
         self.bad, self.mine = frozenset(non_reusable), own_dir + "/"
 
     def needed(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
-        other_subtask = h.path.startswith("shared/subtask-") and not h.path.startswith(self.mine)
+        other_subtask = in_subtask_dir(h.path) and not h.path.startswith(self.mine)
         return other_subtask or h.path in self.bad
 
     def __call__(self, h: H) -> H:
@@ -87,9 +95,9 @@ class SnapshotFiles:
             return RecordingWriter(manager.shared_writer(self.index, self.parallelism, cp), self._unsynced), \
                 private, private
         storage = self.services.storage
-        return (WholeFileWriter(storage, self.own_dir, ".kg", cp),
-                WholeFileWriter(storage, checkpoint_dir(cp), ".op", cp),
-                WholeFileWriter(storage, staged_dir(cp), ".out", cp))
+        return (WholeFileWriter(storage, self.own_dir, KEY_GROUPS_SUFFIX, cp),
+                WholeFileWriter(storage, checkpoint_dir(cp), OPERATOR_STATE_SUFFIX, cp),
+                WholeFileWriter(storage, staged_dir(cp), STAGED_OUTPUTS_SUFFIX, cp))
 
     def relocator(self, plan: SubtaskPlan, out: SegmentWriter) -> Relocator | None:
         """With file merging, what re-writes the handles the new checkpoint must not reference (to ``out``)."""

@@ -15,12 +15,12 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from spate.errors import SpateError
-from spate.fs import CheckpointStorage, FrameKind, read_span_frames
+from spate.frames import FrameKind, read_span_frames
+from spate.fs import CheckpointStorage
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 
 Span = tuple[str, int, int, int]  # path, file offset, offset, length
 DEFAULT_CAPACITY = 65536  # spans remembered per storage
-_ATTRIBUTE = "verified_spans"
 
 
 class VerifiedSpans:
@@ -51,22 +51,12 @@ class VerifiedSpans:
             while len(self._spans) > self.capacity:
                 self._spans.popitem(last=False)
 
-    @staticmethod
-    def of(storage: CheckpointStorage) -> VerifiedSpans:
-        """The spans verified of ``storage``, kept with that storage object: it lives as long as its owner
-        (a worker's services) keeps the storage, and a later owner starts afresh."""
-        cache = vars(storage).setdefault(_ATTRIBUTE, VerifiedSpans())
-        assert isinstance(cache, VerifiedSpans)
-        return cache
-
 
 def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyGroupsHandle | ChangeSetHandle],
-                   context: str = "", verified: VerifiedSpans | None = None) -> list[str]:
-    """Read every frame of each handle's span not in ``verified`` yet (default: the spans verified of
-    ``storage``, :meth:`VerifiedSpans.of`) and check its checksum and kind; returns the problems found (empty:
-    every referenced byte is intact). The intact spans are added to ``verified``."""
-    if verified is None:
-        verified = VerifiedSpans.of(storage)
+                   verified: VerifiedSpans, context: str = "") -> list[str]:
+    """Read every frame of each handle's span not in ``verified`` (the spans of ``storage`` checked before, kept
+    by the worker's services) and check its checksum and kind; returns the problems found (empty: every
+    referenced byte is intact). The intact spans are added to ``verified``."""
     problems = []
     for handle in handles:
         if not handle.offsets:

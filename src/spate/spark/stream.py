@@ -1,26 +1,21 @@
 """``StatefulStream``: a spate processor over a streaming DataFrame, started as a real ``StreamingQuery``.
 
-Per micro-batch (``foreachBatch(df, n)`` on the driver): the coordinator plans checkpoint n; the JVM computes
-every row's key group with Spark's ``hash()`` and its subtask; one heartbeat row per subtask is added so every
-subtask runs; ``repartition(P)`` on a routing value sends subtask i's rows to partition i
-(:mod:`spate.spark.routing`: exactly P tasks, whatever AQE and ``spark.sql.shuffle.partitions`` say); each
-partition is zipped with its subtask's plan, preferring the executor that holds the subtask's state
-(:mod:`spate.spark.placement`), and a Python task runs the subtask once (:mod:`spate.spark.task`); the small
-acks come back to the driver in the same job, the coordinator completes checkpoint n, and only then does the
-sink get the batch's outputs (already staged in the checkpoint: a crash before the sink finished re-delivers
-them with the same batch id). A batch Spark replays after checkpoint n completed is not processed again.
+Per micro-batch (``foreachBatch(df, n)`` on the driver) the :class:`~spate.runtime.query.QueryDriver` plans
+checkpoint n, the batch's one Spark job runs every subtask where its state lives and collects the acks
+(:mod:`spate.spark.subtask_job`), the coordinator completes checkpoint n, and only then does the sink get the
+batch's outputs (already staged in the checkpoint: a crash before the sink finished re-delivers them with the
+same batch id). A batch Spark replays after checkpoint n completed is not processed again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,10 +33,9 @@ from spate.runtime.query import QueryDriver
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
-from spate.spark.placement import Placement, alive_executors, placed_batch
+from spate.spark.placement import Placement
 from spate.spark.progress import BatchFigures, ProgressListener, SpateProgress
 from spate.spark.python_worker import PythonWorkerConf, arrow_schema
-from spate.spark.routing import routing_values
 from spate.spark.settings import SpateSettings
 from spate.spark.spark_checkpoint import (
     SPARK_CHECKPOINT_DIR,  # noqa: F401  (re-exported)
@@ -51,15 +45,7 @@ from spate.spark.spark_checkpoint import (
     open_spark_checkpoint,
 )
 from spate.spark.staged import staged_outputs_frame
-from spate.spark.task import (
-    HEARTBEAT_COLUMN,
-    INITIAL_COLUMN,
-    KG_COLUMN,
-    ROUTE_COLUMN,
-    SUBTASK_COLUMN,
-    TaskSpec,
-    run_partition,
-)
+from spate.spark.subtask_job import JobCounter, SubtaskJob, initial_state_of
 from spate.spark.ticks import AVAILABLE_NOW, TICK_COLUMN, WakeFile, no_data_batches_enabled, tick_stream
 from spate.spark.tws_handle import declared_states
 
@@ -137,7 +123,7 @@ class StatefulStream:
         self.idle_batches = idle_batches
         self._idle = IdleBatches.of(processor) if isinstance(processor, (Processor, type)) else IdleBatches()
         self._wake: WakeFile | None = None
-        self.initial_state = _initial_state(initial_state, self.key_columns)
+        self.initial_state = initial_state_of(initial_state, self.key_columns)
         schema = _parse_datatype_string(output_schema) if isinstance(output_schema, str) else output_schema
         if not isinstance(schema, StructType):
             raise TypeError(f"output_schema must be a StructType or a DDL string, got {output_schema!r}")
@@ -158,6 +144,8 @@ class StatefulStream:
         self._progress = ProgressListener(self.figures)
         self.redelivered: list[int] = []
         self.placement = Placement()  # where each subtask's state lives, learned from the acks
+        self._job = SubtaskJob(self.spark, self.key_columns, self.factory, self.arrow_output_schema,
+                               self.initial_state, self.placement)
         self._deliver_ms = 0.0  # the last sink call's
         self.query: Any = None  # the StreamingQuery, once started
         self._autoscale_policy = autoscale
@@ -243,7 +231,7 @@ class StatefulStream:
         self._driver = driver = QueryDriver(self._settings)
         try:
             batch_id = driver.next_batch_id
-            driver.run_batch(batch_id, lambda plans: self._run_subtasks(
+            driver.run_batch(batch_id, lambda plans: self._run_job(
                 batch_df, batch_id, [json.dumps(plan.to_dict()).encode() for plan in plans]))
             driver.savepoint(savepoint_to)
         finally:
@@ -356,7 +344,7 @@ class StatefulStream:
             self.figures.add(SpateProgress(batch_id, batch_ms=round(self.metrics[-1].batch_ms, 3), replayed=True))
             return
         driver.apply_rescale(batch_id)
-        jobs = _JobCounter(self.spark.sparkContext)  # the query's own job group: stop() cancels these jobs
+        jobs = JobCounter(self.spark.sparkContext)  # the query's own job group: stop() cancels these jobs
         sent: list[bytes] = []
         spark: dict[str, int] = {}
 
@@ -364,7 +352,7 @@ class StatefulStream:
             job_started = time.perf_counter()
             sent.extend(json.dumps(plan.to_dict()).encode() for plan in plans)
             fresh = plans[0].base_checkpoint_id is None  # a new query: the initial state goes in
-            acks = self._run_subtasks(batch_df, batch_id, sent, with_initial=fresh)
+            acks = self._run_job(batch_df, batch_id, sent, with_initial=fresh)
             spark.update(jobs=jobs.since(), tasks=jobs.last_stage_tasks(),
                          job_us=int((time.perf_counter() - job_started) * 1e6))
             return acks
@@ -392,68 +380,13 @@ class StatefulStream:
                             deliver_ms=m.deliver_ms)
         self._autoscale(self.metrics[-1])
 
-    def _run_subtasks(self, batch_df: Any, batch_id: int, plans: list[bytes],
-                      with_initial: bool = False) -> list[SubtaskAck]:
-        """The batch's one Spark job: route every row to its subtask's partition, run each subtask where its
-        state lives (:mod:`spate.spark.placement`), collect the acks."""
-        from pyspark.rdd import RDD
-        from pyspark.serializers import NoOpSerializer
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import BooleanType, IntegerType
-
-        s, coord = self.settings, self.coordinator
-        assert coord is not None
-        max_p, p = coord.max_parallelism, s.parallelism
-        kg = F.pmod(F.hash(*[F.col(c) for c in self.key_columns]), F.lit(max_p))
-        rows = batch_df.select(*[F.col(c) for c in batch_df.columns], kg.cast("int").alias(KG_COLUMN),
-                               F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
-                               F.lit(False).alias(HEARTBEAT_COLUMN))
-        # The batch's own session (the stream's clone): adaptive execution would run the shuffle stage as a job
-        # of its own, and has nothing to adapt in this plan (an explicit partition count, no joins).
-        session = batch_df.sparkSession
-        session.conf.set("spark.sql.adaptive.enabled", "false")
-        heartbeat = session.range(p).select(
-            *[F.lit(None).cast(f.dataType).alias(f.name) for f in batch_df.schema.fields],
-            F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col("id").cast(IntegerType()).alias(SUBTASK_COLUMN),
-            F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN))
-        if with_initial and self.initial_state is not None:
-            rows, heartbeat = self._with_initial_state(batch_df, rows, heartbeat, kg, p, max_p)
-        route = F.element_at(F.array(*[F.lit(v) for v in routing_values(p)]), F.col(SUBTASK_COLUMN) + 1)
-        routed = rows.unionByName(heartbeat).withColumn(ROUTE_COLUMN, route.cast("int")).repartition(p, ROUTE_COLUMN)
-        spec = TaskSpec(self.run_id, self.factory, s, self.sink is not None, self.key_columns,
-                        self.arrow_output_schema, arrow_schema(routed.schema))
-
-        def task(items: Any) -> Any:
-            return run_partition(spec, items)
-
-        locations = self.placement.locations(p, alive_executors(self.spark.sparkContext), max_p)
-        placed = placed_batch(routed, plans, locations)
-        sc = self.spark.sparkContext
-        note = (f"spate checkpoint {batch_id}: {p} subtasks, {sum(map(bool, locations))} placed where "
-                "their state is")
-        with _job_description(sc, note):
-            acks = RDD(placed, sc, NoOpSerializer()).mapPartitions(task).collect()
-        return [SubtaskAck.from_dict(json.loads(a)) for a in acks]
-
-    def _with_initial_state(self, batch_df: Any, rows: Any, heartbeat: Any, kg: Any, p: int,
-                            max_p: int) -> tuple[Any, Any]:
-        """``rows`` with the initial state's rows added, routed by their key like input rows: the stream's key
-        columns hold their key, :data:`INITIAL_COLUMN` the whole row (null on input and heartbeat rows)."""
-        from pyspark.sql import functions as F
-
-        assert self.initial_state is not None
-        initial, initial_keys = self.initial_state
-        whole = F.struct(*[F.col(c) for c in initial.columns])
-        whole_type = initial.select(whole.alias("x")).schema["x"].dataType
-        types = {f.name: f.dataType for f in batch_df.schema.fields}
-        keyed = initial.select(*[F.col(ic).cast(types[kc]).alias(kc) for kc, ic in
-                                 zip(self.key_columns, initial_keys, strict=True)], whole.alias(INITIAL_COLUMN))
-        initial_rows = keyed.select(
-            *[F.col(n) if n in self.key_columns else F.lit(None).cast(t).alias(n) for n, t in types.items()],
-            kg.cast("int").alias(KG_COLUMN), F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
-            F.lit(False).alias(HEARTBEAT_COLUMN), F.col(INITIAL_COLUMN))
-        none = F.lit(None).cast(whole_type).alias(INITIAL_COLUMN)
-        return (rows.select("*", none).unionByName(initial_rows), heartbeat.select("*", none))
+    def _run_job(self, batch_df: Any, batch_id: int, plans: list[bytes], with_initial: bool = False
+                 ) -> list[SubtaskAck]:
+        """The batch's one Spark job (:class:`~spate.spark.subtask_job.SubtaskJob`) at the driver's parallelism."""
+        driver = self._driver
+        assert driver is not None
+        return self._job.run(batch_df, batch_id, plans, driver.settings, driver.max_parallelism, self.run_id,
+                             self.sink is not None, with_initial)
 
     def _deliver_staged(self) -> None:
         """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and
@@ -498,28 +431,6 @@ class StatefulStream:
                 "checkpoint_ms_p99": percentile([m.checkpoint_ms for m in done], 99)}
 
 
-def _initial_state(initial_state: Any, key_columns: tuple[str, ...]) -> tuple[Any, list[str]] | None:
-    """``(DataFrame, its key columns)`` of an initial state given as Spark's ``GroupedData`` (``df.groupBy(k)``)
-    or a batch DataFrame grouped by the stream's key column names."""
-    if initial_state is None:
-        return None
-    if hasattr(initial_state, "_jgd"):  # GroupedData: its DataFrame and grouping columns
-        exprs = initial_state._jgd.groupingExprs()  # noqa: SLF001
-        df, keys = initial_state._df, [exprs.apply(i).name() for i in range(exprs.size())]  # noqa: SLF001
-    elif hasattr(initial_state, "isStreaming"):
-        df, keys = initial_state, list(key_columns)
-    else:
-        raise TypeError("initial_state must be df.groupBy(key) of a batch DataFrame (as Spark's transformWithState "
-                        f"takes it) or a batch DataFrame with the key columns, got {type(initial_state).__name__}")
-    if df.isStreaming:
-        raise ValueError("initial_state must be a batch DataFrame (spark.read...), not a streaming one, as on Spark")
-    missing = [k for k in keys if k not in df.columns]
-    if len(keys) != len(key_columns) or missing:
-        raise ValueError(f"initial_state is grouped by {keys}, the stream by {list(key_columns)}: group it by as "
-                         "many columns, in the same order" + (f" ({missing} are not its columns)" if missing else ""))
-    return df, keys
-
-
 _DATAFRAME_ONLY = frozenset({
     "groupBy", "groupby", "agg", "select", "selectExpr", "filter", "where", "withColumn", "withColumns", "join",
     "union", "unionByName", "withWatermark", "writeStream", "dropDuplicates", "dropDuplicatesWithinWatermark",
@@ -534,42 +445,6 @@ def _slowest_phases(profiles: list[dict[str, float]]) -> dict[str, float]:
         for phase, ms in profile.items():
             out[phase] = max(out.get(phase, 0.0), ms)
     return out
-
-
-@contextlib.contextmanager
-def _job_description(sc: Any, note: str) -> Iterator[None]:
-    """Spark's job description of the batch (shown in the Spark UI) with ``note`` added, for spate's job."""
-    before = sc.getLocalProperty("spark.job.description")
-    sc.setJobDescription(f"{before} | {note}" if before else note)
-    try:
-        yield
-    finally:
-        sc.setLocalProperty("spark.job.description", before)
-
-
-class _JobCounter:
-    """Spark jobs started in this thread's job group (Spark's streaming query sets it per batch) since now."""
-
-    def __init__(self, sc: Any) -> None:
-        self.sc, self.group = sc, sc.getLocalProperty("spark.jobGroup.id")
-        self.before = self._jobs()
-
-    def _jobs(self) -> set[int]:
-        return set(self.sc.statusTracker().getJobIdsForGroup(self.group)) if self.group else set()
-
-    def since(self) -> int:
-        return len(self._new_jobs())
-
-    def _new_jobs(self) -> set[int]:
-        return self._jobs() - self.before
-
-    def last_stage_tasks(self) -> int:
-        """Tasks of the last stage of the newest job started since (spate's subtask stage), 0 if unknown."""
-        tracker = self.sc.statusTracker()
-        jobs = sorted(self._new_jobs())
-        info = tracker.getJobInfo(jobs[-1]) if jobs else None
-        stage = tracker.getStageInfo(max(info.stageIds)) if info is not None and info.stageIds else None
-        return stage.numTasks if stage is not None else 0
 
 
 OUTPUT_MODES = ("Update", "Append")

@@ -27,12 +27,9 @@ from spate.state.keyed_states import (
     ValueState,
 )
 from spate.state.layout import VOID_NAMESPACE_PART, split_primary
-from spate.state.stored import EXPIRY, LENGTH, StateMeta, decode_list, decode_stored, live_list, unpack_expiry
+from spate.state.stored import StateMeta, decode_list, decode_stored, live_list, unpack_expiry
 from spate.state.table import StateTable
 from spate.state.timers import RESERVED_SIDS, TimerService
-
-_EXP = EXPIRY  # the names other modules know them by
-_LEN = LENGTH
 
 __all__ = [
     "VOID_NAMESPACE_PART",
@@ -43,8 +40,6 @@ __all__ = [
     "ReducingState",
     "StateMeta",
     "ValueState",
-    "_EXP",
-    "_LEN",
     "decode_list",
     "decode_stored",
 ]

@@ -35,7 +35,8 @@ from typing import Any
 from spate.changelog import state as changelog_state
 from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import BatchingUploadScheduler, UploadConfig
-from spate.checkpoint.coordinator import Coordinator, list_complete_checkpoints
+from spate.checkpoint.cleanup import RootCleanup
+from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.inspect import (
     keyed_state_entries,
     keyed_state_names,
@@ -43,6 +44,7 @@ from spate.checkpoint.inspect import (
     operator_state_elements,
     verify_checkpoint,
 )
+from spate.checkpoint.janitor import Janitor
 from spate.errors import SpateError
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import PooledWriter
@@ -173,7 +175,7 @@ class FaultInjector:
         self.hit("after_subtask" if step.startswith("after_subtask_") else step)
 
     def install(self) -> None:
-        self._wrap(Coordinator, "remove_orphans", before="takeover")
+        self._wrap(RootCleanup, "remove_orphans", before="takeover")
         self._wrap(StateRecovery, "restore", after="restore")
         self._wrap(Subtask, "_process", after="process")
         self._wrap(PooledWriter, "write", after="segment")
@@ -181,8 +183,8 @@ class FaultInjector:
         self._wrap(changelog_state, "write_key_groups", after="materialize")
         self._wrap(CheckpointStorage, "create_exclusive", before="before_metadata", after="after_metadata",
                    only=lambda args: str(args[1]).endswith(METADATA_FILE))
-        self._wrap(Coordinator, "_drop_checkpoint", after="subsume")
-        self._wrap(Coordinator, "_delete", after="discard")
+        self._wrap(Janitor, "drop_checkpoint", after="subsume")
+        self._wrap(Janitor, "delete_file", after="discard")
 
     def _wrap(self, owner: Any, name: str, before: str | None = None, after: str | None = None,
               only: Callable[[tuple], bool] = lambda args: True) -> None:

@@ -1,0 +1,174 @@
+"""The one Spark job of a micro-batch: every row goes to its subtask's partition, each subtask runs once where its
+state lives, and the small acks come back to the driver.
+
+Every row's key group is computed in the JVM with Spark's ``hash()``, and its subtask from it; one heartbeat row
+per subtask is added so that every subtask runs (also without rows); ``repartition(P)`` on a routing value sends
+subtask i's rows to partition i (:mod:`spate.spark.routing`: exactly P tasks, whatever AQE and
+``spark.sql.shuffle.partitions`` say); each partition is zipped with its subtask's plan, preferring the executor
+that holds the subtask's state (:mod:`spate.spark.placement`), and a Python task runs the subtask
+(:mod:`spate.spark.task`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from spate.checkpoint.protocol import SubtaskAck
+from spate.runtime.settings import SpateSettings
+from spate.runtime.subtask import ProcessorFactory
+from spate.spark.placement import Placement, alive_executors, placed_batch
+from spate.spark.python_worker import arrow_schema
+from spate.spark.routing import routing_values
+from spate.spark.task import (
+    HEARTBEAT_COLUMN,
+    INITIAL_COLUMN,
+    KG_COLUMN,
+    ROUTE_COLUMN,
+    SUBTASK_COLUMN,
+    TaskSpec,
+    run_partition,
+)
+
+
+class SubtaskJob:
+    """Runs a stream's subtasks as one Spark job per batch.
+
+    Args:
+        spark: the session.
+        key_columns: the stream's key columns.
+        factory: makes the processor, on executors.
+        output_schema: the Arrow schema outputs are checked against.
+        initial_state: ``(DataFrame, its key columns)`` routed into a new query's first batch, or None.
+        placement: where each subtask's state lives (learned from the acks by the caller).
+    """
+
+    def __init__(self, spark: Any, key_columns: tuple[str, ...], factory: ProcessorFactory,
+                 output_schema: pa.Schema, initial_state: tuple[Any, list[str]] | None,
+                 placement: Placement) -> None:
+        self.spark, self.key_columns, self.factory = spark, key_columns, factory
+        self.output_schema, self.initial_state, self.placement = output_schema, initial_state, placement
+
+    def run(self, batch_df: Any, batch_id: int, plans: list[bytes], settings: SpateSettings, max_p: int,
+            run_id: str, stage_outputs: bool, with_initial: bool = False) -> list[SubtaskAck]:
+        """Batch ``batch_id``'s job for ``plans`` (one per subtask, encoded) at ``settings.parallelism``: route
+        every row to its subtask's partition, run each subtask where its state lives, collect the acks.
+        ``with_initial``: the first batch of a new query, which also routes the initial state's rows."""
+        from pyspark.rdd import RDD
+        from pyspark.serializers import NoOpSerializer
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import BooleanType, IntegerType
+
+        s, p = settings, settings.parallelism
+        kg = F.pmod(F.hash(*[F.col(c) for c in self.key_columns]), F.lit(max_p))
+        rows = batch_df.select(*[F.col(c) for c in batch_df.columns], kg.cast("int").alias(KG_COLUMN),
+                               F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
+                               F.lit(False).alias(HEARTBEAT_COLUMN))
+        # The batch's own session (the stream's clone): adaptive execution would run the shuffle stage as a job
+        # of its own, and has nothing to adapt in this plan (an explicit partition count, no joins).
+        session = batch_df.sparkSession
+        session.conf.set("spark.sql.adaptive.enabled", "false")
+        heartbeat = session.range(p).select(
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in batch_df.schema.fields],
+            F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col("id").cast(IntegerType()).alias(SUBTASK_COLUMN),
+            F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN))
+        if with_initial and self.initial_state is not None:
+            rows, heartbeat = self._with_initial_state(batch_df, rows, heartbeat, kg, p, max_p)
+        route = F.element_at(F.array(*[F.lit(v) for v in routing_values(p)]), F.col(SUBTASK_COLUMN) + 1)
+        routed = rows.unionByName(heartbeat).withColumn(ROUTE_COLUMN, route.cast("int")).repartition(p, ROUTE_COLUMN)
+        spec = TaskSpec(run_id, self.factory, s, stage_outputs, self.key_columns,
+                        self.output_schema, arrow_schema(routed.schema))
+
+        def task(items: Any) -> Any:
+            return run_partition(spec, items)
+
+        locations = self.placement.locations(p, alive_executors(self.spark.sparkContext), max_p)
+        placed = placed_batch(routed, plans, locations)
+        sc = self.spark.sparkContext
+        note = (f"spate checkpoint {batch_id}: {p} subtasks, {sum(map(bool, locations))} placed where "
+                "their state is")
+        with job_description(sc, note):
+            acks = RDD(placed, sc, NoOpSerializer()).mapPartitions(task).collect()
+        return [SubtaskAck.from_dict(json.loads(a)) for a in acks]
+
+    def _with_initial_state(self, batch_df: Any, rows: Any, heartbeat: Any, kg: Any, p: int,
+                            max_p: int) -> tuple[Any, Any]:
+        """``rows`` with the initial state's rows added, routed by their key like input rows: the stream's key
+        columns hold their key, :data:`INITIAL_COLUMN` the whole row (null on input and heartbeat rows)."""
+        from pyspark.sql import functions as F
+
+        assert self.initial_state is not None
+        initial, initial_keys = self.initial_state
+        whole = F.struct(*[F.col(c) for c in initial.columns])
+        whole_type = initial.select(whole.alias("x")).schema["x"].dataType
+        types = {f.name: f.dataType for f in batch_df.schema.fields}
+        keyed = initial.select(*[F.col(ic).cast(types[kc]).alias(kc) for kc, ic in
+                                 zip(self.key_columns, initial_keys, strict=True)], whole.alias(INITIAL_COLUMN))
+        initial_rows = keyed.select(
+            *[F.col(n) if n in self.key_columns else F.lit(None).cast(t).alias(n) for n, t in types.items()],
+            kg.cast("int").alias(KG_COLUMN), F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
+            F.lit(False).alias(HEARTBEAT_COLUMN), F.col(INITIAL_COLUMN))
+        none = F.lit(None).cast(whole_type).alias(INITIAL_COLUMN)
+        return (rows.select("*", none).unionByName(initial_rows), heartbeat.select("*", none))
+
+
+def initial_state_of(initial_state: Any, key_columns: tuple[str, ...]) -> tuple[Any, list[str]] | None:
+    """``(DataFrame, its key columns)`` of an initial state given as Spark's ``GroupedData`` (``df.groupBy(k)``)
+    or a batch DataFrame grouped by the stream's key column names."""
+    if initial_state is None:
+        return None
+    if hasattr(initial_state, "_jgd"):  # GroupedData: its DataFrame and grouping columns
+        exprs = initial_state._jgd.groupingExprs()  # noqa: SLF001
+        df, keys = initial_state._df, [exprs.apply(i).name() for i in range(exprs.size())]  # noqa: SLF001
+    elif hasattr(initial_state, "isStreaming"):
+        df, keys = initial_state, list(key_columns)
+    else:
+        raise TypeError("initial_state must be df.groupBy(key) of a batch DataFrame (as Spark's transformWithState "
+                        f"takes it) or a batch DataFrame with the key columns, got {type(initial_state).__name__}")
+    if df.isStreaming:
+        raise ValueError("initial_state must be a batch DataFrame (spark.read...), not a streaming one, as on Spark")
+    missing = [k for k in keys if k not in df.columns]
+    if len(keys) != len(key_columns) or missing:
+        raise ValueError(f"initial_state is grouped by {keys}, the stream by {list(key_columns)}: group it by as "
+                         "many columns, in the same order" + (f" ({missing} are not its columns)" if missing else ""))
+    return df, keys
+
+
+@contextlib.contextmanager
+def job_description(sc: Any, note: str) -> Iterator[None]:
+    """Spark's job description of the batch (shown in the Spark UI) with ``note`` added, for spate's job."""
+    before = sc.getLocalProperty("spark.job.description")
+    sc.setJobDescription(f"{before} | {note}" if before else note)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty("spark.job.description", before)
+
+
+class JobCounter:
+    """Spark jobs started in this thread's job group (Spark's streaming query sets it per batch) since now."""
+
+    def __init__(self, sc: Any) -> None:
+        self.sc, self.group = sc, sc.getLocalProperty("spark.jobGroup.id")
+        self.before = self._jobs()
+
+    def _jobs(self) -> set[int]:
+        return set(self.sc.statusTracker().getJobIdsForGroup(self.group)) if self.group else set()
+
+    def since(self) -> int:
+        return len(self._new_jobs())
+
+    def _new_jobs(self) -> set[int]:
+        return self._jobs() - self.before
+
+    def last_stage_tasks(self) -> int:
+        """Tasks of the last stage of the newest job started since (spate's subtask stage), 0 if unknown."""
+        tracker = self.sc.statusTracker()
+        jobs = sorted(self._new_jobs())
+        info = tracker.getJobInfo(jobs[-1]) if jobs else None
+        stage = tracker.getStageInfo(max(info.stageIds)) if info is not None and info.stageIds else None
+        return stage.numTasks if stage is not None else 0
