@@ -10,8 +10,9 @@ PYTEST_ARGS ?=
 # Every pyspark minor version pyproject.toml allows, besides the newest (which `make test` runs on): a virtual
 # environment each, and the Spark tests of the transport, placement and the transformWithState drop-in.
 SMOKE_VERSIONS ?= 4.0 4.1 4.2
-SMOKE_TESTS ?= tests/test_spark_dropin.py tests/test_spark_adapter.py tests/test_spark_routing.py tests/test_spark_progress.py \
-	tests/test_spark_stream.py::test_counts_checkpoints_sink_and_rescale
+SMOKE_TESTS ?= tests/spark/test_spark_dropin.py tests/spark/test_spark_adapter.py tests/spark/test_spark_routing.py \
+	tests/spark/test_spark_progress.py \
+	tests/spark/test_spark_stream.py::test_counts_checkpoints_sink_and_rescale
 
 .PHONY: demo test smoke lint typecheck bench install java clean
 

@@ -1,4 +1,8 @@
-"""Shared fixtures. ``spark`` (a real local[2] SparkSession) comes from spark_fixture.py."""
+"""Shared fixtures. ``spark`` (a real local[2] SparkSession) comes from spark_fixture.py.
+
+Tests are grouped by the layer they test (``LAYER_DIRS``, in the order of docs/architecture.md). Some test
+modules build on others' jobs and helpers (``from test_checkpoints import Count``): every layer's directory is
+on ``sys.path``, so they import by module name wherever they live."""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ import sys
 
 from hypothesis import HealthCheck, settings
 
-sys.path.insert(0, os.path.dirname(__file__))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+LAYER_DIRS = ("storage", "state", "changelog", "filemerging", "checkpoint", "runtime", "spark", "cluster", "workshop")
+sys.path[:0] = [TESTS] + [os.path.join(TESTS, d) for d in LAYER_DIRS]
 
 from spark_fixture import spark  # noqa: E402,F401
 

@@ -3,7 +3,7 @@ here.
 
 spate deletes only files whose names match this layout: a user's file, a file another tool put into the
 root, or anything reached through a symbolic link is never touched. ``docs/formats.md`` lists the layout;
-``tests/test_layout.py`` checks that every builder's output is recognized.
+``tests/storage/test_layout.py`` checks that every builder's output is recognized.
 """
 
 from __future__ import annotations

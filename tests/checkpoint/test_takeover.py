@@ -218,7 +218,7 @@ def test_documented_epoch_seal_is_what_a_take_over_writes(tmp_path):
     _run(root, 2)
     coordinator = Coordinator(root, 2)
     coordinator.start()
-    doc = (Path(__file__).parent.parent / "docs" / "formats.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
     example = re.search(r"## Epochs.*?```json\n(.*?)\n```", doc, re.S).group(1)  # type: ignore[union-attr]
     storage = CheckpointStorage(root)
     payload = read_single_frame(storage.read("_epochs/0000000002.seal"), "seal", FrameKind.EPOCH)

@@ -102,7 +102,7 @@ def test_counts_checkpoints_sink_and_rescale(spark, tmp_path, table, merging):
 
 
 # -- faults and rescales, each Spark driver in its own process -------------------------------------------------
-JOB = os.path.join(os.path.dirname(__file__), "spark_job.py")
+JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_job.py")  # tests/
 
 
 def run_job(source, root, out, parallelism, fault="", expect=0, extra=()):

@@ -121,7 +121,7 @@ def test_documented_bytes_are_real(tmp_path):
     from spate.spark.adapter import StatefulProcessorAdapter
     from spate.state.layout import U16
 
-    doc = (Path(__file__).parent.parent / "docs" / "formats.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
     section = doc[doc.index("## State values of a `StatefulProcessor`"):doc.index("## State table keys")]
     value_hex, key_hex = re.findall(r"`((?:[0-9a-f]{2} )+[0-9a-f]{2})`", section)[:2]
 

@@ -28,7 +28,7 @@ from spate_tools.cli import main as cli
 from spate_tools.standalone import QUICK_JVM_OPTIONS, StandaloneCluster
 
 pytestmark = pytest.mark.spark
-JOB = os.path.join(os.path.dirname(__file__), "spark_job.py")
+JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_job.py")  # tests/
 DRIVER_TIMEOUT_S = 240
 SETTINGS = {"table": "lmdb", "changelog": True, "file_merging": "across",
             "local_dir": None}  # lmdb state on each executor's own local disk (its worker's SPARK_LOCAL_DIRS)

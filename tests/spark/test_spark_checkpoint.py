@@ -20,7 +20,7 @@ from spate.fs import CheckpointStorage
 from spate.spark.spark_checkpoint import SparkCheckpointMirror, check_locations, hadoop_opens
 from spate_tools.cli import main as cli
 
-JOB = os.path.join(os.path.dirname(__file__), "spark_job.py")
+JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_job.py")  # tests/
 
 
 # -- where Spark's checkpoint goes ---------------------------------------------------------------------------

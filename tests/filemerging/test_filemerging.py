@@ -295,6 +295,9 @@ def test_old_directories_go_after_a_rescale(tmp_path):
     assert counts(root) == expected_counts(src)
 
 
+CHECKPOINT_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoint")
+
+
 # -- crashes ------------------------------------------------------------------------------------------------
 CRASHING_JOB = """
 import os, sys
@@ -316,7 +319,7 @@ r.run(batches(10))
                                        ("within", "after_acks")])
 def test_crash_with_open_physical_files(tmp_path, mode, step):
     root, src = str(tmp_path / "c"), batches(10)
-    code = CRASHING_JOB.format(tests=os.path.dirname(__file__), step=step, batch=5, root=root, mode=mode)
+    code = CRASHING_JOB.format(tests=CHECKPOINT_TESTS, step=step, batch=5, root=root, mode=mode)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 17, proc.stderr
     storage = CheckpointStorage(root)

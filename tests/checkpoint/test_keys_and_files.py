@@ -250,7 +250,7 @@ def test_documented_metadata_example_is_what_a_checkpoint_writes(tmp_path):
     with LocalRunner(_DocumentedJob, key="k", checkpoint_root=root, parallelism=2, sink=lambda rows, n: None,
                      clock=lambda: 1732147200000) as r:
         r.run([[{"k": "d"}, {"k": "c"}, {"k": "a"}, {"k": "b"}], [{"k": "d"}, {"k": "a"}]])
-    doc = (Path(__file__).parent.parent / "docs" / "formats.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
     example = re.search(r"Real example \(`chk-1/_metadata`.*?```json\n(.*?)\n```", doc, re.S).group(1)  # type: ignore[union-attr]
     documented = json.loads(example.replace(",\n  ...]}", "]}"))
     real = json.loads(read_single_frame(CheckpointStorage(root).read("chk-1/_metadata"), "m", FrameKind.METADATA))
@@ -280,7 +280,7 @@ def test_metadata_of_version_2_is_read_with_the_typed_fields_from_its_stats(tmp_
 
 def documented_frames() -> list[bytes]:
     """The hex examples of docs/formats.md's Frames section."""
-    text = (Path(__file__).parent.parent / "docs" / "formats.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
     section = text[text.index("## Frames"):text.index("## Versioning")]
     blocks = re.findall(r"```\n([0-9a-f ]+)\n```", section)
     assert len(blocks) == 3, blocks
@@ -294,7 +294,7 @@ def test_documented_frame_examples_are_real_bytes():
     current = [d for d in examples if struct.unpack_from(">H", d, 4)[0] == FRAME_FORMAT_VERSION]
     assert [frame(FrameKind.DELIVERED, read_single_frame(d, "doc")) for d in current] == current == [
         frame(FrameKind.DELIVERED, b""), frame(FrameKind.DELIVERED, b"12")]
-    assert "| 4 | 2 | format version | u16, currently `2`" in (Path(__file__).parent.parent / "docs" /
+    assert "| 4 | 2 | format version | u16, currently `2`" in (Path(__file__).resolve().parents[2] / "docs" /
                                                                "formats.md").read_text()
 
 
