@@ -19,7 +19,8 @@ from spate.checkpoint.inspect import load_checkpoint
 from spate.fs import CheckpointStorage
 from spate.report import format_table, human_bytes, percentile
 from spate.spark.java import ensure_java_home
-from spate.spark.stream import BatchMetrics, StatefulStream
+from spate.spark.stream import StatefulStream
+from spate.spark.stream_metrics import BatchMetrics
 from spate_tools.demo import ClickCounter, generate, print_checks, verify_clicks
 
 INPUT_SCHEMA = "user string, page string, ts long"

@@ -177,6 +177,7 @@ class ProgressListener(StreamingQueryListener):
         self._early: list[tuple[str, Any, Any]] = []  # (method, query id, event) before attach
         self._lock = threading.Lock()
         self._spark: Any = None
+        self._unregistering: threading.Thread | None = None  # started from Spark's listener thread, joined on close
 
     def register(self, spark: Any) -> None:
         """Listen to ``spark``'s streaming queries (before the query starts, so its first events come)."""
@@ -202,6 +203,13 @@ class ProgressListener(StreamingQueryListener):
             except Exception as e:  # the session stopped first: its listeners went with it
                 log.debug("progress listener not removed: %s", e)
 
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop listening, and wait for an unregistration the query's end started."""
+        self.unregister()
+        thread = self._unregistering
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802
         self._on("onQueryStarted", event.id, event)
 
@@ -214,7 +222,9 @@ class ProgressListener(StreamingQueryListener):
     def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
         if self._on("onQueryTerminated", event.id, event):
             # not from Spark's listener thread itself: it is delivering this very event
-            threading.Thread(target=self.unregister, name="spate-progress-unregister", daemon=True).start()
+            self._unregistering = threading.Thread(target=self.unregister, name="spate-progress-unregister",
+                                                   daemon=True)
+            self._unregistering.start()
 
     def _on(self, method: str, query_id: Any, event: Any) -> bool:
         """Pass the event on if it is the query's (or keep it until :meth:`attach`); whether it was passed."""

@@ -16,15 +16,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from spate.checkpoint.ackinfo import CAUGHT_UP, RESCALED, RESTORED, REUSED, AckInfo
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
-from spate.report import percentile
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision, progress_observation
 from spate.runtime.batch import BatchProcessor
 from spate.runtime.idle import IdleBatches
@@ -45,6 +42,7 @@ from spate.spark.spark_checkpoint import (
     open_spark_checkpoint,
 )
 from spate.spark.staged import staged_outputs_frame
+from spate.spark.stream_metrics import BatchMetrics, summarize
 from spate.spark.subtask_job import JobCounter, SubtaskJob, initial_state_of
 from spate.spark.ticks import AVAILABLE_NOW, TICK_COLUMN, WakeFile, no_data_batches_enabled, tick_stream
 from spate.spark.tws_handle import declared_states
@@ -52,27 +50,6 @@ from spate.spark.tws_handle import declared_states
 log = logging.getLogger(__name__)
 Sink = Callable[[Any, int], None]
 METRICS_KEPT = 1000  # the latest batches' metrics a stream keeps (its summary is over these)
-
-
-@dataclass
-class BatchMetrics:
-    """What one micro-batch cost on the driver."""
-
-    batch_id: int
-    rows: int
-    batch_ms: float
-    checkpoint_ms: float  # from the acks being collected to the metadata written
-    restored_subtasks: list[int] = field(default_factory=list)
-    replayed: bool = False  # a batch Spark ran again after spate's checkpoint completed: only re-delivered
-    spark_jobs: int = 0  # Spark jobs spate ran for the batch (the sink's own jobs not counted)
-    spark_tasks: int = 0  # tasks of the stage that ran the subtasks
-    plan_bytes_max: int = 0  # the largest plan a task received
-    subtasks: list[AckInfo] = field(default_factory=list)  # per subtask: executor, recovery, restore bytes and ms
-    job_ms: float = 0.0  # spate's Spark job: routing the rows, running the subtasks, collecting the acks
-    deliver_ms: float = 0.0  # the sink's call
-    worker_peak_rss_bytes: int = 0  # the largest peak RSS of the Python workers that ran the subtasks
-    profile: dict[str, float] = field(default_factory=dict)  # settings.profile: per phase, the slowest subtask's ms
-    parallelism: int = 0  # the subtasks the batch ran on
 
 
 class StatefulStream:
@@ -290,7 +267,7 @@ class StatefulStream:
     def close(self) -> None:
         """Let background deletions finish and stop passing on the query's events (call after the query
         stopped)."""
-        self._progress.unregister()
+        self._progress.close()
         if self._wake is not None and not self._query_active():
             self._wake.remove()
         if self._driver is not None:
@@ -358,24 +335,14 @@ class StatefulStream:
             return acks
 
         done = driver.run_batch(batch_id, run_subtasks,
-                                    on_complete=lambda d: self.placement.record(self.settings.parallelism, d.acks))
+                                on_complete=lambda d: self.placement.record(self.settings.parallelism, d.acks))
         meta = done.checkpoint
         log.info("checkpoint %d: %s", batch_id, "; ".join(
             f"subtask {i} {st.recovery} on {st.executor or '?'} ({st.restore_bytes} B, {st.restore_ms:.0f} ms)"
             for i, st in enumerate(meta.subtasks)))
-        restored = [i for i, st in enumerate(meta.subtasks) if st.recovery == RESTORED]
-        self.metrics.append(BatchMetrics(batch_id, sum(st.rows for st in meta.subtasks),
-                                         (time.perf_counter() - started) * 1000, done.commit_ms, restored,
-                                         spark_jobs=spark["jobs"], spark_tasks=spark["tasks"],
-                                         plan_bytes_max=max(map(len, sent)),
-                                         subtasks=[AckInfo(**st.ack_info()) for st in meta.subtasks],
-                                         job_ms=spark["job_us"] / 1000, deliver_ms=self._deliver_ms,
-                                         worker_peak_rss_bytes=max(st.stats.get("peak_rss_bytes", 0)
-                                                                   for st in meta.subtasks),
-                                         profile=_slowest_phases([st.stats.get("profile", {})
-                                                                  for st in meta.subtasks]),
-                                         parallelism=meta.parallelism))
-        m = self.metrics[-1]
+        m = BatchMetrics.of(meta, (time.perf_counter() - started) * 1000, done.commit_ms, spark, sent,
+                            self._deliver_ms)
+        self.metrics.append(m)
         self.figures.record(meta, batch_ms=m.batch_ms, checkpoint_ms=m.checkpoint_ms, job_ms=m.job_ms,
                             deliver_ms=m.deliver_ms)
         self._autoscale(self.metrics[-1])
@@ -408,27 +375,10 @@ class StatefulStream:
 
     # -- figures ----------------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Rows/s, batch/checkpoint durations, and where subtasks found their state (``local_reuse``: the
-        fraction of subtask-batches that ran on their local state, live or caught up; ``rescaled``: those that
-        built it from local copies at an online rescale) over the processed batches; the current parallelism,
-        the online rescales and the autoscaler's decisions. Over the latest METRICS_KEPT batches."""
-        done = [m for m in self.metrics if not m.replayed]
-        total_ms = sum(m.batch_ms for m in done)
-        runs = [r for m in done for r in m.subtasks]
-        return {"batches": len(done), "rows": sum(m.rows for m in done),
-                "local_reuse": round(sum(r.recovery in (REUSED, CAUGHT_UP) for r in runs) / len(runs), 3)
-                if runs else None,
-                "caught_up": sum(r.recovery == CAUGHT_UP for r in runs),
-                "restored": sum(r.recovery == RESTORED for r in runs),
-                "rescaled": sum(r.recovery == RESCALED for r in runs),
-                "parallelism": self.settings.parallelism, "rescales": list(self.rescales),
-                "decisions": [d.to_dict() for d in self.decisions],
-                "restore_bytes": sum(r.restore_bytes for r in runs),
-                "rows_per_s": round(sum(m.rows for m in done) / (total_ms / 1000)) if total_ms else 0,
-                "batch_ms_p50": percentile([m.batch_ms for m in done], 50),
-                "batch_ms_p99": percentile([m.batch_ms for m in done], 99),
-                "checkpoint_ms_p50": percentile([m.checkpoint_ms for m in done], 50),
-                "checkpoint_ms_p99": percentile([m.checkpoint_ms for m in done], 99)}
+        """:func:`~spate.spark.stream_metrics.summarize` over the latest ``METRICS_KEPT`` batches, with the current
+        parallelism, the online rescales and the autoscaler's decisions."""
+        return summarize(self.metrics) | {"parallelism": self.settings.parallelism, "rescales": self.rescales,
+                                          "decisions": [d.to_dict() for d in self.decisions]}
 
 
 _DATAFRAME_ONLY = frozenset({
@@ -436,15 +386,6 @@ _DATAFRAME_ONLY = frozenset({
     "union", "unionByName", "withWatermark", "writeStream", "dropDuplicates", "dropDuplicatesWithinWatermark",
     "transformWithState", "transformWithStateInPandas", "applyInPandasWithState", "count", "collect", "show",
 })
-
-
-def _slowest_phases(profiles: list[dict[str, float]]) -> dict[str, float]:
-    """Per phase, the largest time among the subtasks' profiles."""
-    out: dict[str, float] = {}
-    for profile in profiles:
-        for phase, ms in profile.items():
-            out[phase] = max(out.get(phase, 0.0), ms)
-    return out
 
 
 OUTPUT_MODES = ("Update", "Append")

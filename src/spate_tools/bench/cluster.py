@@ -31,7 +31,8 @@ from spate.layout import metadata_path
 from spate.report import format_table, human_bytes, percentile, progress
 from spate.runtime.local import LocalRunner
 from spate.runtime.processor import Context, Processor
-from spate.spark.stream import BatchMetrics, StatefulStream
+from spate.spark.stream import StatefulStream
+from spate.spark.stream_metrics import BatchMetrics
 from spate.state.descriptors import ValueStateDescriptor
 from spate_tools.spark_demo import write_batches
 from spate_tools.standalone import StandaloneCluster
