@@ -295,23 +295,12 @@ def test_scenario_6_close_keeps_what_checkpoints_included(tmp_path):
 # -- scenario 7: materialization gating ------------------------------------------------------------------------
 def test_scenario_7_materialization_gating(tmp_path):
     cfg = ChangelogConfig(materialization_interval_ms=10, upload=NOW)
-    storage = CheckpointStorage(str(tmp_path))
+    storage = FirstWriteFails(str(tmp_path))
+    storage.gate = gate = threading.Event()
     clog = ChangelogKeyedState(HeapTable(), storage, cfg, 0, 1)
     backend = KeyedStateBackend(clog.table, 128, range(128))
     v = backend.get_state(ValueStateDescriptor("v"))
     backend.set_current_key("k")
-    gate = threading.Event()
-    real_write = storage.write
-    calls = []
-
-    def gated(path, data):
-        calls.append(path)
-        if len(calls) == 1:
-            gate.wait(5)
-            raise OSError("first materialization fails")
-        real_write(path, data)
-
-    storage.write = gated  # fault injection: the materialized file's write
     clog.maybe_materialize(backend, 0)  # schedules the first due time
     v.update(1)
     assert clog.maybe_materialize(backend, 10_000)
@@ -362,6 +351,20 @@ def test_scenario_8_round_trip(tmp_path):
 
 
 # -- the seed's state change lifecycle -------------------------------------------------------------------------
+class FirstWriteFails(LocalStorage):
+    """Fault injection: the first file written (the first materialization) waits for ``gate``, then fails."""
+
+    gate: threading.Event
+    writes = 0
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.writes += 1
+        if self.writes == 1:
+            self.gate.wait(5)
+            raise OSError("first materialization fails")
+        super().write(rel, data)
+
+
 class GatedStorage(LocalStorage):
     """Fault injection: writes of materialized snapshots wait for ``gate``."""
 
