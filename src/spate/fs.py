@@ -59,8 +59,14 @@ class CheckpointStorage(ABC):
     (:class:`LocalStorage` or :class:`ObjectStoreStorage`); calling an implementation directly checks that the
     file system is of its kind. The file system is resolved once, when the storage is made."""
 
-    is_local: bool  # a local disk: real directories, symbolic links to refuse, empty directories to remove
+    has_directories: bool  # real directories, which stay when emptied (``remove_empty_dirs`` removes them)
     open_files_readable: bool  # bytes written to a file of ``open_new`` are readable before it is closed
+
+    @staticmethod
+    @abstractmethod
+    def written_before(mtime_ns: int, instant_ns: int) -> bool:
+        """Whether a file whose modification time is ``mtime_ns`` was certainly written before ``instant_ns``
+        (at the storage's resolution)."""
 
     def __new__(cls, uri: str, filesystem: pafs.FileSystem | None = None) -> CheckpointStorage:
         fs, root = _resolve_filesystem(uri, filesystem)
@@ -235,8 +241,13 @@ class LocalStorage(CheckpointStorage):
     written to an fsynced temporary file and linked (exclusive) or renamed (replace) into place, and nothing
     passing through a symbolic link below the root is read, written or deleted."""
 
-    is_local = True
+    has_directories = True
     open_files_readable = True  # unbuffered writes
+
+    @staticmethod
+    def written_before(mtime_ns: int, instant_ns: int) -> bool:
+        """Whether a file with modification time ``mtime_ns`` was written at or before ``instant_ns``."""
+        return mtime_ns <= instant_ns
 
     def _attach(self, uri: str, fs: pafs.FileSystem, root: str) -> None:
         super()._attach(uri, fs, root)
@@ -321,8 +332,13 @@ class ObjectStoreStorage(CheckpointStorage):
     conditional PUT (``If-None-Match: *``) on S3; other stores have no conditional write that ``pyarrow.fs``
     can send, so there a single PUT is atomic in visibility and the existence check before it best effort."""
 
-    is_local = False
+    has_directories = False
     open_files_readable = False  # readable once closed
+
+    @staticmethod
+    def written_before(mtime_ns: int, instant_ns: int) -> bool:
+        """Object stores keep whole seconds: a file of ``instant_ns``'s second may have been written after it."""
+        return mtime_ns < instant_ns
 
     def _open_new(self, rel: str, full: str) -> Any:
         return self.fs.open_output_stream(full)  # no directories: creating markers costs requests

@@ -70,16 +70,16 @@ class RootCleanup:
         orphans.sort(key=lambda rel: (not rel.endswith("/" + METADATA_FILE), rel))  # a checkpoint dies first
         epochs.check(epoch)
         self.janitor.delete_now(orphans)
-        if self.storage.is_local:
-            self.storage.remove_empty_dirs()
+        self.storage.remove_empty_dirs()
         if orphans:
             log.info("removed %d orphan files under %s", len(orphans), self.storage.uri)
         return kept
 
     def _written_before(self, mtime_ns: int, claimed_ns: int) -> bool:
-        """Whether a file was written before the take-over. Object stores keep whole seconds, so a file of
-        the take-over's second is kept (removed by a later start) rather than risk a newer driver's."""
-        return mtime_ns <= claimed_ns if self.storage.is_local else mtime_ns < claimed_ns
+        """Whether a file was written before the take-over. Where the storage cannot tell (object stores keep
+        whole seconds), a file of the take-over's second is kept (removed by a later start) rather than risk a
+        newer driver's."""
+        return self.storage.written_before(mtime_ns, claimed_ns)
 
     def remove_dead_dirs(self, candidates: list[str], in_use: set[str], live: set[str]) -> None:
         """Remove, in the background, the directories of ``candidates`` no worker writes to any more (not in
@@ -87,7 +87,7 @@ class RootCleanup:
         directories) once the deletions queued before left them empty. Never their files: a newer driver may
         be writing into a directory of the same name (a subtask directory of its parallelism). Object stores
         have no directories."""
-        if not self.storage.is_local:
+        if not self.storage.has_directories:
             return
         for d in dict.fromkeys(candidates):
             managed = in_shared_or_worker_dir(d)
