@@ -18,6 +18,7 @@ from spate import (
 from spate.checkpoint.ackinfo import CAUGHT_UP, RecoveryInfo
 from spate.checkpoint.protocol import SubtaskAck
 from spate.keygroups import compile_key_hasher
+from spate.runtime import restore
 from spate.runtime.services import WorkerServices
 from spate.runtime.subtask import Subtask, SubtaskConfig, processor_factory
 
@@ -104,6 +105,33 @@ def test_a_processor_that_fails_to_open_on_restored_state_leaves_nothing_open_an
     out = second.run(plan, _rows(coord, ["x"]))
     assert out.ack.recovery == "restored" and out.rows == [{"k": "x", "c": 2}]
     second.close()
+
+
+def test_files_local_state_carries_are_checked_again_after_the_check_failed(tmp_path, monkeypatch):
+    """Reused local state references checkpoint files it did not read; they are checked before the state counts
+    as being at the base. If the check itself fails (storage unreachable), the retry checks again instead of
+    taking the state as checked."""
+    root, local = str(tmp_path / "c"), str(tmp_path / "local")
+    settings = {"key": "k", "checkpoint_root": root, "table": "lmdb", "local_dir": local, "changelog": True}
+    with LocalRunner(C, **settings) as r:
+        r.run_batch(0, [{"k": "x"}])
+        r.run_batch(1, [{"k": "x"}])
+    checks = []
+    real = restore.verify_handles
+
+    def unreachable_once(*args, **kwargs):  # fault injection: the first check cannot read storage
+        checks.append(args[1])
+        if len(checks) == 1:
+            raise OSError("storage unreachable")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(restore, "verify_handles", unreachable_once)
+    with LocalRunner(C, **settings) as r:
+        with pytest.raises(OSError, match="unreachable"):
+            r.run_batch(2, [{"k": "x"}])
+        result = r.run_batch(2, [{"k": "x"}])
+    assert len(checks) == 2 and checks[0], "the carried files were checked on the retry too"
+    assert result.checkpoint.subtasks[0].recovery in ("reused", "caught_up")
 
 
 def test_a_failed_sink_gets_the_batch_again_before_the_next_one(tmp_path):

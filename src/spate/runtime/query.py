@@ -102,6 +102,12 @@ class QueryDriver:
         with self._lock:
             self._requested = (parallelism, reason)
 
+    @property
+    def requested_rescale(self) -> tuple[int, str] | None:
+        """The (parallelism, reason) requested for the next batch and not applied yet."""
+        with self._lock:
+            return self._requested
+
     def apply_rescale(self, batch_id: int) -> Rescale | None:
         """Before batch ``batch_id`` is planned: the requested rescale, if any changes the parallelism."""
         with self._lock:

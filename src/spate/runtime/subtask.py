@@ -175,11 +175,13 @@ class Subtask:
         try:
             self.processor = self.factory()
             self.processor.open(self.ctx)
+            self.keyed.dirty = False  # the recovered handles (if any) still describe the state
+            # after open(): a materialization it triggers includes the states open() registers. Inside the try:
+            # state whose carried files were not checked must never count as being at the base
+            self._state_recovery.check_carried(plan, state)
         except BaseException:
             self._close_after_failed_install(state)
             raise
-        self.keyed.dirty = False  # the recovered handles (if any) still describe the state
-        self._state_recovery.check_carried(plan, state)
 
     def _close_after_failed_install(self, state: RecoveredState) -> None:
         if self.processor is not None:

@@ -168,8 +168,11 @@ class StatefulStream:
         check_executor_python(self.spark)
         self.sink = sink
         self.run_id = uuid.uuid4().hex
+        previous = self._driver  # a start after close(): its parallelism (in s) and a rescale not applied yet go on
         self._driver = driver = QueryDriver(s, idle=self._idle, autoscale=self._autoscale_policy,
                                             deliver=self._deliver if sink is not None else None)
+        if previous is not None and previous.requested_rescale is not None:
+            driver.request_rescale(*previous.requested_rescale)
         self.figures.start_from(driver.latest)
         self.spark_checkpoint: SparkCheckpoint = open_spark_checkpoint(self.spark, driver.coordinator,
                                                                        spark_checkpoint, spark_checkpoint_cache)
