@@ -88,8 +88,13 @@ class Janitor:
                 self._changed.wait()
             self._tasks.append((fn, args))
             if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="spate-janitor")
-                self._worker.start()
+                worker = threading.Thread(target=self._work, name="spate-janitor")
+                try:
+                    worker.start()
+                except BaseException:  # no thread, no queued work that would wait for one forever
+                    self._tasks.pop()
+                    raise
+                self._worker = worker
 
     def _work(self) -> None:
         while True:
@@ -120,12 +125,13 @@ class Janitor:
             raise failure
 
     def close(self) -> None:
-        """Drain, then refuse new deletions and join the worker."""
+        """Refuse new deletions, let the queued ones run and join the worker; raise the first that failed."""
+        with self._changed:
+            self._closed = True
         try:
             self.drain()
         finally:
             with self._changed:
-                self._closed = True
                 worker = self._worker
             if worker is not None:
                 worker.join()
