@@ -180,24 +180,6 @@ def test_settings_from_spark_conf():
         SpateSettings.from_conf({})
 
 
-def test_bench_spark_quick_json_shape(tmp_path):
-    """As a user runs it: its own process (the bench starts and stops Spark contexts of its own)."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "spate_tools.cli", "bench", "spark", "--quick", "--json", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=1200, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    data = json.loads(done.stdout)
-    by = {(r["variant"], r["cardinality"]) for r in data["results"]}
-    assert by == {(v, c) for v in ("floor", "spate", "spate-empty", "spate-batch", "spate-adapter",
-                                   "spate-adapter-row", "transformWithState", "transformWithStateInPandas",
-                                   "applyInPandasWithState") for c in ("high", "low", "high-100k")}
-    for r in data["results"]:
-        assert r["rows_per_s"] > 0 and r["recovery_s"] > 0 and r["worker_peak_rss_mb"] > 0
-        assert (r["files_per_batch"] == 0) == (r["variant"] in ("floor",)), r
-
-
 def test_one_job_and_exactly_one_task_per_subtask_whatever_aqe_and_shuffle_partitions_say(spark, tmp_path):
     """Parallelism 5 with AQE on and 2 shuffle partitions: 5 tasks, task i running subtask i (today's
     groupBy + applyInArrow gave AQE's coalesced partitions, or hash collisions without AQE)."""
