@@ -43,6 +43,7 @@ class FrameKind:
     DELIVERED = 6
     CHANGE_SET = 7
     EPOCH = 8
+    CHANGE_LIST = 9
 
 
 def frame(kind: int, payload: bytes, compress: bool = False) -> bytes:

@@ -28,6 +28,7 @@ KEY_GROUPS_SUFFIX = ".kg"  # a keyed snapshot: frames of key groups
 OPERATOR_STATE_SUFFIX = ".op"
 STAGED_OUTPUTS_SUFFIX = ".out"
 CHANGE_FILE_SUFFIX = ".chg"  # change sets of the changelog
+CHANGE_LIST_SUFFIX = ".cll"  # a list of change-set handles several checkpoints' metadata reference
 SEGMENT_FILE_SUFFIX = ".seg"  # file merging: a physical file holding segments
 SEAL_SUFFIX = ".seal"
 COMPLETED_SUFFIX = ".completed"
@@ -48,6 +49,11 @@ def data_file(directory: str, suffix: str) -> str:
 def temporary_path(path: str) -> str:
     """A temporary file next to the marker ``path``, written before the atomic rename or link."""
     return f"{path}.{random_name(TEMP_SUFFIX)}"
+
+
+def change_list_file() -> str:
+    """A new change-set list, written by the coordinator (see :mod:`spate.checkpoint.changelists`)."""
+    return data_file(CHANGELOG_DIR, CHANGE_LIST_SUFFIX)
 
 
 def checkpoint_dir(checkpoint_id: int) -> str:
@@ -113,7 +119,7 @@ _FILES = re.compile("|".join(rf"(?:{p})" for p in (
     rf"{_CHECKPOINT}/{DELIVERED_FILE}{_TEMP}",
     _data(_CHECKPOINT, OPERATOR_STATE_SUFFIX),
     _data(_SUBTASK, KEY_GROUPS_SUFFIX, SEGMENT_FILE_SUFFIX),
-    _data(CHANGELOG_DIR, CHANGE_FILE_SUFFIX),
+    _data(CHANGELOG_DIR, CHANGE_FILE_SUFFIX, CHANGE_LIST_SUFFIX),
     _data(_WORKER, SEGMENT_FILE_SUFFIX),
     _data(_STAGED, STAGED_OUTPUTS_SUFFIX),
 )))

@@ -258,6 +258,34 @@ def test_documented_metadata_example_is_what_a_checkpoint_writes(tmp_path):
     assert json.dumps(_anonymous(documented)) == json.dumps(_anonymous(real))
 
 
+def test_documented_change_set_list_example_is_what_a_checkpoint_writes(tmp_path):
+    """docs/formats.md's change-set list example: the metadata's inline handles and list reference, and the list's
+    first handle, as a run of the documented job writes them."""
+    root = str(tmp_path / "c")
+    cfg = ChangelogConfig(materialization_interval_ms=10**9, materialize_after_change_sets=1000,
+                          upload=UploadConfig(persist_delay_s=0.0))
+    with LocalRunner(_DocumentedJob, key="k", checkpoint_root=root, parallelism=1, changelog=cfg,
+                     clock=lambda: 1732147200000) as r:
+        r.run([[{"k": "a"}]] * 18)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
+    section = doc[doc.index("## Change-set lists"):doc.index("## Staged outputs")]
+    meta_doc, list_doc = re.findall(r"```json\n(.*?)\n```", section, re.S)
+    storage = CheckpointStorage(root)
+    sub = json.loads(read_single_frame(storage.read("chk-17/_metadata"), "m", FrameKind.METADATA))["subtasks"][0]
+    real = {"changelog": sub["changelog"], "changelog_lists": sub["changelog_lists"]}
+    assert _hidden_ids(json.loads(meta_doc)) == _hidden_ids(real)
+    (ref,) = real["changelog_lists"]
+    listed = json.loads(read_single_frame(storage.read(ref["path"]), "l", FrameKind.CHANGE_LIST))
+    assert len(listed) == ref["count"] == 16 and ref["size"] == len(storage.read(ref["path"]))
+    assert _hidden_ids(json.loads(list_doc.replace(",\n ...]", "]"))) == _hidden_ids(listed[:1])
+    assert [h["sqn"] for h in listed] == list(range(16))
+
+
+def _hidden_ids(obj: Any) -> str:
+    text = re.sub(r"[0-9a-f]{32}", "<hex32>", json.dumps(obj))
+    return re.sub(r'"0-1-[0-9a-f]{12}"', '"0-1-<hex12>"', text)
+
+
 def test_metadata_of_version_2_is_read_with_the_typed_fields_from_its_stats(tmp_path):
     """Before format 3 the ack's facts were statistics: they move out of ``stats`` when read."""
     subtask = {"keyed": [], "operator": None, "outputs": None}
@@ -275,7 +303,7 @@ def test_metadata_of_version_2_is_read_with_the_typed_fields_from_its_stats(tmp_
             second.restore_bytes, second.executor) == (2, False, "restored", 3, 12.5, 0, None)
     assert second.stats == {}
     again = json.loads(json.dumps(load_checkpoint(storage, 4).to_dict()))
-    assert again["format_version"] == 3 and again["subtasks"][1]["recovery"] == "restored"
+    assert again["format_version"] == 4 and again["subtasks"][1]["recovery"] == "restored"
 
 
 def documented_frames() -> list[bytes]:

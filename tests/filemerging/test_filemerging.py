@@ -211,6 +211,48 @@ def test_space_control_rewrites_live_segments_and_frees_the_file(tmp_path):
     assert counts(root) == expected_counts(src)
 
 
+def test_a_materialization_gets_a_physical_file_of_its_own(tmp_path):
+    """Materializations never share a physical file: the next one would sit beside a dead one, and space control
+    would then copy the whole live state out of that file on some checkpoint's path."""
+    manager = FileMergingManager(CheckpointStorage(str(tmp_path)), FileMergingConfig("across"))
+    pooled = manager.shared_writer(0, 1, 1)
+    small = pooled.write(b"s" * 10)
+    first, second = (manager.shared_writer(0, 1, 1, alone=True).write(b"m" * 100) for _ in range(2))
+    assert len({small.path, first.path, second.path}) == 3
+    assert pooled.write(b"t" * 10).path == small.path, "the pool keeps its file; the alone files take nothing"
+    assert os.path.getsize(tmp_path / first.path) == 100
+
+
+def test_space_control_rewrites_stay_within_the_budget_per_snapshot(tmp_path):
+    """Segments of non-reusable files are re-written at most ``rewrite_budget`` bytes per snapshot (the rest waits
+    for a later checkpoint); segments in another subtask's directory are always re-written."""
+    from spate.runtime.snapshot_files import Relocator
+    from spate.snapshot.handles import KeyGroupsHandle
+    from spate.snapshot.keyed import write_key_groups
+
+    storage = CheckpointStorage(str(tmp_path))
+    manager = FileMergingManager(storage, FileMergingConfig("across"))
+
+    class View:
+        def key_group_flat(self, kg):
+            return [b"\0\0k%d" % kg, b"v" * 1000]
+
+    def handle(index: int, parallelism: int) -> KeyGroupsHandle:
+        h = write_key_groups(View(), range(4), [], {}, manager.shared_writer(index, parallelism, 1, alone=True))
+        assert h is not None
+        return h
+
+    wasteful = [handle(0, 1) for _ in range(3)]
+    foreign = handle(1, 2)
+    size = wasteful[0].span()[1]
+    out = manager.shared_writer(0, 1, 2)
+    fix = Relocator(storage, out, out, [h.path for h in wasteful], subtask_dir(0, 1), budget=2 * size)
+    fixed = [fix(h) for h in wasteful]
+    assert [f is h for f, h in zip(fixed, wasteful, strict=True)] == [False, False, True]
+    assert fix(foreign) is not foreign, "another subtask's segment moves whatever the budget"
+    assert fix.rewritten_bytes == 2 * size
+
+
 # -- scenario 14: pools -----------------------------------------------------------------------------------
 def test_scenario_14_pools(tmp_path):
     storage = CheckpointStorage(str(tmp_path))

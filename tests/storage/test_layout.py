@@ -37,6 +37,7 @@ DATA_FILES = [
     data_file(CHANGELOG_DIR, CHANGE_FILE_SUFFIX),
     data_file(worker_dir(layout.random_name()[:16]), SEGMENT_FILE_SUFFIX),
     data_file(staged_dir(7), STAGED_OUTPUTS_SUFFIX),
+    layout.change_list_file(),
 ]
 DIRS = [EPOCHS_DIR, checkpoint_dir(7), layout.SHARED_DIR, subtask_dir(1, 4), CHANGELOG_DIR, layout.TASKOWNED_DIR,
         worker_dir("0123456789abcdef"), layout.STAGED_DIR, staged_dir(7)]

@@ -111,6 +111,7 @@ class ChangelogKeyedState:
         self.restored_changelog: list[ChangeSetHandle] = []
         self.materialized_to = 0
         self._included: dict[int, tuple[int, int]] = {}  # checkpoint -> sqn range it included
+        self._with_states: dict[int, tuple[ChangeSetHandle, ChangeSetHandle]] = {}  # sqn -> (uploaded, listed)
         self._running: _Materialization | None = None
         self._failures = 0
         self._next_due_ms: int | None = None
@@ -165,11 +166,22 @@ class ChangelogKeyedState:
                 self._unreferenced_materialization = None  # the ack references it: the coordinator owns it
             self._included[checkpoint_id] = span
             stats = self._stats((time.perf_counter() - started) * 1000, handles)
-            log = restored + [h.with_states(states) for h in handles]
+            log = restored + [self._stated(h, states) for h in handles]
             self._log_since_materialization = _log_length(log)
             return materialized, log, stats
 
         return finish
+
+    def _stated(self, handle: ChangeSetHandle, states: tuple[dict[str, Any], ...]) -> ChangeSetHandle:
+        """``handle`` with the state descriptors, the same object from checkpoint to checkpoint while nothing
+        changed: checkpoints list the log since the materialization again and again, and an unchanged handle
+        keeps its encoding (and lets the coordinator recognize the log's part it already wrote down)."""
+        known = self._with_states.get(handle.sqn)
+        if known is not None and known[0] is handle and known[1].states == states:
+            return known[1]
+        stated = handle.with_states(states)
+        self._with_states[handle.sqn] = (handle, stated)
+        return stated
 
     def _stats(self, persist_ms: float, handles: list[ChangeSetHandle]) -> dict[str, Any]:
         w = self.writer.take_stats()
@@ -290,6 +302,7 @@ class ChangelogKeyedState:
         self.materialized_to = run.sqn
         self.restored_changelog = []
         self._log_since_materialization = (0, 0)
+        self._with_states = {sqn: h for sqn, h in self._with_states.items() if sqn >= run.sqn}
         self.last_materialization = {"materialization_ms": round((time.perf_counter() - run.started) * 1000, 3),
                                      "materialization_bytes": handle.size if handle else 0,
                                      "materialized_sqn": run.sqn}

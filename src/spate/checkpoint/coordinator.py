@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state, rescale_sources
+from spate.checkpoint.changelists import extend_lists, reused_lists
 from spate.checkpoint.cleanup import RootCleanup, live_dirs
 from spate.checkpoint.completion import completed_metadata
 from spate.checkpoint.delivery import SinkDelivery
@@ -232,6 +233,7 @@ class Coordinator:
         acks = [pending.acks[i] for i in range(pending.parallelism)]
         meta = completed_metadata(checkpoint_id, acks, pending.processing_time_ms, self.query, self.base,
                                   self.watermark_delay_ms, self.rescale_reason)
+        self._list_change_sets(meta)
         self._write_metadata(meta)
         self.take_over.check()  # a take-over that raced the write: the new driver's seal decides
         self._pending = None
@@ -247,6 +249,17 @@ class Coordinator:
         self.registry.control_space()
         self._remove_dead_dirs(deleted)
         return meta
+
+    def _list_change_sets(self, meta: CheckpointMetadata) -> None:
+        """Write each subtask's log since its materialization down in change-set lists, re-using the base's
+        while the log still starts with them, so the metadata stays the same size as the log grows."""
+        base = self.base
+        same = base is not None and self._base_storage is self.storage and base.parallelism == meta.parallelism
+        with naming_disk_full(self.storage.path(metadata_path(meta.checkpoint_id)), meta.checkpoint_id):
+            for i, st in enumerate(meta.subtasks):
+                kept = reused_lists(st.changelog, base.subtasks[i].changelog_lists, base.subtasks[i].changelog) \
+                    if same and base is not None else []
+                st.changelog_lists = extend_lists(self.storage, st.changelog, kept)
 
     def _write_metadata(self, meta: CheckpointMetadata) -> None:
         """Create ``chk-<n>/_metadata`` with put-if-absent. One left there by a driver fenced before this one

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spate.checkpoint.ackinfo import ACK_INFO_FIELDS, AckInfo, ack_info_from_stats
-from spate.errors import CorruptFileError
+from spate.checkpoint.changelists import ChangeListRef, expand
+from spate.errors import CorruptFileError, MissingFileError
 from spate.frames import FrameKind, frame, read_single_frame
 from spate.fs import CheckpointStorage
 from spate.layout import (
@@ -19,28 +20,36 @@ from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorSta
 from spate.snapshot.outputs import OutputsHandle
 
 # 2: handles may be segments of merged files (``file_offset``, ``file_size``); 3: typed per-subtask ack facts
-# (``rows``, ``staged``, ``recovery``, ...) instead of statistics an older reader would misread
-METADATA_FORMAT_VERSION = 3
+# (``rows``, ``staged``, ``recovery``, ...) instead of statistics an older reader would misread; 4: a subtask's
+# log since the materialization partly in change-set lists (``changelog_lists``) an older reader would not read
+METADATA_FORMAT_VERSION = 4
 
 
 @dataclass
 class SubtaskState(AckInfo):
     """The handles of one subtask in a checkpoint, the typed facts of its ack (:class:`AckInfo`) and its
-    free-form statistics."""
+    free-form statistics. ``changelog`` is the whole log since the materialization; its first handles are
+    written down in ``changelog_lists`` (:mod:`spate.checkpoint.changelists`), the rest inline."""
 
     keyed: list[KeyGroupsHandle] = field(default_factory=list)
     operator: OperatorStateHandle | None = None
     outputs: OutputsHandle | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     changelog: list[ChangeSetHandle] = field(default_factory=list)
+    changelog_lists: list[ChangeListRef] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"keyed": [h.to_dict() for h in self.keyed], "changelog": [h.to_dict() for h in self.changelog],
+        listed = sum(r.count for r in self.changelog_lists)
+        assert listed <= len(self.changelog), "the change-set lists of a subtask cover more than its log"
+        return {"keyed": [h.to_dict() for h in self.keyed],
+                "changelog": [h.to_dict() for h in self.changelog[listed:]],
+                "changelog_lists": [r.to_dict() for r in self.changelog_lists],
                 "operator": self.operator.to_dict() if self.operator else None,
                 "outputs": self.outputs.to_dict() if self.outputs else None, **self.ack_info(), "stats": self.stats}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> SubtaskState:
+        """As written: ``changelog`` holds only the inline handles until :func:`read_metadata` reads the lists."""
         op, outputs = data.get("operator"), data.get("outputs")
         stats = dict(data.get("stats", {}))
         info = {n: data[n] for n in ACK_INFO_FIELDS if n in data} if "recovery" in data else \
@@ -48,7 +57,8 @@ class SubtaskState(AckInfo):
         return SubtaskState([KeyGroupsHandle.from_dict(h) for h in data["keyed"]],
                             OperatorStateHandle.from_dict(op) if op else None,
                             OutputsHandle.from_dict(outputs) if outputs else None, stats,
-                            [ChangeSetHandle.from_dict(h) for h in data.get("changelog", [])], **info)
+                            [ChangeSetHandle.from_dict(h) for h in data.get("changelog", [])],
+                            [ChangeListRef.from_dict(r) for r in data.get("changelog_lists", [])], **info)
 
 
 RESCALE_HISTORY = 20  # rescales a checkpoint's metadata carries forward from its base
@@ -78,7 +88,8 @@ class CheckpointMetadata:
         """Every logical file this checkpoint references (once each)."""
         refs: dict[tuple[str, int], FileRef] = {}
         for st in self.subtasks:
-            for h in (*st.keyed, *st.changelog, *(x for x in (st.operator, st.outputs) if x is not None)):
+            for h in (*st.keyed, *st.changelog, *st.changelog_lists,
+                      *(x for x in (st.operator, st.outputs) if x is not None)):
                 ref = h.segment
                 known = refs.get(ref.key)
                 if known is None or known.length < ref.length:
@@ -136,12 +147,26 @@ def read_metadata(storage: CheckpointStorage, path: str) -> CheckpointMetadata:
         meta = CheckpointMetadata.from_dict(data)
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptFileError(f"{where}: metadata is missing or has malformed fields ({e!r})") from e
-    for rel in meta.files():
+    for st in meta.subtasks:
+        for ref in st.changelog_lists:
+            _under_root(storage, ref.path, where)
         try:
-            storage.path(rel)  # every referenced path must stay under the root
-        except ValueError as e:
-            raise CorruptFileError(f"{where}: {e}; refusing to read outside the checkpoint root") from e
+            st.changelog = expand(storage, st.changelog_lists, st.changelog, f"listed by {where}")
+        except MissingFileError as e:
+            if not storage.exists(path):
+                raise  # the checkpoint was subsumed while being read
+            # never mistaken for a subsumed checkpoint: discovery would then resume from an older one
+            raise CorruptFileError(f"{e}; the checkpoint cannot be read without it") from e
+    for rel in meta.files():
+        _under_root(storage, rel, where)
     return meta
+
+
+def _under_root(storage: CheckpointStorage, rel: str, where: str) -> None:
+    try:
+        storage.path(rel)  # every referenced path must stay under the root
+    except ValueError as e:
+        raise CorruptFileError(f"{where}: {e}; refusing to read outside the checkpoint root") from e
 
 
 @dataclass

@@ -23,19 +23,24 @@ class FileMergingConfig:
             otherwise a writer that finds every file busy creates another (no waiting).
         max_space_amplification: when physical bytes exceed this factor times the bytes still referenced,
             the most wasteful files stop being reused and their live segments are re-written by the next
-            checkpoint that needs them, so the files can go. Below 1 turns space control off.
+            checkpoints that need them, so the files can go. Below 1 turns space control off.
+        rewrite_budget: bytes of such re-writes one subtask's snapshot does at most (beyond Flink): the rest
+            waits for later checkpoints, so a checkpoint never copies a large share of the state on its path.
     """
 
     mode: str = WITHIN
     max_file_size: int = 32 * MB
     blocking_pool: bool = False
     max_space_amplification: float = 2.0
+    rewrite_budget: int = 16 * MB
 
     def __post_init__(self) -> None:
         if self.mode not in (WITHIN, ACROSS):
             raise ValueError(f"file-merging mode {self.mode!r} is unknown: use {WITHIN!r} or {ACROSS!r}")
         if self.max_file_size < 1:
             raise ValueError(f"max_file_size must be >= 1 byte, got {self.max_file_size}")
+        if self.rewrite_budget < 0:
+            raise ValueError(f"rewrite_budget must be >= 0 bytes, got {self.rewrite_budget}")
 
     @property
     def across(self) -> bool:

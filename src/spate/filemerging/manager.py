@@ -150,10 +150,16 @@ class FilePool:
 class PooledWriter:
     """Writes logical files as segments of the physical files of one directory's pool (of checkpoint
     ``checkpoint_id`` when merging within checkpoints: a write that comes after that checkpoint's pool closed,
-    such as a long materialization, goes to the current checkpoint's pool)."""
+    such as a long materialization, goes to the current checkpoint's pool).
 
-    def __init__(self, manager: FileMergingManager, directory: str, kind: str, checkpoint_id: int) -> None:
+    ``alone``: each logical file gets a physical file of its own, closed once written (materializations: large,
+    and dead all at once when the next one replaces them; sharing a file would leave the next materialization
+    beside a dead one, and space control would then copy the whole live state out of it)."""
+
+    def __init__(self, manager: FileMergingManager, directory: str, kind: str, checkpoint_id: int,
+                 alone: bool = False) -> None:
         self.manager, self.directory, self.kind, self.checkpoint_id = manager, directory, kind, checkpoint_id
+        self.alone = alone
 
     @property
     def pool(self) -> FilePool:
@@ -161,6 +167,8 @@ class PooledWriter:
         return self.manager.pool(self.directory, cp, self.kind)
 
     def write(self, data: bytes) -> FileRef:
+        if self.alone:
+            return self._write_alone(data)
         while True:
             pool = self.pool
             f = pool.take(self.checkpoint_id)
@@ -181,6 +189,21 @@ class PooledWriter:
                     return FileRef(f.path, offset, len(data))
             finally:
                 pool.give_back(f)
+
+    def _write_alone(self, data: bytes) -> FileRef:
+        f = self.manager.new_file(self.directory, self.checkpoint_id)
+        try:
+            with f.lock:
+                with naming_disk_full(self.manager.storage.path(f.path), self.checkpoint_id):
+                    offset = f.append(data)
+                with self.manager.lock:
+                    f.held[offset] = None
+        except BaseException:
+            f.revoked = True
+            raise
+        finally:
+            f.close()
+        return FileRef(f.path, offset, len(data))
 
     def discard(self, ref: FileRef) -> None:
         """No checkpoint will reference ``ref``: its bytes are waste until the coordinator deletes the file."""
@@ -207,9 +230,10 @@ class FileMergingManager:
         self.lock = threading.Lock()
 
     # -- writing ---------------------------------------------------------------------------------------
-    def shared_writer(self, index: int, parallelism: int, checkpoint_id: int) -> PooledWriter:
-        """Writer for subtask ``index``'s shared state (keyed snapshots) in checkpoint ``checkpoint_id``."""
-        return PooledWriter(self, subtask_dir(index, parallelism), "shared", checkpoint_id)
+    def shared_writer(self, index: int, parallelism: int, checkpoint_id: int, alone: bool = False) -> PooledWriter:
+        """Writer for subtask ``index``'s shared state (keyed snapshots) in checkpoint ``checkpoint_id``;
+        ``alone``: a physical file per logical file (materializations)."""
+        return PooledWriter(self, subtask_dir(index, parallelism), "shared", checkpoint_id, alone)
 
     def private_writer(self, checkpoint_id: int) -> PooledWriter:
         """Writer for this worker's private state (operator state, staged outputs) in ``checkpoint_id``."""

@@ -331,7 +331,7 @@ class StateRecovery:
             return table, None
         manager, materialized = self.services.merging, None
         if manager is not None:
-            materialized = functools.partial(manager.shared_writer, self.index, self.parallelism)
+            materialized = functools.partial(manager.shared_writer, self.index, self.parallelism, alone=True)
         clog = ChangelogKeyedState(table, self.services.storage, cfg, self.index, self.parallelism,
                                    self.services.scheduler, materialized, self.services.materializers)
         return clog.table, clog

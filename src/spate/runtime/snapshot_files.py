@@ -40,19 +40,31 @@ class RecordingWriter:
 class Relocator:
     """With file merging: gives a handle's re-written copy if new checkpoints must not reference where it is,
     else the handle itself. Re-written: segments in another subtask's directory (state restored after a
-    rescale: each subtask owns what it needs), and the files the plan names as not reusable (wasting too much
-    space, or in the private directory of a worker of an earlier run)."""
+    rescale: each subtask owns what it needs), always; and segments of the files the plan names as not reusable
+    (wasting too much space, or in the private directory of a worker of an earlier run) within ``budget``
+    bytes per snapshot, so no checkpoint copies a large share of the state on its path: the rest keeps its
+    place until a later checkpoint (or the next materialization) moves it."""
 
-    def __init__(self, storage: Any, out: SegmentWriter, non_reusable: list[str], own_dir: str) -> None:
-        self.storage, self.out = storage, out
+    def __init__(self, storage: Any, out: SegmentWriter, changes_out: SegmentWriter, non_reusable: list[str],
+                 own_dir: str, budget: int) -> None:
+        self.storage, self.out, self.changes_out = storage, out, changes_out
         self.bad, self.mine = frozenset(non_reusable), own_dir + "/"
+        self.budget = budget
+        self.rewritten_bytes = 0
+
+    def _other_subtask(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
+        return in_subtask_dir(h.path) and not h.path.startswith(self.mine)
 
     def needed(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
-        other_subtask = in_subtask_dir(h.path) and not h.path.startswith(self.mine)
-        return other_subtask or h.path in self.bad
+        return self._other_subtask(h) or h.path in self.bad
 
     def __call__(self, h: H) -> H:
-        return relocate(self.storage, h, self.out) if self.needed(h) else h
+        if not self._other_subtask(h):
+            if h.path not in self.bad or self.rewritten_bytes + h.span()[1] > self.budget:
+                return h
+            self.rewritten_bytes += h.span()[1]
+        # change sets go where change files go (they die together at the next materialization)
+        return relocate(self.storage, h, self.changes_out if isinstance(h, ChangeSetHandle) else self.out)
 
 
 class SnapshotFiles:
@@ -103,7 +115,9 @@ class SnapshotFiles:
         """With file merging, what re-writes the handles the new checkpoint must not reference (to ``out``)."""
         if self.merging is None:
             return None
-        return Relocator(self.services.storage, out, plan.non_reusable, self.own_dir)
+        changes = RecordingWriter(self.merging.changelog_writer(plan.checkpoint_id), self._unsynced)
+        return Relocator(self.services.storage, out, changes, plan.non_reusable, self.own_dir,
+                         self.merging.config.rewrite_budget)
 
     def report(self, plan: SubtaskPlan, named: list[FileRef], written: list[FileRef]) -> dict[str, list]:
         """Once the snapshot is durable: the physical files for the ack (path → [size, still open]). ``named``:

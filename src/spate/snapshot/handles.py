@@ -31,7 +31,9 @@ class _KeyGroupIndexed:
         return self._dict
 
     @functools.cached_property
-    def _dict(self) -> dict[str, Any]:  # handles are immutable and re-sent with every checkpoint: encode once
+    def _dict(self) -> dict[str, Any]:
+        # handles are immutable and re-sent with every checkpoint: encode once; the offsets as tuples, which
+        # cyclic GC stops tracking, so a long log's cached encodings do not lengthen every GC pass
         return self._encode()
 
     def _encode(self) -> dict[str, Any]:
@@ -75,7 +77,7 @@ class KeyGroupsHandle(_KeyGroupIndexed):
 
     def _encode(self) -> dict[str, Any]:
         return {"type": "key_groups", "path": self.path, "start": self.start, "end": self.end,
-                "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "size": self.size,
+                "offsets": [(kg, o, n) for kg, (o, n) in sorted(self.offsets.items())], "size": self.size,
                 "states": list(self.states), **_at(self.file_offset)}
 
     @staticmethod
@@ -139,7 +141,7 @@ class ChangeSetHandle(_KeyGroupIndexed):
 
     def _encode(self) -> dict[str, Any]:
         return {"path": self.path, "log": self.log_id, "sqn": self.sqn,
-                "offsets": [[kg, o, n] for kg, (o, n) in sorted(self.offsets.items())], "states": list(self.states),
+                "offsets": [(kg, o, n) for kg, (o, n) in sorted(self.offsets.items())], "states": list(self.states),
                 **_at(self.file_offset), **({"file_size": self.file_size} if self.file_size else {})}
 
     @staticmethod
