@@ -35,6 +35,8 @@ from typing import Any
 
 from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import MB
+from spate.fs import CheckpointStorage
+from spate.layout import metadata_path
 from spate.report import format_table, human_bytes, percentile, progress
 from spate.runtime.local import BatchResult, LocalRunner
 from spate.runtime.processor import Context, Processor
@@ -210,7 +212,7 @@ def drive(runner: LocalRunner, feed: Feed, label: str) -> list[dict[str, Any]]:
             due = feed.arrived(started)
             feed.clock.advance(due)
             result = runner.run_batch(runner.next_batch_id, feed.take(due - taken))
-            samples.append(_sample(result, last_start - started, due - taken))
+            samples.append(_sample(result, last_start - started, due - taken, runner.coordinator.storage))
             taken = due
     return samples
 
@@ -221,14 +223,16 @@ def _wait(until: float) -> None:
         time.sleep(delay)
 
 
-def _sample(result: BatchResult, at_s: float, rows: int) -> dict[str, Any]:
+def _sample(result: BatchResult, at_s: float, rows: int, storage: CheckpointStorage) -> dict[str, Any]:
     meta = result.checkpoint
+    metadata_bytes = os.path.getsize(storage.path(metadata_path(meta.checkpoint_id)))
     at_checkpoint = sum(st.stats.get("changelog_bytes_at_checkpoint", st.stats.get("keyed_bytes", 0))
                         for st in meta.subtasks)
     # only numbers: a sample that kept the metadata would keep every checkpoint's handles alive, and cyclic GC
     # passes over them would show up as checkpoint spikes
     return {"at_s": at_s, "checkpoint_ms": result.checkpoint_ms, "rows": rows, "full_bytes": meta.state_bytes,
-            "checkpointed_bytes": at_checkpoint}
+            "checkpointed_bytes": at_checkpoint, "metadata_bytes": metadata_bytes,
+            "log_change_sets": max(len(st.changelog) for st in meta.subtasks)}
 
 
 # -- variants ------------------------------------------------------------------------------------------------
@@ -336,7 +340,17 @@ def summarize(v: Variant, samples: list[dict[str, Any]], keys: int, live: int, r
             "checkpoint_ms_max": _r(max(cp)), "p999_is_max": len(cp) < MIN_CHECKPOINTS_FOR_P999,
             "checkpointed_bytes_p50": percentile([x["checkpointed_bytes"] for x in samples], 50),
             "full_checkpoint_bytes": full[-1], "full_checkpoint_bytes_p99": percentile(full, 99),
-            "recovery_s": round(recovery_s, 3)}
+            "recovery_s": round(recovery_s, 3), **metadata_growth(samples)}
+
+
+def metadata_growth(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """``_metadata`` bytes with 10 change sets in the log since the materialization, and with the longest log."""
+    longest = max(samples, key=lambda x: x["log_change_sets"])
+    at_10 = next((x for x in samples if x["log_change_sets"] == 10), None)
+    return {"metadata_bytes_max": max(x["metadata_bytes"] for x in samples),
+            "metadata_bytes_log10": at_10["metadata_bytes"] if at_10 else None,
+            "metadata_bytes_longest_log": longest["metadata_bytes"],
+            "longest_log_change_sets": longest["log_change_sets"]}
 
 
 def _r(x: float | None) -> float | None:
@@ -386,7 +400,10 @@ def table(results: list[dict[str, Any]], setup: Setup, charts: list[str]) -> str
              "p50 ms": r["checkpoint_ms_p50"], "p90 ms": r["checkpoint_ms_p90"], "p99 ms": r["checkpoint_ms_p99"],
              "p99.9 ms": r["checkpoint_ms_p999"], "checkpointed p50": human_bytes(r["checkpointed_bytes_p50"] or 0),
              "full checkpoint": human_bytes(r["full_checkpoint_bytes"]),
-             "live state": human_bytes(r["live_state_bytes"]), "recovery s": r["recovery_s"]} for r in results]
+             "live state": human_bytes(r["live_state_bytes"]), "recovery s": r["recovery_s"],
+             "_metadata (log 10 / longest)": f"{human_bytes(r['metadata_bytes_log10'] or 0)} / "
+                                             f"{human_bytes(r['metadata_bytes_longest_log'])} "
+                                             f"({r['longest_log_change_sets']})"} for r in results]
     few = [f"{r['workload']}/{r['variant']}" for r in results if r["p999_is_max"]]
     note = (f"\nbelow {MIN_CHECKPOINTS_FOR_P999:,} checkpoints ({', '.join(few)}), p99.9 is the maximum"
             if few else "")
