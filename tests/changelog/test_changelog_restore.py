@@ -94,6 +94,7 @@ def test_a_folded_restore_is_a_sequential_replay(tmp_path, monkeypatch, coalesce
     if parts == "many":  # a part per key group, a read per key group, one read ahead at a time
         monkeypatch.setattr(changelog_restore, "PART_LOG_BYTES", 1)
         monkeypatch.setattr(changelog_restore, "MAX_PARTS", 128)
+        monkeypatch.setattr(changelog_restore, "MIN_READ_BYTES", 0)
         monkeypatch.setattr(changelog_restore, "CHUNK_BYTES", 1)
         monkeypatch.setattr(changelog_restore, "READ_AHEAD_BYTES", 1)
     tables: list[StateTable] = []

@@ -42,11 +42,13 @@ T = TypeVar("T")
 READ_THREADS = 3  # storage reads release the GIL; decoding does not, so a few are enough
 READ_AHEAD_BYTES = 32 << 20  # stored bytes read ahead of what is being applied (bounds the memory it takes)
 CHUNK_BYTES = 4 << 20  # a materialized snapshot is fetched in ranged reads of about this many bytes
-PART_LOG_BYTES = 8 << 20  # the key groups are restored in parts of about this much log (at most MAX_PARTS)
+PART_LOG_BYTES = 16 << 20  # the key groups are restored in parts of about this much log (at most MAX_PARTS),
+MIN_READ_BYTES = 256 << 10  # as long as a part of a change set is about this long (object stores: few requests)
 MAX_PARTS = 8
 Records = list  # [op, key, value, op, key, value, ...] of one key group of one change set
 Logged = list[tuple[Records, dict[bytes, bytes]]]  # a key group's records per change set, with the sid remap
 Offsets = dict[int, tuple[int, int]]
+FOLDABLE = frozenset((PUT, DELETE))
 
 
 def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, materialized: list[KeyGroupsHandle],
@@ -66,7 +68,8 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
     log_bytes = sum(n for h in changelog for kg, (_o, n) in h.offsets.items() if kg in owned)
     # what to read, in order: (bytes, read, where its result goes: change set j or materialized handle i)
     reads: list[tuple[int, Callable[[], list], tuple[bool, int]]] = []
-    for part in _split(owned, -(-log_bytes // PART_LOG_BYTES)):
+    parts = min(-(-log_bytes // PART_LOG_BYTES), log_bytes // max(1, len(changelog) * MIN_READ_BYTES))
+    for part in _split(owned, parts):
         for j, h in enumerate(changelog):
             if offsets := _within(h.offsets, part):
                 reads.append((_span(offsets), functools.partial(_change_set, storage, h, offsets, context), (True, j)))
@@ -75,17 +78,20 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
                 reads.append((_span(chunk), functools.partial(_key_groups, storage, h, chunk, context), (False, i)))
         reads.append((0, list, (True, -1)))  # the part's end: apply its log of key groups not materialized
     log: dict[int, Logged] = {}
+    ops: dict[int, set[int]] = {}  # the operations in a key group's log
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, gc_paused():
         fetched = _read_ahead(pool, [(size, read) for size, read, _to in reads], READ_AHEAD_BYTES)
         try:
             for (_size, _read, (is_log, n)), groups in zip(reads, fetched, strict=True):
                 if is_log and n < 0:
                     for kg in sorted(log):
-                        apply_logged(table, kg, log[kg])
+                        apply_logged(table, kg, log[kg], ops[kg])
                     log.clear()
+                    ops.clear()
                 elif is_log:
-                    for kg, records in groups:
+                    for kg, records, kinds in groups:
                         log.setdefault(kg, []).append((records, remaps[n]))
+                        ops.setdefault(kg, set()).update(kinds)
                 else:
                     remap, maps = snapshots[n]
                     for kg, flat in groups:
@@ -95,17 +101,18 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
                         if logged is None:
                             table.restore_key_group(kg, flat, maps)
                         else:
-                            apply_logged(table, kg, logged, flat, maps)
+                            apply_logged(table, kg, logged, ops.pop(kg), flat, maps)
         finally:
             fetched.close()  # cancels the reads not under way yet
     backend.table.commit()
 
 
-def apply_logged(table: StateTable, kg: int, logged: Logged, flat: list[bytes] | None = None,
+def apply_logged(table: StateTable, kg: int, logged: Logged, ops: set[int], flat: list[bytes] | None = None,
                  maps: frozenset[bytes] = frozenset()) -> None:
-    """Apply key group ``kg``'s change-set records ``logged`` (in log order) to ``table``, after its materialized
-    entries ``flat`` (their map state ids ``maps``) if it has any; folded where that is exact (module doc)."""
-    if any(op != PUT and op != DELETE for records, _remap in logged for op in records[0::3]):
+    """Apply key group ``kg``'s change-set records ``logged`` (in log order; ``ops``: the operations in them) to
+    ``table``, after its materialized entries ``flat`` (their map state ids ``maps``) if it has any; folded where
+    that is exact (module doc)."""
+    if not ops <= FOLDABLE:
         if flat is not None:
             table.restore_key_group(kg, flat, maps)
         for records, remap in logged:
@@ -148,8 +155,9 @@ def fold(logged: Logged) -> tuple[dict[bytes, bytes], list[bytes]]:
 
 # -- reading ahead --------------------------------------------------------------------------------------------
 def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offsets,
-                context: str) -> list[tuple[int, Records]]:
-    return list(read_change_set(storage, handle, context, part))
+                context: str) -> list[tuple[int, Records, set[int]]]:
+    """(key group, records, the operations in them) of the key groups ``part`` of a change set."""
+    return [(kg, records, set(records[0::3])) for kg, records in read_change_set(storage, handle, context, part)]
 
 
 def _key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, part: Offsets,
