@@ -533,7 +533,7 @@ def test_coalescing_logs_a_hot_key_once(tmp_path, coalesce):
     records = [r for h in handles for _, recs in read_change_set(CheckpointStorage(root), h) for r in recs[0::3]]
     assert len(records) == (2 if coalesce else 202)
     restored = KeyedStateBackend(HeapTable(), 128, range(128))
-    from spate.changelog.state import restore_keyed_state
+    from spate.changelog.restore import restore_keyed_state
 
     restore_keyed_state(restored, CheckpointStorage(root), [], handles, "test")
     restored.set_current_key("hot")
@@ -587,7 +587,7 @@ def test_lmdb_map_growth_waits_for_a_running_materialization(tmp_path):
     assert clog.materialized and clog.materialized_to == 1
     assert table.env.info()["map_size"] > 1 << 20, "the map did grow"
     restored = KeyedStateBackend(HeapTable(), 128, range(128))
-    from spate.changelog.state import restore_keyed_state
+    from spate.changelog.restore import restore_keyed_state
 
     restore_keyed_state(restored, storage, clog.materialized, [], "test")
     assert len(list(restored.keys(ValueStateDescriptor("v")))) == 50, "the view saw the table as of its start"

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from spate import LocalRunner, Processor, keyed_state_entries, load_checkpoint
 from spate.changelog.changeset import DELETE, MAP_DELETE, ChangeSet
 from spate.changelog.format import read_change_set
-from spate.changelog.state import ChangelogConfig, ChangelogKeyedState, restore_keyed_state
+from spate.changelog.restore import restore_keyed_state
+from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
 from spate.checkpoint.inspect import keyed_state_names
 from spate.fs import CheckpointStorage

@@ -4,7 +4,7 @@ owns."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import msgpack
 
@@ -43,10 +43,14 @@ def change_set_handles(ref: FileRef, located: dict[tuple[str, int], Offsets]) ->
             for (log_id, sqn), offsets in located.items()}
 
 
-def read_change_set(storage: CheckpointStorage, handle: ChangeSetHandle,
-                    context: str = "") -> Iterator[tuple[int, list]]:
-    """(key group, records) of every key group of ``handle``, checksums verified, one ranged read."""
-    _where, frames = read_span_frames(storage, handle.path, handle.offsets, FrameKind.CHANGE_SET, context,
+def read_change_set(storage: CheckpointStorage, handle: ChangeSetHandle, context: str = "",
+                    only: Mapping[int, tuple[int, int]] | None = None) -> Iterator[tuple[int, list]]:
+    """(key group, records) of every key group of ``handle`` (or only those of ``only``, a part of its
+    offsets), checksums verified, one ranged read."""
+    offsets = handle.offsets if only is None else only
+    if not offsets:
+        return
+    _where, frames = read_span_frames(storage, handle.path, offsets, FrameKind.CHANGE_SET, context,
                                       handle.file_offset)
     for fr in frames:
         log_id, sqn, kg, records = msgpack.unpackb(fr.payload, raw=False)
@@ -54,4 +58,5 @@ def read_change_set(storage: CheckpointStorage, handle: ChangeSetHandle,
             continue  # another log's change set between ours (never the case for a contiguous span)
         if handle.offsets.get(kg, (None,))[0] != fr.offset:
             continue  # a key group outside the (intersected) handle
-        yield kg, records
+        if only is None or kg in only:
+            yield kg, records

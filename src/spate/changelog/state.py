@@ -14,8 +14,6 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from spate.changelog.changeset import replay
-from spate.changelog.format import read_change_set
 from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
 from spate.changelog.writer import ChangelogWriter
@@ -24,7 +22,7 @@ from spate.fs import CheckpointStorage
 from spate.layout import KEY_GROUPS_SUFFIX, random_name, subtask_dir
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
-from spate.snapshot.keyed import expiry_filters, gc_paused, restore_keyed_snapshot, sid_remap, write_key_groups
+from spate.snapshot.keyed import expiry_filters, write_key_groups
 from spate.state.keyed import KeyedStateBackend
 from spate.state.table import StateTable
 
@@ -57,23 +55,6 @@ class ChangelogConfig:
 def _log_length(change_sets: list[ChangeSetHandle]) -> tuple[int, int]:
     """How many change sets, and how many bytes of them, a log holds."""
     return len(change_sets), sum(n for h in change_sets for _o, n in h.offsets.values())
-
-
-def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, materialized: list[KeyGroupsHandle],
-                        changelog: list[ChangeSetHandle], context: str) -> None:
-    """Materialized snapshots, then every change set in order, keeping only the backend's key groups.
-    Replayed changes go to the table under any changelog wrapper: they are already durable."""
-    for handle in materialized:
-        restore_keyed_snapshot(backend, storage, handle, context)
-    table = backend.table.inner if isinstance(backend.table, ChangelogTable) else backend.table
-    owned = backend.key_groups
-    with gc_paused():
-        for change_set in changelog:
-            remap = sid_remap(backend, change_set.states)
-            for kg, records in read_change_set(storage, change_set, context):
-                if kg in owned:
-                    replay(table, kg, records, remap)
-    backend.table.commit()
 
 
 @dataclass

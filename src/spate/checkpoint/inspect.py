@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spate.changelog.format import read_change_set
-from spate.changelog.state import restore_keyed_state
+from spate.changelog.restore import restore_keyed_state
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo, read_delivered, read_metadata
 from spate.errors import CheckpointError, SpateError

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import lmdb
 
-from spate.changelog.state import ChangelogKeyedState, restore_keyed_state
+from spate.changelog.restore import restore_keyed_state
+from spate.changelog.state import ChangelogKeyedState
 from spate.checkpoint.ackinfo import CAUGHT_UP, RESCALED, REUSED, RecoveryInfo
 from spate.checkpoint.protocol import SubtaskPlan
 from spate.errors import SpateError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import msgpack
 
@@ -109,13 +109,15 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle,
-                    context: str = "") -> Iterator[tuple[int, list[bytes]]]:
-    """Yield (key group, [flat key, value, flat key, value, ...]) for every key group of ``handle``,
-    verifying each frame's checksum. One ranged read fetches the handle's span of the file."""
-    if not handle.offsets:
+def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, context: str = "",
+                    only: Mapping[int, tuple[int, int]] | None = None) -> Iterator[tuple[int, list[bytes]]]:
+    """Yield (key group, [flat key, value, flat key, value, ...]) for every key group of ``handle`` (or only
+    those of ``only``, a part of its offsets), verifying each frame's checksum. One ranged read fetches their
+    span of the file."""
+    offsets = handle.offsets if only is None else only
+    if not offsets:
         return
-    where, frames = read_span_frames(storage, handle.path, handle.offsets, FrameKind.KEY_GROUP, context,
+    where, frames = read_span_frames(storage, handle.path, offsets, FrameKind.KEY_GROUP, context,
                                      handle.file_offset)
     for fr in frames:
         kg, flat = msgpack.unpackb(fr.payload, raw=False)
@@ -124,7 +126,8 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle,
                 raise CorruptFileError(f"{where}: key group {kg} found at offset {fr.offset}, where the "
                                        "checkpoint metadata does not expect it")
             continue
-        yield kg, flat
+        if only is None or kg in only:
+            yield kg, flat
 
 
 def sid_remap(backend: KeyedStateBackend, states: tuple[dict, ...]) -> dict[bytes, bytes]:
@@ -138,6 +141,13 @@ def sid_remap(backend: KeyedStateBackend, states: tuple[dict, ...]) -> dict[byte
     return remap
 
 
+def map_sids(backend: KeyedStateBackend, states: tuple[dict, ...]) -> frozenset[bytes]:
+    """This backend's state-id prefixes of the map states of a snapshot's registry ``states``, and the timers'
+    (what :meth:`~spate.state.table.StateTable.restore_key_group` stores as map entries)."""
+    return frozenset([U16.pack(backend.adopt(StateMeta.from_dict(m))) for m in states
+                      if m["kind"] == MAP] + [U16.pack(sid) for sid in RESERVED_SIDS])
+
+
 def restore_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage,
                            handle: KeyGroupsHandle, context: str = "") -> int:
     """Insert the entries of ``handle`` that fall in the backend's key groups; returns entries restored."""
@@ -149,8 +159,7 @@ def restore_key_groups(backend: KeyedStateBackend, states: tuple[dict, ...],
     """Insert ``groups`` ((key group, flat entries) written by a table whose state registry is ``states``) that
     fall in the backend's key groups, its state ids mapped to the backend's; returns entries restored."""
     remap = sid_remap(backend, states)
-    map_sids = frozenset([U16.pack(backend.adopt(StateMeta.from_dict(m))) for m in states
-                          if m["kind"] == MAP] + [U16.pack(sid) for sid in RESERVED_SIDS])
+    maps = map_sids(backend, states)
     table, owned, count = backend.table, backend.key_groups, 0
     with gc_paused():
         for kg, flat in groups:
@@ -158,6 +167,6 @@ def restore_key_groups(backend: KeyedStateBackend, states: tuple[dict, ...],
                 continue
             if remap:
                 flat[0::2] = [remap.get(k[:2], k[:2]) + k[2:] for k in flat[0::2]]
-            table.restore_key_group(kg, flat, map_sids)
+            table.restore_key_group(kg, flat, maps)
             count += len(flat) // 2
     return count

@@ -1,0 +1,215 @@
+"""Restoring changelog-enabled keyed state: the materialized snapshot(s) plus the change sets logged since.
+
+As fast as restoring a full snapshot of the same state, by three means:
+
+* reading ahead: a few threads fetch (storage read, checksum, decode) the change sets and the materialized key
+  groups, in a bounded window, while this thread writes what has arrived;
+* folding the log: the change sets are all read first (the log since a materialization is bounded, see
+  :class:`~spate.changelog.state.ChangelogConfig`), then each key group's records are applied at once: in a
+  key group whose records are all ``PUT`` / ``DELETE`` (value state, the common case) only each key's last
+  change matters, so each key is written once, not once per change set;
+* merging: a key group with a materialized frame and only ``PUT`` s in the log is written to the table once,
+  the frame updated by the log, instead of once for the frame and once per change set.
+
+Why folding is exact: ``PUT`` and ``DELETE`` records carry primaries, which are self-delimiting
+(:func:`~spate.state.layout.primary_length`), so a record of one key never touches another's entry except
+that a ``DELETE`` also removes the map entries under its primary, which ``PUT`` s never write. So per key the
+last change wins, and a key deleted earlier in the log and then put is deleted, then put (the delete goes to
+whatever the base holds under it). A key group with any other record (``APPEND``, ``MAP_PUT``,
+``MAP_DELETE``, whose effect depends on what precedes them) is replayed record by record, in order.
+Key groups are disjoint parts of the table, so the order among them does not matter.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain
+from typing import TypeVar
+
+from spate.changelog.changeset import DELETE, PUT, replay
+from spate.changelog.format import read_change_set
+from spate.changelog.table import ChangelogTable
+from spate.fs import CheckpointStorage
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.keyed import gc_paused, map_sids, read_key_groups, sid_remap
+from spate.state.keyed import KeyedStateBackend
+from spate.state.table import StateTable
+
+T = TypeVar("T")
+READ_THREADS = 3  # storage reads release the GIL; decoding does not, so a few are enough
+READ_AHEAD_BYTES = 32 << 20  # stored bytes read ahead of what is being applied (bounds the memory it takes)
+CHUNK_BYTES = 4 << 20  # a materialized snapshot is fetched in ranged reads of about this many bytes
+PART_LOG_BYTES = 16 << 20  # the key groups are restored in parts of about this much log (at most MAX_PARTS),
+MIN_READ_BYTES = 256 << 10  # as long as a part of a change set is about this long (object stores: few requests)
+MAX_PARTS = 8
+Records = list  # [op, key, value, op, key, value, ...] of one key group of one change set
+Logged = list[tuple[Records, dict[bytes, bytes]]]  # a key group's records per change set, with the sid remap
+Offsets = dict[int, tuple[int, int]]
+FOLDABLE = frozenset((PUT, DELETE))
+
+
+def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, materialized: list[KeyGroupsHandle],
+                        changelog: list[ChangeSetHandle], context: str) -> None:
+    """Materialized snapshots, then every change set in order, keeping only the backend's key groups.
+    Replayed changes go to the table under any changelog wrapper: they are already durable.
+
+    The key groups are restored in parts (contiguous ranges): a part's change sets are read (their frames of
+    the part's key groups), then its materialized key groups, each merged with its log as it arrives, while
+    the next part's reads are under way."""
+    table = backend.table.inner if isinstance(backend.table, ChangelogTable) else backend.table
+    owned = backend.key_groups
+    # states are adopted in the order a sequential restore adopts them: snapshots, then change sets
+    snapshots = [(sid_remap(backend, h.states), map_sids(backend, h.states)) for h in materialized]
+    remaps = [sid_remap(backend, h.states) for h in changelog]
+    last_frame = {kg: i for i, h in enumerate(materialized) for kg in h.offsets if kg in owned}
+    log_bytes = sum(n for h in changelog for kg, (_o, n) in h.offsets.items() if kg in owned)
+    # what to read, in order: (bytes, read, where its result goes: change set j or materialized handle i)
+    reads: list[tuple[int, Callable[[], list], tuple[bool, int]]] = []
+    parts = min(-(-log_bytes // PART_LOG_BYTES), log_bytes // max(1, len(changelog) * MIN_READ_BYTES))
+    for part in _split(owned, parts):
+        for j, h in enumerate(changelog):
+            if offsets := _within(h.offsets, part):
+                reads.append((_span(offsets), functools.partial(_change_set, storage, h, offsets, context), (True, j)))
+        for i, h in enumerate(materialized):
+            for chunk in _chunks(_within(h.offsets, part)):
+                reads.append((_span(chunk), functools.partial(_key_groups, storage, h, chunk, context), (False, i)))
+        reads.append((0, list, (True, -1)))  # the part's end: apply its log of key groups not materialized
+    log: dict[int, Logged] = {}
+    ops: dict[int, set[int]] = {}  # the operations in a key group's log
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, gc_paused():
+        fetched = _read_ahead(pool, [(size, read) for size, read, _to in reads], READ_AHEAD_BYTES)
+        try:
+            for (_size, _read, (is_log, n)), groups in zip(reads, fetched, strict=True):
+                if is_log and n < 0:
+                    for kg in sorted(log):
+                        apply_logged(table, kg, log[kg], ops[kg])
+                    log.clear()
+                    ops.clear()
+                elif is_log:
+                    for kg, records, kinds in groups:
+                        log.setdefault(kg, []).append((records, remaps[n]))
+                        ops.setdefault(kg, set()).update(kinds)
+                else:
+                    remap, maps = snapshots[n]
+                    for kg, flat in groups:
+                        if remap:
+                            flat[0::2] = [remap.get(k[:2], k[:2]) + k[2:] for k in flat[0::2]]
+                        logged = log.pop(kg, None) if last_frame[kg] == n else None
+                        if logged is None:
+                            table.restore_key_group(kg, flat, maps)
+                        else:
+                            apply_logged(table, kg, logged, ops.pop(kg), flat, maps)
+        finally:
+            fetched.close()  # cancels the reads not under way yet
+    backend.table.commit()
+
+
+def apply_logged(table: StateTable, kg: int, logged: Logged, ops: set[int], flat: list[bytes] | None = None,
+                 maps: frozenset[bytes] = frozenset()) -> None:
+    """Apply key group ``kg``'s change-set records ``logged`` (in log order; ``ops``: the operations in them) to
+    ``table``, after its materialized entries ``flat`` (their map state ids ``maps``) if it has any; folded where
+    that is exact (module doc)."""
+    if not ops <= FOLDABLE:
+        if flat is not None:
+            table.restore_key_group(kg, flat, maps)
+        for records, remap in logged:
+            replay(table, kg, records, remap)
+        return
+    puts, deleted = fold(logged)
+    if flat is not None and not deleted:  # one write of the key group: its frame updated by the log
+        merged = dict(zip(flat[0::2], flat[1::2], strict=True))
+        merged.update(puts)
+        table.restore_key_group(kg, list(chain.from_iterable(merged.items())), maps)
+        return
+    if flat is not None:
+        table.restore_key_group(kg, flat, maps)
+    for key in deleted:
+        table.delete(kg, key)
+    if puts:
+        table.restore_key_group(kg, list(chain.from_iterable(puts.items())), frozenset())
+
+
+def fold(logged: Logged) -> tuple[dict[bytes, bytes], list[bytes]]:
+    """The effect of ``PUT`` / ``DELETE`` records ``logged``: (each key's last value, if its last change puts
+    it; every key deleted at some point, each once, to delete before the puts)."""
+    puts: dict[bytes, bytes] = {}
+    deleted: dict[bytes, None] = {}
+    for records, remap in logged:
+        ops, keys, values = records[0::3], records[1::3], records[2::3]
+        if remap:
+            keys = [remap.get(k[:2], k[:2]) + k[2:] for k in keys]
+        if DELETE not in ops:
+            puts.update(zip(keys, values, strict=True))
+            continue
+        for op, key, value in zip(ops, keys, values, strict=True):
+            if op == PUT:
+                puts[key] = value
+            else:
+                puts.pop(key, None)
+                deleted[key] = None
+    return puts, list(deleted)
+
+
+# -- reading ahead --------------------------------------------------------------------------------------------
+def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offsets,
+                context: str) -> list[tuple[int, Records, set[int]]]:
+    """(key group, records, the operations in them) of the key groups ``part`` of a change set."""
+    return [(kg, records, set(records[0::3])) for kg, records in read_change_set(storage, handle, context, part)]
+
+
+def _key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, part: Offsets,
+                context: str) -> list[tuple[int, list[bytes]]]:
+    return list(read_key_groups(storage, handle, context, part))
+
+
+def _split(owned: range, parts: int) -> list[range]:
+    """``owned`` in up to ``parts`` (at most :data:`MAX_PARTS`) contiguous ranges of about equal length."""
+    n = max(1, min(parts, MAX_PARTS, len(owned)))
+    bounds = [owned.start + len(owned) * k // n for k in range(n + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _within(offsets: Mapping[int, tuple[int, int]], part: range) -> Offsets:
+    """The key groups of ``offsets`` in ``part``, in the order of their offsets (their order in the file)."""
+    return dict(sorted(((kg, at) for kg, at in offsets.items() if kg in part), key=lambda x: x[1][0]))
+
+
+def _span(offsets: Offsets) -> int:
+    return sum(n for _o, n in offsets.values())
+
+
+def _chunks(offsets: Offsets) -> Iterator[Offsets]:
+    """``offsets`` (in file order) in parts of about :data:`CHUNK_BYTES`."""
+    part: Offsets = {}
+    size = 0
+    for kg, (offset, length) in offsets.items():
+        part[kg] = (offset, length)
+        size += length
+        if size >= CHUNK_BYTES:
+            yield part
+            part, size = {}, 0
+    if part:
+        yield part
+
+
+def _read_ahead(pool: ThreadPoolExecutor, reads: Iterable[tuple[int, Callable[[], T]]], budget: int) -> Iterator[T]:
+    """The results of ``reads`` ((bytes, read)) in order, each started as soon as the reads before it that
+    are not consumed yet come to less than ``budget`` bytes."""
+    pending: deque[tuple[int, Future[T]]] = deque()
+    outstanding = 0
+    try:
+        for size, read in reads:
+            while pending and outstanding + size > budget:
+                done, future = pending.popleft()
+                outstanding -= done
+                yield future.result()
+            pending.append((size, pool.submit(read)))
+            outstanding += size
+        while pending:
+            yield pending.popleft()[1].result()
+    finally:
+        for _size, future in pending:
+            future.cancel()
