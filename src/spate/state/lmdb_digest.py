@@ -34,13 +34,16 @@ def parse_digest(raw: bytes | None) -> int | None:
         return None
 
 
-def updated_digest(txn: lmdb.Transaction, digest: int | None, items: list[tuple[bytes, bytes]]) -> int | None:
-    """``digest`` after writing ``items`` (one lookup per item for the value it replaces): a restore replaying
-    many change sets keeps the digest current instead of re-reading the whole table after each. None stays
-    unknown."""
+def updated_digest(txn: lmdb.Transaction, digest: int | None, items: list[tuple[bytes, bytes]],
+                   replaces_nothing: bool = False) -> int | None:
+    """``digest`` after writing ``items`` (one lookup per item for the value it replaces, none when the caller
+    knows there is none: a key group restored into an empty table): a restore replaying many change sets keeps
+    the digest current instead of re-reading the whole table after each. None stays unknown."""
     if digest is None:
         return None
     get, hash_of = txn.get, entry_hash
+    if replaces_nothing:
+        return (digest + sum(hash_of(k, v) for k, v in items)) & MASK64
     for key, value in items:
         old = get(key)
         if old is not None:

@@ -124,7 +124,9 @@ class LmdbTable(LmdbWriter, StateTable):
         while True:
             try:
                 with self._env_begin(write=True) as txn:
-                    digest = updated_digest(txn, self._digest, items)
+                    cur = txn.cursor()
+                    empty = not cur.set_range(prefix) or not bytes(cur.key()).startswith(prefix)
+                    digest = updated_digest(txn, self._digest, items, replaces_nothing=empty)
                     txn.cursor().putmulti(items)
                     if digest is None:
                         txn.delete(DIGEST_KEY)  # recomputed at the next commit
