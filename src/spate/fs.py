@@ -120,6 +120,7 @@ class CheckpointStorage(ABC):
     def create_exclusive(self, rel: str, data: bytes) -> None:
         """Atomically create ``rel`` with ``data``; raise ``FileExistsError`` if it exists (put-if-absent)."""
         self._create_exclusive(rel, self.path(rel), data)
+        self.counts.add(rel, created=1, written=len(data))  # markers are not counted; data files are
 
     @abstractmethod
     def _create_exclusive(self, rel: str, full: str, data: bytes) -> None: ...
