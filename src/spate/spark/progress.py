@@ -222,9 +222,9 @@ class ProgressListener(StreamingQueryListener):
     def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
         if self._on("onQueryTerminated", event.id, event):
             # not from Spark's listener thread itself: it is delivering this very event
-            self._unregistering = threading.Thread(target=self.unregister, name="spate-progress-unregister",
-                                                   daemon=True)
-            self._unregistering.start()
+            thread = threading.Thread(target=self.unregister, name="spate-progress-unregister", daemon=True)
+            thread.start()
+            self._unregistering = thread  # only once started: close() may join it from another thread any time
 
     def _on(self, method: str, query_id: Any, event: Any) -> bool:
         """Pass the event on if it is the query's (or keep it until :meth:`attach`); whether it was passed."""
