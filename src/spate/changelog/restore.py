@@ -121,8 +121,11 @@ def apply_logged(table: StateTable, kg: int, logged: Logged, ops: set[int], flat
     puts, deleted = fold(logged)
     if flat is not None and not deleted:  # one write of the key group: its frame updated by the log
         merged = dict(zip(flat[0::2], flat[1::2], strict=True))
+        grows = len(merged)
         merged.update(puts)
-        table.restore_key_group(kg, list(chain.from_iterable(merged.items())), maps)
+        # new keys went to the end: in key order again, lmdb writes the key group page by page
+        items = sorted(merged.items()) if len(merged) > grows else merged.items()
+        table.restore_key_group(kg, list(chain.from_iterable(items)), maps)
         return
     if flat is not None:
         table.restore_key_group(kg, flat, maps)
