@@ -12,7 +12,8 @@ import sys
 from hypothesis import HealthCheck, settings
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-LAYER_DIRS = ("storage", "state", "changelog", "filemerging", "checkpoint", "runtime", "spark", "cluster", "workshop")
+LAYER_DIRS = ("storage", "state", "sinks", "changelog", "filemerging", "checkpoint", "runtime", "spark", "cluster",
+              "workshop")
 sys.path[:0] = [TESTS] + [os.path.join(TESTS, d) for d in LAYER_DIRS]
 
 from spark_fixture import spark  # noqa: E402,F401

@@ -9,6 +9,8 @@ batch's outputs to OUT/batch-<id>.json (overwriting: an idempotent sink). FAULT 
 - ``driver-dies-mid-batch:<batch>``: the driver process dies after the acks, before the checkpoint completes.
 - ``driver-dies-after-checkpoint:<batch>``: the driver dies after checkpoint <batch> completed, inside the
   sink, before Spark wrote its commit log.
+- ``driver-dies-in-commit:<batch>``: with ``--table``, the driver dies inside batch <batch>'s table commit,
+  after its data files were moved into place, before the table records them.
 - ``stall:<batch>``: every task of batch <batch> waits (bounded) in its first key until OUT/go exists, after
   writing OUT/stalled-<pid of its Python worker>, so a test can kill an executor while the batch runs.
 
@@ -19,7 +21,8 @@ executor's own local disk); ``--spark-checkpoint DIR`` is Spark's own checkpoint
 ``--spark-checkpoint-cache DIR`` the driver-local base directory of it for roots Hadoop cannot open;
 ``--max-files N`` is the file source's ``maxFilesPerTrigger`` (default 1, 0: no limit); ``--rescale B:P,...``
 rescales the running query online to P subtasks from batch B+1 on (called in batch B's sink, as a user would
-between two batches).
+between two batches); ``--table KIND:LOCATION`` writes the outputs to a table sink (``parquet``, ``delta`` or
+``iceberg``: LOCATION is the warehouse of table ``db.out``) instead of the JSON files.
 """
 
 from __future__ import annotations
@@ -79,6 +82,22 @@ class CountClicks(Processor):
             time.sleep(0.05)
 
 
+def table_sink(spec: str, fault: str, fault_batch: int | None):
+    """The table sink of ``--table KIND:LOCATION``; with ``driver-dies-in-commit`` one that kills the driver."""
+    from spate import DeltaSink, IcebergSink, ParquetSink
+
+    kind, _, where = spec.partition(":")
+    base = {"parquet": ParquetSink, "delta": DeltaSink, "iceberg": IcebergSink}[kind]
+
+    class Sink(base):  # type: ignore[valid-type,misc]
+        def _commit_files(self, batch_id, files):
+            if fault == "driver-dies-in-commit" and batch_id == fault_batch:
+                os._exit(17)  # fault injection: the files are in place, the table does not have them yet
+            super()._commit_files(batch_id, files)
+
+    return Sink("db.out", warehouse=where) if kind == "iceberg" else Sink(where)
+
+
 def session(master: str | None):
     if master:
         from spate_tools.standalone import QUICK_JVM_OPTIONS, standalone_session
@@ -97,7 +116,8 @@ def session(master: str | None):
 
 def main(source: str, root: str, out: str, parallelism: int, fault: str = "", master: str | None = None,
          settings: dict | None = None, spark_checkpoint: str | None = None, max_files: int = 1,
-         spark_checkpoint_cache: str | None = None, rescale: dict[int, int] | None = None) -> None:
+         spark_checkpoint_cache: str | None = None, rescale: dict[int, int] | None = None,
+         table: str | None = None) -> None:
     ensure_java_home()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from spate.checkpoint.coordinator import Coordinator
@@ -133,7 +153,8 @@ def main(source: str, root: str, out: str, parallelism: int, fault: str = "", ma
         if rescale and batch_id in rescale:
             stream.rescale(rescale[batch_id])
 
-    query = stream.start(sink, trigger={"availableNow": True}, spark_checkpoint=spark_checkpoint,
+    query = stream.start(table_sink(table, kind, fault_batch) if table else sink, trigger={"availableNow": True},
+                         spark_checkpoint=spark_checkpoint,
                          spark_checkpoint_cache=spark_checkpoint_cache)
     query.awaitTermination()
     stream.close()
@@ -156,8 +177,9 @@ if __name__ == "__main__":
     parser.add_argument("--spark-checkpoint")
     parser.add_argument("--spark-checkpoint-cache")
     parser.add_argument("--max-files", type=int, default=1)
+    parser.add_argument("--table")
     parser.add_argument("--rescale", default="", type=lambda spec: {int(b): int(p) for b, p in
                                                                     (x.split(":") for x in spec.split(",") if x)})
     a = parser.parse_args()
     main(a.source, a.root, a.out, a.parallelism, a.fault, a.master, a.settings, a.spark_checkpoint, a.max_files,
-         a.spark_checkpoint_cache, a.rescale)
+         a.spark_checkpoint_cache, a.rescale, a.table)

@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("keygroups",),
     ("state",),
     ("snapshot",),
+    ("sinks",),  # table sinks: data files staged by subtasks, committed by the driver; checkpoints name them
     ("changelog",),
     ("filemerging",),
     ("checkpoint",),

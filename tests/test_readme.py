@@ -66,3 +66,9 @@ def test_readme_idle_batch_example_runs(capsys):
     run_block(python_block("runner.run_idle()"), "readme_idle_example")
     assert capsys.readouterr().out.splitlines() == [
         "60000 [{'device': 'boiler', 'silent_since_ms': 0}]", "None"]
+
+
+def test_readme_table_sink_example_runs(capsys):
+    run_block(python_block("DeltaSink(f\""), "readme_table_sink_example")
+    assert capsys.readouterr().out == ("[{'user': 'bob', 'views': 1}, {'user': 'ann', 'views': 2}, "
+                                       "{'user': 'bob', 'views': 2}]\n")

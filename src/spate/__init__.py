@@ -44,6 +44,7 @@ from spate.runtime.autoscale import AutoscalePolicy, ScalingDecision
 from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyRows
 from spate.runtime.local import BatchResult, LocalRunner
 from spate.runtime.processor import Context, Processor
+from spate.sinks import DeltaSink, IcebergSink, ParquetSink, TableSink
 from spate.state.descriptors import (
     AggregateFunction,
     AggregatingStateDescriptor,
@@ -68,4 +69,5 @@ __all__ = [
     "operator_state_elements", "subtask_for_key_group", "verify_checkpoint",
     "SessionWindows", "SlidingWindows", "TumblingWindows", "Window", "WindowedProcessor",
     "AutoscalePolicy", "ScalingDecision",
+    "DeltaSink", "IcebergSink", "ParquetSink", "TableSink",
 ]

@@ -132,6 +132,16 @@ class CheckpointStorage(ABC):
     @abstractmethod
     def _replace(self, rel: str, full: str, data: bytes) -> None: ...
 
+    def move(self, rel: str, to: str) -> None:
+        """Move file ``rel`` to ``to`` (replacing it): a rename where the file system has one, else a copy
+        and a delete (object stores: the file appears at ``to`` in one piece, then leaves ``rel``)."""
+        self._refuse_writing_through_links(rel)
+        self._refuse_writing_through_links(to)
+        self._move(self.path(rel), self.path(to))
+
+    @abstractmethod
+    def _move(self, full: str, to_full: str) -> None: ...
+
     # -- reading ---------------------------------------------------------------------------------------------
     def read(self, rel: str, context: str = "") -> bytes:
         self._refuse_links(rel, context)
@@ -274,6 +284,10 @@ class LocalStorage(CheckpointStorage):
         self._refuse_writing_through_links(rel)
         os.replace(_write_synced_temp(full, data), full)
 
+    def _move(self, full: str, to_full: str) -> None:
+        os.makedirs(posixpath.dirname(to_full), exist_ok=True)
+        os.replace(full, to_full)
+
     def through_link(self, rel: str) -> bool:
         """A directory found free of links is remembered, so a hot read costs one ``lstat``."""
         norm = validate_relative_path(rel)
@@ -355,6 +369,10 @@ class ObjectStoreStorage(CheckpointStorage):
     def _replace(self, rel: str, full: str, data: bytes) -> None:
         """One PUT: atomic in visibility."""
         self.write(rel, data)
+
+    def _move(self, full: str, to_full: str) -> None:
+        self.fs.copy_file(full, to_full)
+        self.fs.delete_file(full)
 
     def through_link(self, rel: str) -> bool:
         return False

@@ -24,7 +24,8 @@ def completed_metadata(checkpoint_id: int, acks: list[SubtaskAck], processing_ti
                         max_event - watermark_delay_ms)
     return CheckpointMetadata(
         checkpoint_id, query.query_id, query.epoch, len(acks), query.max_parallelism, processing_time_ms,
-        [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog, **a.ack_info()) for a in acks],
+        [SubtaskState(a.keyed, a.operator, a.outputs, a.stats, a.changelog, sink_file=a.sink_file, **a.ack_info())
+         for a in acks],
         max_event, watermark, batch_watermark_ms=base.watermark_ms if base else None,
         **_rescale_record(checkpoint_id, len(acks), base, rescale_reason))
 

@@ -16,13 +16,15 @@ from spate.layout import (
     QUERY_FILE,
 )
 from spate.segments import FileRef
+from spate.sinks.table_sink import SinkFile
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle
 from spate.snapshot.outputs import OutputsHandle
 
 # 2: handles may be segments of merged files (``file_offset``, ``file_size``); 3: typed per-subtask ack facts
 # (``rows``, ``staged``, ``recovery``, ...) instead of statistics an older reader would misread; 4: a subtask's
-# log since the materialization partly in change-set lists (``changelog_lists``) an older reader would not read
-METADATA_FORMAT_VERSION = 4
+# log since the materialization partly in change-set lists (``changelog_lists``) an older reader would not read;
+# 5: a subtask's data file staged for a table sink (``sink_file``), which an older reader would not commit
+METADATA_FORMAT_VERSION = 5
 
 
 @dataclass
@@ -37,6 +39,7 @@ class SubtaskState(AckInfo):
     stats: dict[str, Any] = field(default_factory=dict)
     changelog: list[ChangeSetHandle] = field(default_factory=list)
     changelog_lists: list[ChangeListRef] = field(default_factory=list)
+    sink_file: SinkFile | None = None
 
     def to_dict(self) -> dict[str, Any]:
         listed = sum(r.count for r in self.changelog_lists)
@@ -45,7 +48,9 @@ class SubtaskState(AckInfo):
                 "changelog": [h.to_dict() for h in self.changelog[listed:]],
                 "changelog_lists": [r.to_dict() for r in self.changelog_lists],
                 "operator": self.operator.to_dict() if self.operator else None,
-                "outputs": self.outputs.to_dict() if self.outputs else None, **self.ack_info(), "stats": self.stats}
+                "outputs": self.outputs.to_dict() if self.outputs else None,
+                **({"sink_file": self.sink_file.to_dict()} if self.sink_file else {}), **self.ack_info(),
+                "stats": self.stats}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> SubtaskState:
@@ -58,7 +63,8 @@ class SubtaskState(AckInfo):
                             OperatorStateHandle.from_dict(op) if op else None,
                             OutputsHandle.from_dict(outputs) if outputs else None, stats,
                             [ChangeSetHandle.from_dict(h) for h in data.get("changelog", [])],
-                            [ChangeListRef.from_dict(r) for r in data.get("changelog_lists", [])], **info)
+                            [ChangeListRef.from_dict(r) for r in data.get("changelog_lists", [])],
+                            SinkFile.from_dict(data["sink_file"]) if data.get("sink_file") else None, **info)
 
 
 RESCALE_HISTORY = 20  # rescales a checkpoint's metadata carries forward from its base

@@ -12,6 +12,7 @@ from typing import Any
 from spate.checkpoint.ackinfo import AckInfo
 from spate.keygroups import key_group_range
 from spate.segments import FileRef
+from spate.sinks.table_sink import SinkFile
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
 from spate.snapshot.outputs import OutputsHandle
 
@@ -100,7 +101,8 @@ class SubtaskPlan:
 @dataclass
 class SubtaskAck(AckInfo):
     """A subtask's part of checkpoint ``checkpoint_id``: its state handles, the physical files its worker
-    wrote (``files``: path → [size, still open]; ``worker``: the worker's id with file merging), the typed
+    wrote (``files``: path → [size, still open]; ``worker``: the worker's id with file merging), the data file it
+    staged for a table sink (``sink_file``, the table's, not the checkpoint's), the typed
     facts of :class:`AckInfo` (``executor``: where the subtask ran and its state now lives; on Spark
     ``'<id>@<host>'``) and free-form ``stats``."""
 
@@ -115,6 +117,7 @@ class SubtaskAck(AckInfo):
     max_event_time_ms: int | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     worker: str | None = None
+    sink_file: SinkFile | None = None  # the data file it staged for a table sink (not a checkpoint file)
 
     def segments(self) -> list[FileRef]:
         """Every logical file this ack references."""
@@ -129,6 +132,7 @@ class SubtaskAck(AckInfo):
         d["changelog"] = [h.to_dict() for h in self.changelog]
         d["operator"] = self.operator.to_dict() if self.operator else None
         d["outputs"] = self.outputs.to_dict() if self.outputs else None
+        d["sink_file"] = self.sink_file.to_dict() if self.sink_file else None
         return d
 
     @staticmethod
@@ -138,4 +142,5 @@ class SubtaskAck(AckInfo):
         d["changelog"] = [ChangeSetHandle.from_dict(h) for h in d.get("changelog", [])]
         d["operator"] = OperatorStateHandle.from_dict(d["operator"]) if d["operator"] else None
         d["outputs"] = OutputsHandle.from_dict(d["outputs"]) if d.get("outputs") else None
+        d["sink_file"] = SinkFile.from_dict(d["sink_file"]) if d.get("sink_file") else None
         return SubtaskAck(**d)

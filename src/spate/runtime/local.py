@@ -21,6 +21,7 @@ from spate.checkpoint.ackinfo import RESTORED
 from spate.checkpoint.coordinator import DEFAULT_RETAINED
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.errors import SpateError
 from spate.filemerging.config import FileMergingConfig
 from spate.keygroups import compile_key_hasher
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision
@@ -33,6 +34,7 @@ from spate.runtime.query import QueryDriver
 from spate.runtime.services import WorkerServices
 from spate.runtime.settings import SpateSettings
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, Subtask, processor_factory
+from spate.sinks.table_sink import TableSink
 
 KeySpec = str | Sequence[str] | Callable[[Row], Any]
 Sink = Callable[[list[Row], int], None]
@@ -94,7 +96,11 @@ class LocalRunner:
         initial_state: rows (dicts with the key columns) given to the processor's ``process_initial`` in the
             first batch of a new query only (no checkpoint and no savepoint to start from), before its input.
         sink: called with (outputs, batch_id) after the batch's checkpoint completed; outputs are staged in
-            the checkpoint first and re-delivered on restart if the sink did not confirm them.
+            the checkpoint first and re-delivered on restart if the sink did not confirm them. Or a table sink
+            (:class:`~spate.sinks.ParquetSink`, :class:`~spate.sinks.DeltaSink`,
+            :class:`~spate.sinks.IcebergSink`; needs ``output_schema``): each subtask writes its outputs as a
+            data file of the table in the batch, committed to the table once the checkpoint completed, exactly
+            once (:mod:`spate.sinks.table_sink`).
         output_serializer: how staged outputs are stored ("msgpack" or, opted in, "pickle").
         output_schema: a ``pyarrow.Schema`` every output row must match (a dict with exactly its fields, values
             of its types; see :mod:`spate.runtime.outputs`); without it rows need only be dicts. A batch with a
@@ -119,14 +125,19 @@ class LocalRunner:
                  initial_state: Sequence[Row] | None = None, allow_pickle: bool = False,
                  compress: bool = False, changelog: bool | ChangelogConfig = False,
                  file_merging: bool | str | FileMergingConfig = False,
-                 sink: Sink | None = None, output_serializer: str = "msgpack", output_schema: pa.Schema | None = None,
+                 sink: Sink | TableSink | None = None, output_serializer: str = "msgpack",
+                 output_schema: pa.Schema | None = None,
                  clock: Callable[[], int] | None = None, autoscale: AutoscalePolicy | None = None,
                  fault_injector: FaultInjector | None = None) -> None:
         self._factory = processor_factory(processor)
         self._key = key_extractor(key)
         self._keys = KeyCheck(key_columns(key))
         self._hash = compile_key_hasher(key_types)
-        self._sink = sink
+        table_sink = sink if isinstance(sink, TableSink) else None
+        if table_sink is not None and output_schema is None:
+            raise SpateError(f"sink={table_sink!r} writes the outputs to a table: pass output_schema=pyarrow.schema"
+                             "([...]) with the table's columns")
+        self._sink = None if table_sink is not None else sink
         self._initial_state = initial_state
         self._clock = clock or (lambda: int(time.time() * 1000))
         settings = SpateSettings(checkpoint_root=checkpoint_root, parallelism=parallelism,
@@ -135,14 +146,16 @@ class LocalRunner:
                                  event_time_column=event_time_column, watermark_delay_ms=watermark_delay_ms,
                                  allow_pickle=allow_pickle, restore_from=restore_from)
         self._driver = QueryDriver(settings, idle=IdleBatches.of(processor) if not _is_factory(processor) else None,
-                                   autoscale=autoscale, deliver=self._redeliver if sink is not None else None,
+                                   autoscale=autoscale, deliver=self._redeliver if self._sink is not None else None,
+                                   table_sink=table_sink, output_schema=output_schema,
                                    fault_injector=fault_injector)
         self.coordinator = self._driver.coordinator
         self._temp_local_dir = None
         if table == "lmdb" and local_dir is None:
             local_dir = self._temp_local_dir = tempfile.mkdtemp(prefix="spate-local-")
         self.config = settings.subtask_config(local_dir=local_dir, stage_outputs=sink is not None,
-                                              output_schema=output_schema, compress=compress, key_types=key_types,
+                                              output_schema=output_schema, table_sink=table_sink,
+                                              compress=compress, key_types=key_types,
                                               output_serializer=output_serializer)
         # this runner is the worker process of its subtasks: it owns their services
         self.services = WorkerServices(self.coordinator.storage.uri, self.config.file_merging, self.config.changelog)

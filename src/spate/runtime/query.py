@@ -19,11 +19,14 @@ from typing import Any
 
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
+from spate.errors import FencedError
 from spate.keygroups import check_parallelism
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision
 from spate.runtime.driver import CompletedBatch, Deliver, DriverLoop, FaultInjector, RunSubtasks
 from spate.runtime.idle import IdleBatches
 from spate.runtime.settings import SpateSettings
+from spate.runtime.table_commit import TableCommitter
+from spate.sinks.table_sink import TableSink
 
 log = logging.getLogger(__name__)
 RESCALES_KEPT = 100  # online rescales remembered for summaries (each checkpoint's metadata records its own)
@@ -51,21 +54,28 @@ class QueryDriver:
         idle: when a batch without input is due, for the query's processor.
         autoscale: a policy that rescales the query after a batch; None for a fixed parallelism.
         deliver: gives the sink a complete checkpoint's staged outputs (re-delivery); None without a sink.
+        table_sink: an exactly-once table sink instead (:mod:`spate.sinks`), opened here for ``output_schema``:
+            delivering a checkpoint commits its data files to the table.
         fault_injector: called at each protocol step of a batch (:class:`DriverLoop`); may raise.
     """
 
     def __init__(self, settings: SpateSettings, *, idle: IdleBatches | None = None,
                  autoscale: AutoscalePolicy | None = None, deliver: Deliver | None = None,
+                 table_sink: TableSink | None = None, output_schema: Any = None,
                  fault_injector: FaultInjector | None = None) -> None:
         self._settings = settings
         self.coordinator: Coordinator = settings.coordinator()
         self.coordinator.start()
         self._idle = idle or IdleBatches()
+        self.committer = TableCommitter(table_sink, self.coordinator, output_schema) if table_sink else None
+        if self.committer is not None:
+            deliver = self.committer.deliver
         self._loop = DriverLoop(self.coordinator, deliver, fault_injector)
         self.autoscaler = Autoscaler(autoscale, self.max_parallelism) if autoscale is not None else None
         self._lock = threading.Lock()
         self._requested: tuple[int, str] | None = None  # (parallelism, reason) for the next batch
         self.rescales: deque[Rescale] = deque(maxlen=RESCALES_KEPT)
+        self._swept = False  # the table sink's staging directory swept since the start or the last failure
 
     # -- what the query is ----------------------------------------------------------------------------
     @property
@@ -144,14 +154,27 @@ class QueryDriver:
         return self._loop.covered(batch_id)
 
     def redeliver(self) -> list[int]:
-        """Deliver the staged outputs of complete checkpoints the sink did not confirm, oldest first."""
-        return self._loop.redeliver()
+        """Deliver the staged outputs of complete checkpoints the sink did not confirm, oldest first; with a
+        table sink, then sweep what attempts that never completed staged (on the first call)."""
+        done = self._loop.redeliver()
+        if self.committer is not None and not self._swept:
+            self.committer.clean()
+            self._swept = True
+        return done
 
     def run_batch(self, batch_id: int, run_subtasks: RunSubtasks, processing_time_ms: int | None = None,
                   deliver: Deliver | None = None,
                   on_complete: Callable[[CompletedBatch], None] | None = None) -> CompletedBatch:
-        """Batch ``batch_id`` = checkpoint ``batch_id``, at the parallelism after :meth:`apply_rescale`."""
-        return self._loop.run_batch(batch_id, run_subtasks, processing_time_ms, deliver, on_complete)
+        """Batch ``batch_id`` = checkpoint ``batch_id``, at the parallelism after :meth:`apply_rescale`. With a
+        table sink, a failed batch's staged data files are deleted (before its retry)."""
+        try:
+            return self._loop.run_batch(batch_id, run_subtasks, processing_time_ms, deliver, on_complete)
+        except FencedError:
+            raise  # another driver owns the root now: its files are not ours to sweep
+        except BaseException:
+            if self.committer is not None:
+                self._swept = False  # swept before the next batch, once the failure is behind (a sink may be down)
+            raise
 
     def savepoint(self, target_uri: str | None = None) -> str:
         """A self-contained copy of the latest checkpoint; see :meth:`Coordinator.savepoint`."""

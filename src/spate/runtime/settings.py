@@ -131,15 +131,17 @@ class SpateSettings:
         return resolve_file_merging(self.file_merging)
 
     def subtask_config(self, *, local_dir: str | None, stage_outputs: bool, output_schema: Any = None,
-                       sticky: bool = True, **in_process: Any) -> SubtaskConfig:
+                       sticky: bool = True, table_sink: Any = None, **in_process: Any) -> SubtaskConfig:
         """The settings of the query's subtasks on a worker, for every transport. ``local_dir``: where the
         worker keeps lmdb state (decided on the worker); ``stage_outputs``: whether a sink gets the outputs;
-        ``sticky``: whether a subtask's next batch runs in this process; ``in_process``: settings only the
+        ``sticky``: whether a subtask's next batch runs in this process; ``table_sink``: the query's opened
+        :class:`~spate.sinks.table_sink.TableSink`, if its sink is one; ``in_process``: settings only the
         in-process runner has (``compress``, ``key_types``, ``output_serializer``)."""
         return SubtaskConfig(table=self.table, local_dir=local_dir, allow_pickle=self.allow_pickle,
                              event_time_column=self.event_time_column, stage_outputs=stage_outputs,
                              changelog=self.changelog_config, file_merging=self.file_merging_config,
-                             output_schema=output_schema, sticky=sticky, profile=self.profile, **in_process)
+                             output_schema=output_schema, sticky=sticky, profile=self.profile,
+                             table_sink=table_sink, **in_process)
 
     def coordinator(self) -> Coordinator:
         """The query's coordinator (not started) for these settings."""

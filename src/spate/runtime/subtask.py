@@ -30,6 +30,7 @@ from spate.runtime.subtask_config import TABLE_KINDS, SubtaskConfig, check_servi
 from spate.runtime.tables import table_under
 from spate.segments import FileRef
 from spate.serde import resolve_serializer
+from spate.sinks.table_sink import SinkFile
 from spate.snapshot.keyed import write_keyed_snapshot
 from spate.snapshot.operator import write_operator_snapshot
 from spate.snapshot.outputs import write_outputs
@@ -283,14 +284,16 @@ class Subtask:
             keyed_handles = [handle] if handle else []
             written += [h.segment for h in keyed_handles]
         op_handle = write_operator_snapshot(operator, op_out)
-        staged = None
-        if self.config.stage_outputs:
+        staged = sink_file = None
+        if self.config.table_sink is not None:  # pre-commit: the outputs are the table's data file
+            sink_file = self.config.table_sink.write(out.table, plan.checkpoint_id, self.index)
+        elif self.config.stage_outputs:
             staged = write_outputs(out.table if out.table is not None else out.rows, staged_out,
                                    resolve_serializer(self.config.output_serializer))
         written += [h.segment for h in (op_handle, staged) if h is not None]
         start_ms = (time.perf_counter() - started) * 1000
         return lambda: self._acknowledge(plan, batch, start_ms, keyed_handles, clog_finish, op_handle, staged,
-                                         written, reuse)
+                                         written, reuse, sink_file)
 
     def _may_reuse_handles(self, plan: SubtaskPlan, fix: Relocator | None) -> bool:
         """Whether the keyed handles of the base still describe the state, so the snapshot may name them again.
@@ -304,7 +307,8 @@ class Subtask:
 
     def _acknowledge(self, plan: SubtaskPlan, batch: KeyedBatch, start_ms: float,
                      keyed_handles: list, clog_finish: Callable[[], tuple[list, list, dict]] | None,
-                     op_handle: Any, staged: Any, written: list[FileRef], reuse: bool) -> SubtaskAck:
+                     op_handle: Any, staged: Any, written: list[FileRef], reuse: bool,
+                     sink_file: SinkFile | None = None) -> SubtaskAck:
         """Once everything is durable: tag the live state with the checkpoint and build the ack."""
         keyed = self.keyed
         assert keyed is not None
@@ -332,7 +336,7 @@ class Subtask:
                           files, self._max_event_time(batch), stats, self._files.worker,
                           rows=batch.num_rows, staged=self.config.stage_outputs, **self.recovery.recovery_info(),
                           next_processing_timer_ms=timers.earliest(PROCESSING_TIME),
-                          next_event_timer_ms=timers.earliest(EVENT_TIME))
+                          next_event_timer_ms=timers.earliest(EVENT_TIME), sink_file=sink_file)
 
     def _tag_live_state(self, plan: SubtaskPlan, keyed_handles: list, changelog: list) -> None:
         """The live state is the checkpoint's now, exactly as the ack describes it."""

@@ -28,6 +28,7 @@ class SubtaskConfig:
     key_types: Any = None
     event_time_column: str | None = None
     stage_outputs: bool = False
+    table_sink: Any = None  # a TableSink (opened): outputs become its data files instead of staged outputs
     output_serializer: str = "msgpack"
     changelog: ChangelogConfig | None = None
     file_merging: FileMergingConfig | None = None

@@ -28,6 +28,7 @@ from spate.runtime.idle import IdleBatches
 from spate.runtime.processor import Processor
 from spate.runtime.query import QueryDriver
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_factory
+from spate.sinks.table_sink import TableSink
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.executors import check_executor_python
 from spate.spark.placement import Placement
@@ -115,6 +116,7 @@ class StatefulStream:
         self._settings = settings  # until start(); then the query driver's
         self._driver: QueryDriver | None = None
         self.sink: Sink | None = None
+        self.table_sink: TableSink | None = None
         self.run_id = ""  # one per start(): executors never reuse subtasks (processors) of another run
         self.metrics: deque[BatchMetrics] = deque(maxlen=METRICS_KEPT)
         self.figures = BatchFigures()  # spate's figures of the latest batches, for the query's progress
@@ -147,13 +149,18 @@ class StatefulStream:
         return [r.to_dict() for r in self._driver.rescales] if self._driver is not None else []
 
     # -- starting --------------------------------------------------------------------------------------
-    def start(self, sink: Sink | None = None, *, trigger: dict[str, Any] | None = None,
+    def start(self, sink: Sink | TableSink | None = None, *, trigger: dict[str, Any] | None = None,
               spark_checkpoint: str | None = None, query_name: str | None = None,
               spark_checkpoint_cache: str | None = None) -> Any:
         """Start the query. ``sink(outputs_df, batch_id)`` runs after each batch's checkpoint completed (at
         least once per batch id, so an idempotent sink gets exactly once); ``outputs_df`` reads the batch's
         staged outputs and is valid during the call only, like ``foreachBatch``'s own. ``trigger`` is passed to
         ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``). Returns the ``StreamingQuery``.
+
+        ``sink`` may instead be a table sink (:class:`~spate.sinks.ParquetSink`, :class:`~spate.sinks.DeltaSink`,
+        :class:`~spate.sinks.IcebergSink`): each subtask writes its outputs as a data file of the table in the
+        batch's own Spark job, and the driver commits them to the table once the checkpoint completed, exactly
+        once, with no second job reading the outputs back (:mod:`spate.sinks.table_sink`).
 
         Spark's own checkpoint is ``spark_checkpoint`` if given (a location Hadoop opens), else
         ``<checkpoint_root>/_spark`` for a local, ``file://`` or ``hdfs://`` root, else (``s3://`` and other
@@ -166,11 +173,13 @@ class StatefulStream:
         s = self.settings
         check_locations(self.spark, s.checkpoint_root, spark_checkpoint, spark_checkpoint_cache)
         check_executor_python(self.spark)
-        self.sink = sink
+        self.table_sink = sink if isinstance(sink, TableSink) else None
+        self.sink = None if self.table_sink is not None else sink
         self.run_id = uuid.uuid4().hex
         previous = self._driver  # a start after close(): its parallelism (in s) and a rescale not applied yet go on
         self._driver = driver = QueryDriver(s, idle=self._idle, autoscale=self._autoscale_policy,
-                                            deliver=self._deliver if sink is not None else None)
+                                            deliver=self._deliver if self.sink is not None else None,
+                                            table_sink=self.table_sink, output_schema=self.arrow_output_schema)
         if previous is not None and previous.requested_rescale is not None:
             driver.request_rescale(*previous.requested_rescale)
         self.figures.start_from(driver.latest)
@@ -343,6 +352,8 @@ class StatefulStream:
         log.info("checkpoint %d: %s", batch_id, "; ".join(
             f"subtask {i} {st.recovery} on {st.executor or '?'} ({st.restore_bytes} B, {st.restore_ms:.0f} ms)"
             for i, st in enumerate(meta.subtasks)))
+        if driver.committer is not None:
+            self._deliver_ms = driver.committer.last_commit_ms
         m = BatchMetrics.of(meta, (time.perf_counter() - started) * 1000, done.commit_ms, spark, sent,
                             self._deliver_ms)
         self.metrics.append(m)
@@ -356,7 +367,7 @@ class StatefulStream:
         driver = self._driver
         assert driver is not None
         return self._job.run(batch_df, batch_id, plans, driver.settings, driver.max_parallelism, self.run_id,
-                             self.sink is not None, with_initial)
+                             self.sink is not None or self.table_sink is not None, with_initial, self.table_sink)
 
     def _deliver_staged(self) -> None:
         """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and

@@ -25,6 +25,7 @@ from spate.runtime.batch import KeyedBatch
 from spate.runtime.localstate import remove_idle_copies, remove_other_parallelisms
 from spate.runtime.services import WorkerServices
 from spate.runtime.subtask import ProcessorFactory, Subtask, SubtaskConfig
+from spate.sinks.table_sink import TableSink
 from spate.spark.placement import this_executor
 from spate.spark.settings import SpateSettings, executor_local_dir
 
@@ -50,6 +51,7 @@ class TaskSpec:
     key_columns: tuple[str, ...]
     output_schema: pa.Schema
     input_schema: pa.Schema  # of the routed rows, as Spark writes them to Arrow
+    table_sink: TableSink | None = None  # the query's opened table sink: outputs become its data files
 
     def subtask_config(self) -> SubtaskConfig:
         """The subtasks' settings on this executor: lmdb state without a ``local_dir`` goes to this
@@ -57,7 +59,7 @@ class TaskSpec:
         s = self.settings
         local_dir = s.local_dir or (executor_local_dir() if s.table == "lmdb" else None)
         return s.subtask_config(local_dir=local_dir, stage_outputs=self.stage_outputs,
-                                output_schema=self.output_schema, sticky=False)
+                                output_schema=self.output_schema, sticky=False, table_sink=self.table_sink)
 
 
 IDLE_SCAN_INTERVAL_S = 60.0  # how often a worker lists the executor's local copies for idle ones

@@ -1,0 +1,46 @@
+"""The driver's side of a table sink (:mod:`spate.sinks.table_sink`): the delivery of a complete checkpoint is
+the commit of the data files its subtasks staged; what attempts that never completed staged is cleaned."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from spate.checkpoint.coordinator import Coordinator
+from spate.checkpoint.metadata import CheckpointMetadata
+from spate.sinks.table_sink import TableSink
+
+log = logging.getLogger(__name__)
+CLEAN_EVERY = 100  # batches between sweeps of the staging directory (retried Spark tasks leave files behind)
+
+
+class TableCommitter:
+    """Commits complete checkpoints' staged data files to ``sink`` (opened here with the query's id and
+    ``schema``), in checkpoint order, and sweeps the staging directory of attempts that never completed."""
+
+    def __init__(self, sink: TableSink, coordinator: Coordinator, schema: Any) -> None:
+        self.sink, self.coordinator = sink, coordinator
+        query = coordinator.query
+        assert query is not None, "the coordinator is started"
+        sink.open(query.query_id, schema)
+        self._since_clean = 0
+        self.last_commit_ms = 0.0
+
+    def deliver(self, meta: CheckpointMetadata) -> None:
+        """Commit checkpoint ``meta``'s data files to the table (batch id = checkpoint id)."""
+        started = time.perf_counter()
+        self.sink.commit(meta.checkpoint_id, [st.sink_file for st in meta.subtasks if st.sink_file is not None])
+        self.last_commit_ms = (time.perf_counter() - started) * 1000
+        self._since_clean += 1
+        if self._since_clean >= CLEAN_EVERY:
+            self.clean()
+
+    def clean(self) -> None:
+        """Delete staged files no complete checkpoint will commit (between batches, on the owning driver)."""
+        self._since_clean = 0
+        latest = self.coordinator.latest
+        deleted = self.sink.clean_staging(self.coordinator.delivery.delivered_upto(),
+                                          latest.checkpoint_id if latest is not None else -1)
+        if deleted:
+            log.info("%r: deleted %d staged data files of attempts that never completed", self.sink, len(deleted))

@@ -1,0 +1,74 @@
+"""Table sinks on real PySpark: each subtask writes the batch's data file in the batch's one Spark job, the driver
+commits it to the table once the checkpoint completed; exactly once through a driver killed mid-batch or inside
+the commit, and a task failing once. The tables are read by their own readers and by Spark."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pyarrow.dataset as ds
+import pytest
+from test_spark_stream import clicks, reference_outputs, run_job, write_files
+
+from spate import DeltaSink, IcebergSink, ParquetSink
+from spate.spark.stream import StatefulStream
+
+pytestmark = pytest.mark.spark
+OUT = "user string, clicks long, batch long"
+
+
+def table_rows(kind: str, where: str) -> list[list]:
+    if kind == "parquet":
+        table = ds.dataset(where, format="parquet").to_table()
+    elif kind == "delta":
+        from deltalake import DeltaTable
+        table = DeltaTable(where).to_pyarrow_table()
+    else:
+        table = IcebergSink("db.out", warehouse=where)._load().scan().to_arrow()
+    return sorted([r["user"], r["clicks"], r["batch"]] for r in table.to_pylist())
+
+
+def expected_rows(batches: list[list[dict]]) -> list[list]:
+    return sorted(row for rows in reference_outputs(batches).values() for row in rows)
+
+
+def test_table_sinks_write_in_the_batchs_own_job(spark, tmp_path):
+    """One Spark job per batch (no job reads the outputs back), each sink's table holds every batch once, and
+    Spark reads the Parquet directory."""
+    from test_spark_stream import CountClicks
+
+    source = str(tmp_path / "in")
+    batches = clicks(3)
+    write_files(source, batches)
+    sinks = {"parquet": ParquetSink(str(tmp_path / "pq")), "delta": DeltaSink(str(tmp_path / "delta")),
+             "iceberg": IcebergSink("db.out", warehouse=str(tmp_path / "ice"))}
+    for kind, sink in sinks.items():
+        df = spark.readStream.schema("user string, page string, n long").option("maxFilesPerTrigger", 1).json(source)
+        stream = StatefulStream(df, "user", CountClicks, OUT, checkpoint_root=str(tmp_path / f"cp-{kind}"),
+                                parallelism=2)
+        stream.start(sink, trigger={"availableNow": True}).awaitTermination()
+        stream.close()
+        assert [m.spark_jobs for m in stream.metrics] == [1, 1, 1], f"{kind}: one Spark job per batch"
+        where = sink.warehouse if kind == "iceberg" else sink.location
+        assert table_rows(kind, where) == expected_rows(batches), kind
+    assert spark.read.parquet(str(tmp_path / "pq")).count() == sum(len({r["user"] for r in b}) for b in batches)
+
+
+@pytest.mark.parametrize("kind,fault", [("parquet", "driver-dies-in-commit:1"), ("delta", "driver-dies-mid-batch:2"),
+                                        ("delta", "driver-dies-in-commit:2"), ("iceberg", "driver-dies-in-commit:1"),
+                                        ("iceberg", "task-fails-once:2")])
+def test_exactly_once_through_faults(tmp_path, kind, fault):
+    source, root, out, where = (str(tmp_path / n) for n in ("in", "ckpt", "out", "table"))
+    batches = clicks(4, seed=7)
+    write_files(source, batches)
+    dies = fault.startswith("driver-dies")
+    run_job(source, root, out, 2, fault, expect=17 if dies else 0, extra=("--table", f"{kind}:{where}"))
+    if dies:
+        run_job(source, root, out, 3, extra=("--table", f"{kind}:{where}"))  # restarted at another parallelism
+    assert table_rows(kind, where) == expected_rows(batches), "every batch in the table exactly once"
+    data = os.path.join(where, "db", "out", "data") if kind == "iceberg" else where
+    staging = os.path.join(data, "_spate_staging")
+    assert not os.path.isdir(staging) or os.listdir(staging) == [], "nothing left staged"
+    part_files = Counter(f.split("-")[1] for f in os.listdir(data) if f.startswith("part-"))
+    assert sorted(part_files) == [f"{b:012d}" for b in range(4)]
