@@ -55,8 +55,8 @@ def test_table_sinks_write_in_the_batchs_own_job(spark, tmp_path):
     assert spark.read.parquet(str(tmp_path / "pq")).count() == sum(len({r["user"] for r in b}) for b in batches)
 
 
+# every sink through every step is tests/sinks/test_table_sinks.py's (in process); here each kind of fault once
 @pytest.mark.parametrize("kind,fault", [("parquet", "driver-dies-in-commit:1"), ("delta", "driver-dies-mid-batch:2"),
-                                        ("delta", "driver-dies-in-commit:2"), ("iceberg", "driver-dies-in-commit:1"),
                                         ("iceberg", "task-fails-once:2")])
 def test_exactly_once_through_faults(tmp_path, kind, fault):
     source, root, out, where = (str(tmp_path / n) for n in ("in", "ckpt", "out", "table"))
