@@ -18,6 +18,7 @@ from collections.abc import Callable
 import pytest
 from test_s3 import s3_uri  # noqa: F401  (the moto_server on loopback, a module fixture)
 from test_spark_stream import clicks, job_outputs, reference_outputs, state, write_files
+from test_spark_table_sinks import expected_rows, table_rows
 
 from spate import load_checkpoint, verify_checkpoint
 from spate.checkpoint.assignment import overlapping_subtasks
@@ -134,9 +135,11 @@ def test_restart_at_another_parallelism_continues(cluster, first_run):
     assert summary["batches"] == 3 and summary["metrics"][0]["restored_subtasks"] == [0, 1, 2, 3, 4]
 
 
-def test_executor_killed_mid_batch(cluster, tmp_path):
+@pytest.mark.parametrize("sink", ["function", "delta"])
+def test_executor_killed_mid_batch(cluster, tmp_path, sink):
     """Batch 2's tasks stall until the test SIGKILLs the executor running one of them; Spark retries the lost
-    tasks; outputs and state equal a fault-free run."""
+    tasks; outputs and state equal a fault-free run. With a Delta table sink, the table holds every batch once
+    and no file of the lost attempts."""
     source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
     batches = BATCHES[:4]
     write_files(source, batches)
@@ -153,7 +156,9 @@ def test_executor_killed_mid_batch(cluster, tmp_path):
             killed.append(executors[0])
         open(go, "w").close()  # the surviving tasks (and the retries of the lost ones) go on
 
-    summary = drive(cluster, source, root, out, 3, fault="stall:2", tick=kill_one)
+    table = str(tmp_path / "table")
+    summary = drive(cluster, source, root, out, 3, fault="stall:2", tick=kill_one,
+                    extra=("--table", f"delta:{table}") if sink == "delta" else ())
     assert killed, "no stalled task found on an executor of the cluster"
     assert not is_running(killed[0].pid)
     ran_on = [[st["executor"].split("@")[0] for st in m["subtasks"]] for m in summary["metrics"]]
@@ -162,7 +167,12 @@ def test_executor_killed_mid_batch(cluster, tmp_path):
     for i in lost:  # their state came back from checkpoint storage on another executor
         assert summary["metrics"][2]["subtasks"][i]["recovery"] in ("restored", "caught_up"), summary["metrics"][2]
         assert ran_on[2][i] != killed[0].executor_id
-    assert job_outputs(out, 4) == reference_outputs(batches), "every batch's outputs equal a fault-free run"
+    if sink == "delta":
+        assert table_rows("delta", table) == expected_rows(batches), "every batch in the table exactly once"
+        staging = os.path.join(table, "_spate_staging")
+        assert not os.path.isdir(staging) or not os.listdir(staging), "nothing left staged"
+    else:
+        assert job_outputs(out, 4) == reference_outputs(batches), "every batch's outputs equal a fault-free run"
     assert state(root) == counts(batches), "state counted once"
     verify_all(root, 3)
     assert summary["batches"] == 4
