@@ -93,7 +93,7 @@ def table_rows(kind: str, where: str) -> list[dict]:
         from deltalake import DeltaTable
         table = DeltaTable(where).to_pyarrow_table()
     else:
-        table = IcebergSink("db.out", warehouse=where)._load().scan().to_arrow()
+        table = IcebergSink("db.out", warehouse=where).load_table().scan().to_arrow()
     return sorted(table.select(["i", "k", "n"]).to_pylist(), key=lambda r: r["i"])
 
 
@@ -108,7 +108,7 @@ def visible_files(kind: str, where: str) -> tuple[set[str], set[str]]:
         held = {os.path.basename(u) for u in DeltaTable(where).file_uris()}
     else:
         held = {os.path.basename(t.file.file_path) for t in
-                IcebergSink("db.out", warehouse=where)._load().scan().plan_files()}
+                IcebergSink("db.out", warehouse=where).load_table().scan().plan_files()}
     return on_disk, held
 
 
@@ -120,7 +120,7 @@ def commits(kind: str, where: str) -> int:
     if kind == "delta":
         from deltalake import DeltaTable
         return sum(1 for c in DeltaTable(where).history() if c.get("operation") != "CREATE TABLE")
-    return len(IcebergSink("db.out", warehouse=where)._load().snapshots())
+    return len(IcebergSink("db.out", warehouse=where).load_table().snapshots())
 
 
 def staged_files(kind: str, where: str) -> list[str]:
@@ -240,7 +240,7 @@ def test_delta_and_iceberg_hold_one_commit_per_batch_with_its_token(tmp_path: An
     dt = DeltaTable(delta)
     assert dt.version() == 4  # the table's creation, then one commit per batch
     assert dt.transaction_version(f"spate-{queries[0]}") == 3
-    table = IcebergSink("db.out", warehouse=ice)._load()
+    table = IcebergSink("db.out", warehouse=ice).load_table()
     summaries = [s.summary.additional_properties for s in table.snapshots()]
     assert [(s["spate.app-id"], s["spate.batch-id"]) for s in summaries] == [(queries[1], str(n)) for n in range(4)]
 

@@ -25,7 +25,7 @@ def table_rows(kind: str, where: str) -> list[list]:
         from deltalake import DeltaTable
         table = DeltaTable(where).to_pyarrow_table()
     else:
-        table = IcebergSink("db.out", warehouse=where)._load().scan().to_arrow()
+        table = IcebergSink("db.out", warehouse=where).load_table().scan().to_arrow()
     return sorted([r["user"], r["clicks"], r["batch"]] for r in table.to_pylist())
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from spate_tools.campaigns.fuzz import RANDOM_TIME, STEPS, operator_problems, read_deliveries
 from spate_tools.cli import main
 
@@ -47,3 +49,18 @@ def test_a_delivery_cut_by_a_kill_is_not_counted(tmp_path):
     sink = tmp_path / "sink.jsonl"
     sink.write_text(json.dumps({"batch": 0, "rows": ["a"]}) + "\n" + '{"batch": 1, "ro')
     assert dict(read_deliveries(str(sink))) == {0: [["a"]]}
+
+
+@pytest.mark.parametrize("sink", ["parquet", "delta", "iceberg"])
+def test_a_campaign_with_a_table_sink_finds_every_batch_once_in_the_table(capsys, tmp_path, sink):
+    code, result = _campaign(capsys, tmp_path, "--sink", sink, "--seed", "3", "--trials", "1",
+                             "--kills-per-trial", "4", "--random-share", "0")
+    assert result["problems"] == [] and code == 0
+    assert result["sink"] == sink and result["kills"] >= 2
+
+
+def test_a_broken_job_with_a_table_sink_is_reported(capsys, tmp_path):
+    code = main(["fuzz", "--sink", "delta", "--dir", str(tmp_path), "--seed", "1", "--trials", "2",
+                 "--random-share", "0", "--inject-bug"])
+    assert code == 1
+    assert "(reproduce: spate fuzz --sink delta --seed" in capsys.readouterr().out

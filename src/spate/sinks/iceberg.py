@@ -60,7 +60,8 @@ class IcebergSink(TableSink):
         os.makedirs(root, exist_ok=True)
         return SqlCatalog("spate", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}")
 
-    def _load(self) -> Any:
+    def load_table(self) -> Any:
+        """The table (a ``pyiceberg`` ``Table``), loaded from its catalog."""
         return self._catalog().load_table(self.table)
 
     def _open_table(self, schema: pa.Schema) -> None:
@@ -72,7 +73,7 @@ class IcebergSink(TableSink):
 
     def _committed(self, batch_id: int) -> bool:
         if self._upto is None:
-            self._upto = self._newest_batch(self._load())
+            self._upto = self._newest_batch(self.load_table())
         return self._upto >= batch_id
 
     def _newest_batch(self, table: Any) -> int:
@@ -87,7 +88,7 @@ class IcebergSink(TableSink):
         return -1
 
     def _commit_files(self, batch_id: int, files: list[SinkFile]) -> None:
-        table = self._load()
+        table = self.load_table()
         if files:
             table.add_files([f"{self.data_uri}/{f.final_name}" for f in files],
                             snapshot_properties={APP_PROPERTY: self.app_id or "", BATCH_PROPERTY: str(batch_id)})

@@ -8,7 +8,9 @@ parent kills it at a random moment. After each kill the job restarts on the same
 random switches (parallelism, table, changelog, file merging) until it has processed every batch. Then its
 sink deliveries (deduplicated by batch id: a batch delivered twice must be delivered equal), its final
 checkpointed state and its operator state are compared with a crash-free reference run and with the plain
-model (:class:`spate_tools.campaigns.model_job.Model`), and every retained checkpoint is verified.
+model (:class:`spate_tools.campaigns.model_job.Model`), and every retained checkpoint is verified. With
+``--sink parquet|delta|iceberg`` the outputs go to a table sink instead, the kills include the steps of its
+commit, and the table must hold every batch's outputs exactly once (:mod:`spate_tools.campaigns.table_sinks`).
 
 Engine-agnostic: LocalRunner only, nothing here imports ``spate.spark``.
 """
@@ -54,8 +56,12 @@ from spate.report import format_table
 from spate.runtime.local import LocalRunner
 from spate.runtime.restore import StateRecovery
 from spate.runtime.subtask import Subtask
+from spate.sinks import DeltaSink, IcebergSink, ParquetSink, TableSink
 from spate_tools.campaigns import driver_races
 from spate_tools.campaigns.model_job import OPS, Model, ModelJob
+from spate_tools.campaigns.table_sinks import KINDS as TABLE_KINDS
+from spate_tools.campaigns.table_sinks import SCHEMA as TABLE_SCHEMA
+from spate_tools.campaigns.table_sinks import TableRows, expected_rows, make_sink, read_table
 
 MAX_PARALLELISM = 32
 MAX_ROWS = 12
@@ -87,9 +93,12 @@ STEPS = {
     "sink": "the sink wrote the batch, before returning",
     "after_sink_before_mark": "the sink returned, before the delivery mark",
     "after_sink": "the batch is delivered and marked",
+    "commit_move": "a table sink's commit moved a staged data file into place, before the others",
+    "commit_table": "a table sink's commit moved the batch's files, before the table records them",
 }
-PER_SUBTASK = {"restore", "process", "after_subtask", "segment", "upload", "materialize"}
-NEEDS = {"upload": "changelog", "materialize": "changelog", "segment": "merging"}
+PER_SUBTASK = {"restore", "process", "after_subtask", "segment", "upload", "materialize", "commit_move"}
+NEEDS = {"upload": "changelog", "materialize": "changelog", "segment": "merging", "commit_move": "table",
+         "commit_table": "table"}
 RANDOM_TIME = "random_time"
 
 
@@ -130,7 +139,9 @@ class Switches:
         return Switches(rng.randint(1, 6), rng.choice(["heap", "lmdb"]), rng.random() < 0.5,
                         rng.choice(list(MERGING)))
 
-    def has(self, feature: str) -> bool:
+    def has(self, feature: str, sink: str = "file") -> bool:
+        if feature == "table":
+            return sink != "file"
         return self.changelog if feature == "changelog" else self.merging != "off"
 
     def __str__(self) -> str:
@@ -185,6 +196,10 @@ class FaultInjector:
                    only=lambda args: str(args[1]).endswith(METADATA_FILE))
         self._wrap(Janitor, "drop_checkpoint", after="subsume")
         self._wrap(Janitor, "delete_file", after="discard")
+        self._wrap(CheckpointStorage, "move", after="commit_move")
+        self._wrap(TableSink, "commit", after="sink")
+        for sink in (ParquetSink, DeltaSink, IcebergSink):
+            self._wrap(sink, "_commit_files", before="commit_table")
 
     def _wrap(self, owner: Any, name: str, before: str | None = None, after: str | None = None,
               only: Callable[[tuple], bool] = lambda args: True) -> None:
@@ -226,9 +241,12 @@ def run_child(spec: dict[str, Any]) -> None:
     switches = Switches(**spec["switches"])
     batches = job_batches(spec["seed"], spec["batches"])
     clock = [0]
-    runner = LocalRunner(ModelJob, key="k", checkpoint_root=spec["root"], parallelism=switches.parallelism,
-                         max_parallelism=MAX_PARALLELISM, table=switches.table, local_dir=spec["local_dir"],
-                         sink=FileSink(spec["sink"], injector), clock=lambda: clock[0],
+    kind = spec.get("sink_kind", "file")
+    table_out = {"sink": make_sink(kind, spec["table"]), "output_schema": TABLE_SCHEMA} if kind != "file" else \
+        {"sink": FileSink(spec["sink"], injector)}
+    runner = LocalRunner(ModelJob if kind == "file" else TableRows, key="k", checkpoint_root=spec["root"],
+                         parallelism=switches.parallelism, max_parallelism=MAX_PARALLELISM, table=switches.table,
+                         local_dir=spec["local_dir"], **table_out, clock=lambda: clock[0],
                          fault_injector=injector.runner_step, changelog=CHANGELOG if switches.changelog else False,
                          file_merging=MERGING[switches.merging])
     start = runner.next_batch_id
@@ -272,6 +290,7 @@ class Trial:
     batches: int
     workdir: str
     bug: bool = False
+    sink: str = "file"  # or a table sink's kind (:data:`spate_tools.campaigns.table_sinks.KINDS`)
     rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
@@ -281,7 +300,7 @@ class Trial:
         base = os.path.join(self.workdir, run)
         os.makedirs(os.path.join(base, "local"), exist_ok=True)
         return {"root": os.path.join(base, "root"), "local_dir": os.path.join(base, "local"),
-                "sink": os.path.join(base, "sink.jsonl")}
+                "sink": os.path.join(base, "sink.jsonl"), "table": os.path.join(base, "table")}
 
 
 def spawn_child(spec: dict[str, Any], kill_after_s: float | None, tally: Tally) -> tuple[int, str]:
@@ -307,7 +326,7 @@ def choose_kill(trial: Trial, switches: Switches, next_batch: int, random_share:
     rng = trial.rng
     if rng.random() < random_share:
         return KillPoint(RANDOM_TIME)
-    step = rng.choice([s for s in STEPS if s not in NEEDS or switches.has(NEEDS[s])])
+    step = rng.choice([s for s in STEPS if s not in NEEDS or switches.has(NEEDS[s], trial.sink)])
     batch = -1 if rng.random() < 0.15 else rng.randint(min(next_batch, trial.batches - 1), trial.batches - 1)
     skip = rng.randint(0, switches.parallelism - 1) if step in PER_SUBTASK else 0
     return KillPoint(step, batch, skip)
@@ -328,7 +347,8 @@ def run_with_kills(trial: Trial, run: str, kills: int, random_share: float, tall
         point = choose_kill(trial, switches, next_batch_of(paths["root"]), random_share) if kills else None
         at_random = point is not None and point.step == RANDOM_TIME
         spec = {**paths, "seed": trial.seed, "batches": trial.batches, "switches": asdict(switches),
-                "kill": asdict(point) if point and not at_random else None, "bug": trial.bug}
+                "kill": asdict(point) if point and not at_random else None, "bug": trial.bug,
+                "sink_kind": trial.sink}
         delay = trial.rng.uniform(STARTUP_S, max(STARTUP_S, tally.mean_child_seconds())) if at_random else None
         code, err = spawn_child(spec, delay, tally)
         if segments:
@@ -378,7 +398,7 @@ def read_deliveries(path: str) -> dict[int, list[list[str]]]:
     return out
 
 
-def read_outcome(paths: dict[str, str], state_names: list[str]) -> Outcome:
+def read_outcome(paths: dict[str, str], state_names: list[str], sink: str = "file") -> Outcome:
     storage = CheckpointStorage(paths["root"])
     damaged = [f"checkpoint {n}: {p}" for n in list_complete_checkpoints(storage)
                for p in verify_checkpoint(storage, load_checkpoint(storage, n))]
@@ -386,7 +406,8 @@ def read_outcome(paths: dict[str, str], state_names: list[str]) -> Outcome:
     now = now_of(meta.checkpoint_id)
     state = {name: checkpointed(storage, meta, name, now) for name in state_names}
     operator = [(b, i) for per in operator_state_elements(storage, meta, "batches-seen") for b, i in per]
-    return Outcome(read_deliveries(paths["sink"]), meta.checkpoint_id, state, operator, damaged)
+    deliveries = read_deliveries(paths["sink"]) if sink == "file" else read_table(sink, paths["table"])
+    return Outcome(deliveries, meta.checkpoint_id, state, operator, damaged)
 
 
 def checkpointed(storage: CheckpointStorage, meta: Any, name: str, now: int) -> dict[Any, Any]:
@@ -409,8 +430,9 @@ def checkpointed(storage: CheckpointStorage, meta: Any, name: str, now: int) -> 
 def expected(trial: Trial) -> tuple[list[list[str]], dict[str, dict[Any, Any]]]:
     """The model's outputs per batch and the state the last checkpoint must hold."""
     model = Model()
-    outputs = [normalized(model.batch(rows, now_of(n))) for n, rows in enumerate(job_batches(trial.seed,
-                                                                                               trial.batches))]
+    as_delivered = normalized if trial.sink == "file" else expected_rows
+    outputs = [as_delivered(model.batch(rows, now_of(n))) for n, rows in enumerate(job_batches(trial.seed,
+                                                                                                 trial.batches))]
     return outputs, model.checkpointed(now_of(trial.batches - 1))
 
 
@@ -457,19 +479,20 @@ class CampaignOptions:
     random_share: float = 0.2
     workdir: str | None = None
     bug: bool = False
+    sink: str = "file"
 
 
 def run_trial(opts: CampaignOptions, seed: int, workdir: str, tally: Tally) -> list[str]:
     """One trial: reference run, crashed run, comparison. Returns the divergences found."""
-    trial = Trial(seed, opts.batches, os.path.join(workdir, f"trial-{seed}"), opts.bug)
+    trial = Trial(seed, opts.batches, os.path.join(workdir, f"trial-{seed}"), opts.bug, opts.sink)
     names = list(Model().checkpointed(0))
     if not run_with_kills(trial, "reference", 0, 0.0, tally):
         return ["the crash-free reference run failed"]
     if not run_with_kills(trial, "crashed", opts.kills_per_trial, opts.random_share, tally):
         return [f"the job could not finish: {MAX_FAILED_IN_A_ROW} restarts in a row failed"]
     try:
-        ref = read_outcome(trial.paths("reference"), names)
-        got = read_outcome(trial.paths("crashed"), names)
+        ref = read_outcome(trial.paths("reference"), names, trial.sink)
+        got = read_outcome(trial.paths("crashed"), names, trial.sink)
     except (SpateError, OSError) as e:
         return [f"reading the result failed: {e}"]
     return compare(trial, got, ref)
@@ -500,8 +523,8 @@ def run_campaign(opts: CampaignOptions, progress: Callable[[str], None]) -> Tall
     return tally
 
 
-def summary(tally: Tally, seconds: float) -> dict[str, Any]:
-    return {"campaign": "crash", "seed": tally.seed, "trials": tally.trials, "kills": tally.kills,
+def summary(tally: Tally, seconds: float, sink: str = "file") -> dict[str, Any]:
+    return {"campaign": "crash", "sink": sink, "seed": tally.seed, "trials": tally.trials, "kills": tally.kills,
             "kills_by_step": {s: tally.kills_by_step[s] for s in [*STEPS, RANDOM_TIME] if tally.kills_by_step[s]},
             "restarts": tally.restarts, "kill_points_missed": tally.missed, "divergences": tally.divergences(),
             "failed_restarts": tally.failed_restarts, "seconds": round(seconds, 1), "problems": tally.problems}
@@ -517,8 +540,9 @@ def print_report(result: dict[str, Any]) -> None:
              for s, n in result["kills_by_step"].items()]
     print(format_table(steps, title="kills per protocol step"))
     shown = 10
+    sink = f" --sink {result['sink']}" if result.get("sink", "file") != "file" else ""
     for p in result["problems"][:shown]:
-        print(f"{p['kind']} (reproduce: spate fuzz --seed {p['trial_seed']} --trials 1): {p['detail']}")
+        print(f"{p['kind']} (reproduce: spate fuzz{sink} --seed {p['trial_seed']} --trials 1): {p['detail']}")
     if len(result["problems"]) > shown:
         print(f"... and {len(result['problems']) - shown} more problems (--json lists them all)")
 
@@ -533,6 +557,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=int, default=8, help="batches per job (default 8)")
     p.add_argument("--random-share", type=float, default=0.2, help="share of kills at a random moment instead of "
                                                                    "a protocol step (default 0.2)")
+    p.add_argument("--sink", default="file", choices=["file", *TABLE_KINDS],
+                   help="where outputs go: a file the sink appends to (default; each batch at least once), or a "
+                        "table sink, compared exactly once")
     p.add_argument("--dir", default=None, help="working directory (default: a temporary one; kept on failure)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--drivers", type=int, default=0, metavar="N",
@@ -549,12 +576,12 @@ def run_from_args(args: argparse.Namespace) -> int:
         return driver_races.run_from_args(args.drivers, args.seed, args.json)
     trials = 10 if args.trials is None and args.minutes is None else args.trials
     opts = CampaignOptions(args.seed, trials, args.minutes, args.kills_per_trial, args.batches, args.random_share,
-                           args.dir, args.inject_bug)
+                           args.dir, args.inject_bug, args.sink)
     if opts.batches < 1 or opts.kills_per_trial < 0:
         raise ValueError("--batches must be >= 1 and --kills-per-trial >= 0")
     started = time.perf_counter()
     tally = run_campaign(opts, lambda line: print(line, file=sys.stderr, flush=True))
-    result = summary(tally, time.perf_counter() - started)
+    result = summary(tally, time.perf_counter() - started, opts.sink)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
