@@ -10,10 +10,14 @@ rows per batch) and low cardinality (1k keys, large batches). Variants:
   ``spate-adapter`` / ``spate-adapter-row`` (the Spark processors below, unchanged, through
   :func:`spate.spark.stream.transform_with_state`);
 - Spark's own ``transformWithState``, ``transformWithStateInPandas`` and ``applyInPandasWithState`` (RocksDB
-  state store, changelog checkpointing on). At ``high-100k`` they run fewer batches, to stay within time.
+  state store, changelog checkpointing on). At ``high-100k`` they run fewer batches, to stay within time;
+- table sinks: ``spate-parquet``, ``spate-delta``, ``spate-iceberg`` (``spate`` writing each batch's outputs to
+  a table, exactly once: :mod:`spate.sinks`) and ``transformWithState-parquet`` (Spark's, with its Parquet file
+  sink); each table's rows are counted after the run against the input (``table_rows_ok``).
 
 Per variant: steady-state rows/s and batch duration p50/p99 (Spark's ``triggerExecution``, first batches
-excluded), state commit time, checkpoint files created per batch, bytes on disk, restart time (a new query
+excluded), state commit time, checkpoint files created per batch (over the whole run, and in the steady
+state: after the warm-up batches, without the restart), bytes on disk, restart time (a new query
 on the same checkpoint processing one more batch) and the peak resident memory of a Python worker; per case,
 every variant against the floor and spate's against Spark's. Each variant runs in a fresh Spark context (the
 JVM stays), so Python workers and Spark's bookkeeping start empty; Spark listens on 127.0.0.1 only.
@@ -43,6 +47,15 @@ from spate.spark import procfs
 from spate.spark.stream import StatefulStream, transform_with_state
 from spate.state.descriptors import ValueStateDescriptor
 from spate_tools.bench.spark_profile import SparkRestApi, bind_spark_to_loopback
+from spate_tools.bench.spark_sinks import (
+    SPARK_TABLE_VARIANTS,
+    SPATE_TABLE_VARIANTS,
+    on_every_batch,
+    start_spark_parquet,
+    table_files,
+    table_row_count,
+    table_sink,
+)
 from spate_tools.spark_demo import spark_session, write_batches
 
 APP = "spate-bench"
@@ -55,7 +68,9 @@ MAX_PARALLELISM = default_max_parallelism(PARALLELISM)  # spate's key groups for
 FLOOR = "floor"
 SPATE_VARIANTS = ("spate", "spate-empty", "spate-batch", "spate-adapter", "spate-adapter-row")
 SPARK_VARIANTS = ("transformWithState", "transformWithStateInPandas", "applyInPandasWithState")
-VARIANTS = (FLOOR, *SPATE_VARIANTS, *SPARK_VARIANTS)
+TABLE_VARIANTS = (*SPATE_TABLE_VARIANTS, *SPARK_TABLE_VARIANTS)
+VARIANTS = (FLOOR, *SPATE_VARIANTS, *SPARK_VARIANTS, *TABLE_VARIANTS)
+SPATE_QUERIES = (*SPATE_VARIANTS, *SPATE_TABLE_VARIANTS)  # spate's queries: its checkpoint's files are state
 PROFILED = (FLOOR, *SPATE_VARIANTS)
 ADAPTER_FLAVOURS = {"spate-adapter": "pandas", "spate-adapter-row": "row"}
 SAME_API_ON_SPARK = {"spate-adapter": "transformWithStateInPandas", "spate-adapter-row": "transformWithState"}
@@ -77,7 +92,7 @@ class Case:
     spark_batches: int
 
     def batches_of(self, variant: str) -> int:
-        return self.spark_batches if variant in SPARK_VARIANTS else self.batches
+        return self.spark_batches if variant in (*SPARK_VARIANTS, *SPARK_TABLE_VARIANTS) else self.batches
 
 
 def cases(quick: bool) -> tuple[Case, ...]:
@@ -175,6 +190,7 @@ class Inputs:
     all: str
     spark: str
     extra: str
+    distinct_keys: tuple[int, ...] = ()  # per batch: the output rows of a running count (one per key)
 
     def source(self, case: Case, variant: str) -> str:
         return self.spark if case.batches_of(variant) < case.batches else self.all
@@ -189,9 +205,11 @@ def _batch_rows(case: Case, index: int, rng: random.Random) -> list[dict[str, An
 def write_inputs(case: Case, workdir: str) -> Inputs:
     rng = random.Random(1)
     extra_dir = f"{workdir}/extra-{case.name}"
+    batches = [_batch_rows(case, b, rng) for b in range(case.batches)]
     inputs = Inputs(f"{workdir}/in-{case.name}", f"{workdir}/in-{case.name}-spark",
-                    os.path.join(extra_dir, f"clicks-{case.batches:05d}.json"))  # write_batches' name for the file
-    write_batches(inputs.all, [_batch_rows(case, b, rng) for b in range(case.batches)])
+                    os.path.join(extra_dir, f"clicks-{case.batches:05d}.json"),  # write_batches' name for the file
+                    tuple(len({r["k"] for r in rows}) for rows in batches))
+    write_batches(inputs.all, batches)
     write_batches(extra_dir, [_batch_rows(case, case.batches, rng)], start=case.batches)
     if case.spark_batches < case.batches:
         os.makedirs(inputs.spark)
@@ -210,14 +228,26 @@ class FileCounter:
     def __init__(self, path: str, state_prefix: str | None, skip_prefix: str | None) -> None:
         self.path, self.state_prefix, self.skip_prefix = path, state_prefix, skip_prefix
         self.seen: set[str] = set()
+        self.scans = 0
+        self.state_at_warmup: int | None = None  # state files seen once the warm-up batches were done
 
     @staticmethod
     def of(variant: str, ckpt: str) -> FileCounter:
-        return FileCounter(ckpt, None, "_spark/") if variant in SPATE_VARIANTS else FileCounter(ckpt, "state/", None)
+        return FileCounter(ckpt, None, "_spark/") if variant in SPATE_QUERIES else FileCounter(ckpt, "state/", None)
 
     def scan(self) -> None:
+        """After each batch."""
         for d, _dirs, files in os.walk(self.path):
             self.seen.update(os.path.relpath(os.path.join(d, f), self.path) for f in files)
+        self.scans += 1
+        if self.scans == WARMUP_BATCHES:
+            self.state_at_warmup = self.state
+
+    def steady_per_batch(self) -> float | None:
+        """State files created per batch after the warm-up batches (None: too few batches to tell)."""
+        if self.state_at_warmup is None or self.scans <= WARMUP_BATCHES:
+            return None
+        return round((self.state - self.state_at_warmup) / (self.scans - WARMUP_BATCHES), 2)
 
     @property
     def state(self) -> int:
@@ -285,11 +315,11 @@ def _spate_stream(variant: str, df: Any, ckpt: str, profile: bool) -> StatefulSt
         flavour = ADAPTER_FLAVOURS[variant]
         processor = pandas_count() if flavour == "pandas" else row_count()
         return transform_with_state(df, "k", processor, OUTPUT_SCHEMA, flavour=flavour, **options)
-    processor = {"spate": SpateCount, "spate-empty": SpateEmpty}.get(variant) or SpateBatchCount
+    processor = {"spate-empty": SpateEmpty, "spate-batch": SpateBatchCount}.get(variant) or SpateCount
     return StatefulStream(df, "k", processor, OUTPUT_SCHEMA, **options)
 
 
-def _spark_stateful(variant: str, df: Any) -> Any:
+def _spark_stateful(variant: str, df: Any, output_mode: str = "Update") -> Any:
     """The running count on Spark's own API ``variant`` (RocksDB, changelog checkpointing)."""
     df.sparkSession.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     df.sparkSession.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
@@ -298,7 +328,7 @@ def _spark_stateful(variant: str, df: Any) -> Any:
     if variant == "transformWithStateInPandas":
         return grouped.transformWithStateInPandas(pandas_count(), OUTPUT_SCHEMA, "Update", "None")
     if variant == "transformWithState":
-        return grouped.transformWithState(row_count(), OUTPUT_SCHEMA, "Update", "None")
+        return grouped.transformWithState(row_count(), OUTPUT_SCHEMA, output_mode, "None")
     return grouped.applyInPandasWithState(group_state_count, OUTPUT_SCHEMA, "count long", "Update", "NoTimeout")
 
 
@@ -328,9 +358,12 @@ def start_query(spark: Any, variant: str, source: str, ckpt: str, after_batch: O
                 profile: bool = False) -> tuple[Any, StatefulStream | None]:
     """Start the query of ``variant`` (trigger availableNow); returns (query, spate's stream or None)."""
     df = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(source)
-    if variant in SPATE_VARIANTS:
+    if variant in SPATE_QUERIES:
         stream = _spate_stream(variant, df, ckpt, profile)
-        return stream.start(_noop_sink(after_batch), trigger={"availableNow": True}), stream
+        sink = table_sink(variant, ckpt) if variant in SPATE_TABLE_VARIANTS else _noop_sink(after_batch)
+        return stream.start(sink, trigger={"availableNow": True}), stream
+    if variant in SPARK_TABLE_VARIANTS:
+        return start_spark_parquet(_spark_stateful("transformWithState", df, "Append"), ckpt), None
     if variant == FLOOR:
         writer = df.writeStream.foreachBatch(_floor_batch(after_batch))
     else:
@@ -395,8 +428,16 @@ def _figures(variant: str, case: Case, done: list[dict[str, Any]], stream: State
             "batch_ms_p50": percentile(ms, 50), "batch_ms_p99": percentile(ms, 99),
             "checkpoint_commit_ms_p50": percentile(_commit_ms(steady, stream), 50),
             "files_per_batch": round(files.state / batches_run, 2),
+            "steady_files_per_batch": files.steady_per_batch(),
             "all_files_per_batch": round(len(files.seen) / batches_run, 2),
             "bytes_on_disk": _dir_bytes(files.path), "worker_peak_rss_mb": memory.mb}
+
+
+def _table_figures(variant: str, ckpt: str, batches: int, expected_rows: int) -> dict[str, Any]:
+    """The table a table-sink variant wrote: its files created per batch and its row count, checked."""
+    rows = table_row_count(variant, ckpt)
+    return {"table_files_per_batch": round(len(table_files(ckpt)) / max(1, batches), 2), "table_rows": rows,
+            "table_rows_ok": rows == expected_rows}
 
 
 def _profile(api: SparkRestApi, query: Any, done: list[dict[str, Any]],
@@ -437,9 +478,14 @@ def run_variant(case: Case, variant: str, inputs: Inputs, workdir: str, profile:
             files.scan()
             memory.sample()
 
+        listener = on_every_batch(spark, after_batch) if variant in TABLE_VARIANTS else None
         query, stream = start_query(spark, variant, source, ckpt, after_batch, profile)
         done = _finish(query, stream)
+        if listener is not None:
+            spark.streams.removeListener(listener)
         result = _figures(variant, case, done, stream, files, memory)
+        if variant in TABLE_VARIANTS:
+            result |= _table_figures(variant, ckpt, len(done), sum(inputs.distinct_keys[:case.batches_of(variant)]))
         if api is not None and variant in PROFILED:
             result["profile"] = _profile(api, query, done, stream)
         return result | {"recovery_s": _restart_s(spark, variant, source, inputs.extra, ckpt)}
@@ -454,7 +500,8 @@ def bench_spark(quick: bool, profile: bool = False) -> tuple[list[dict[str, Any]
     results: list[dict[str, Any]] = []
     _start_jvm()
     try:
-        steps = [(case, v) for case in cases(quick) for v in VARIANTS]
+        steps = [(case, v) for i, case in enumerate(cases(quick)) for v in VARIANTS
+                 if not (quick and i and v in TABLE_VARIANTS)]  # --quick: the table sinks in the first case only
         inputs: dict[str, Inputs] = {}
         for case, variant in progress(steps, len(steps), "bench spark"):
             if case.name not in inputs:
@@ -463,7 +510,7 @@ def bench_spark(quick: bool, profile: bool = False) -> tuple[list[dict[str, Any]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     add_ratios(results)
-    tables = [results_table(results), cases_table(results)]
+    tables = [results_table(results), cases_table(results), tables_table(results)]
     if profile:
         tables.append(profile_tables(results))
     return results, "\n\n".join(tables)
@@ -485,25 +532,31 @@ def _spark_best(results: list[dict[str, Any]], case: str) -> dict[str, Any]:
                key=lambda r: r["rows_per_s"], default={})
 
 
-def _spark_fewest_files(results: list[dict[str, Any]], case: str) -> float | None:
-    return min((r["files_per_batch"] for r in results if r["cardinality"] == case
-                and r["variant"] in SPARK_VARIANTS), default=None)
+def _spark_fewest_files(results: list[dict[str, Any]], case: str, key: str = "files_per_batch") -> float | None:
+    return min((r[key] for r in results if r["cardinality"] == case and r["variant"] in SPARK_VARIANTS
+                and r.get(key) is not None), default=None)
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
     """Add to each result: ``vs_floor`` (batch p50 / the floor's); for spate's variants ``vs_spark_best``
     (rows/s / the fastest Spark variant's, named in ``spark_best``) and ``fewer_files_than_spark`` (the
-    fewest state files per batch of Spark's variants / its own); for the adapters ``vs_same_api_on_spark``
-    (rows/s / that of the Spark API it stands in for)."""
+    fewest state files per batch of Spark's variants / its own; ``fewer_steady_files_than_spark`` the same
+    in the steady state); for the adapters ``vs_same_api_on_spark`` (rows/s / that of the Spark API it stands
+    in for); for the table-sink variants ``vs_noop_sink`` (batch p50 / the same query's with a noop sink)."""
     for r in results:
         case = r["cardinality"]
         r["vs_floor"] = _ratio(r["batch_ms_p50"], _of(results, case, FLOOR).get("batch_ms_p50"))
+        if r["variant"] in TABLE_VARIANTS:  # the cost of writing a table over the same query with a noop sink
+            noop = "spate" if r["variant"] in SPATE_TABLE_VARIANTS else "transformWithState"
+            r["vs_noop_sink"] = _ratio(r["batch_ms_p50"], _of(results, case, noop).get("batch_ms_p50"))
         if r["variant"] not in SPATE_VARIANTS:
             continue
         best = _spark_best(results, case)
         r["spark_best"] = best.get("variant")
         r["vs_spark_best"] = _ratio(r["rows_per_s"], best.get("rows_per_s"))
         r["fewer_files_than_spark"] = _ratio(_spark_fewest_files(results, case), r["files_per_batch"])
+        r["fewer_steady_files_than_spark"] = _ratio(_spark_fewest_files(results, case, "steady_files_per_batch"),
+                                                    r["steady_files_per_batch"])
         if r["variant"] in SAME_API_ON_SPARK:
             same = _of(results, case, SAME_API_ON_SPARK[r["variant"]])
             r["vs_same_api_on_spark"] = _ratio(r["rows_per_s"], same.get("rows_per_s"))
@@ -523,13 +576,15 @@ def results_table(results: list[dict[str, Any]]) -> str:
              "batch p50 ms": round(r["batch_ms_p50"] or 0), "batch p99 ms": round(r["batch_ms_p99"] or 0),
              "p50 / floor": r.get("vs_floor"),
              "commit p50 ms": round(r["checkpoint_commit_ms_p50"] or 0, 1),
-             "state files/batch": r["files_per_batch"], "all files/batch": r["all_files_per_batch"],
+             "state files/batch": r["files_per_batch"], "steady": r.get("steady_files_per_batch"),
+             "all files/batch": r["all_files_per_batch"],
              "on disk": human_bytes(r["bytes_on_disk"]), "restart s": r["recovery_s"],
              "worker peak RSS MB": r["worker_peak_rss_mb"],
              "vs Spark's best": (f"{_times(r.get('vs_spark_best'))} rows/s, "
                                  f"{_times(r.get('fewer_files_than_spark'))} fewer files"
                                  if r["variant"] in SPATE_VARIANTS else ""),
-             "vs same API on Spark": _times(r.get("vs_same_api_on_spark"))} for r in results]
+             "vs same API on Spark": _times(r.get("vs_same_api_on_spark"))}
+            for r in results if r["variant"] not in TABLE_VARIANTS]
     return format_table(rows, title="spate bench spark: keyed running count, local[2], 4 partitions/subtasks; "
                                     "Spark with RocksDB + changelog checkpointing. p50 / floor: batch p50 over the "
                                     "floor's (same pipeline, no state). State files: the state checkpoint's files "
@@ -553,6 +608,20 @@ def _case_row(results: list[dict[str, Any]], case: str) -> dict[str, Any]:
             "ceiling (best / floor)": _ratio(_p50(best), _p50(floor)),
             "adapter vs tWSInPandas": _times(_of(results, case, "spate-adapter").get("vs_same_api_on_spark")),
             "fewer files": _times(spate.get("fewer_files_than_spark"))}
+
+
+def tables_table(results: list[dict[str, Any]]) -> str:
+    rows = [{"cardinality": r["cardinality"], "variant": r["variant"], "batches": r["batches"],
+             "batch p50 ms": round(r["batch_ms_p50"] or 0), "p50 / noop sink": r.get("vs_noop_sink"),
+             "p50 / floor": r.get("vs_floor"), "state files/batch": r["files_per_batch"],
+             "steady": r.get("steady_files_per_batch"), "table files/batch": r["table_files_per_batch"],
+             "table rows": f"{r['table_rows']:,}", "rows ok": r["table_rows_ok"]}
+            for r in results if r["variant"] in TABLE_VARIANTS]
+    return format_table(rows, title="table sinks: the same running count writing each batch's outputs to a table "
+                                    "(spate: exactly once, committed with its checkpoint; Spark: its Parquet file "
+                                    "sink). p50 / noop sink: over the same query with a noop sink (spate, "
+                                    "transformWithState); table files: every file the table directory holds, per "
+                                    "batch; rows ok: the table's own row count equals the input's keys per batch")
 
 
 def cases_table(results: list[dict[str, Any]]) -> str:
