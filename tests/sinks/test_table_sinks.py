@@ -276,3 +276,19 @@ def test_clean_staging_deletes_only_this_querys_files(tmp_path: Any) -> None:
     sink.open("abc", SCHEMA)
     assert sink.clean_staging(delivered_upto=2, latest_completed=5) == [f"{STAGING_DIR}/{mine_old}"]
     assert sorted(os.listdir(where / STAGING_DIR)) == sorted([mine_pending, theirs, user])
+
+
+def test_duckdb_reads_the_delta_and_iceberg_tables_through_their_readers(tmp_path: Any) -> None:
+    """DuckDB's own delta and iceberg extensions are downloaded on first use (no network here): it reads the
+    Delta table through deltalake's Arrow dataset and the Iceberg table through pyiceberg's scan."""
+    from deltalake import DeltaTable
+    delta, ice = str(tmp_path / "delta"), str(tmp_path / "ice")
+    for sink, root in ((DeltaSink(delta), "cp-d"), (IcebergSink("db.out", warehouse=ice), "cp-i")):
+        with LocalRunner(Count, key="k", checkpoint_root=str(tmp_path / root), parallelism=2, output_schema=SCHEMA,
+                         sink=sink) as r:
+            for n in range(3):
+                r.run_batch(n, [{"i": 10 * n + j, "k": f"k{j % 4}"} for j in range(8)])
+    dataset = DeltaTable(delta).to_pyarrow_dataset()  # noqa: F841  (DuckDB finds it by its name)
+    assert duckdb.sql("select count(*), max(n) from dataset").fetchall() == [(24, 6)]
+    con = IcebergSink("db.out", warehouse=ice).load_table().scan().to_duckdb("outputs")
+    assert con.sql("select count(*), max(n) from outputs").fetchall() == [(24, 6)]

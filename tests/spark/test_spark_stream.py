@@ -219,3 +219,21 @@ def test_a_stream_starts_from_a_savepoint_of_a_local_runner(spark, tmp_path):
     stream, _ = run_stream(spark, source, root, 3, {}, restore_from=savepoint)
     assert [m.batch_id for m in stream.metrics] == [0, 1, 2]
     assert state(root) == dict(Counter(r["user"] for b in batches for r in b))
+
+
+def test_plans_name_the_log_and_executors_list_it(spark, tmp_path, monkeypatch):
+    """Every plan sent to the executors names its log instead of listing it (``INLINE_CHANGE_SETS`` 0): subtasks
+    whose live state has that log go on, a restart lists it from the base's metadata; state is exact."""
+    from spate.checkpoint import protocol
+
+    monkeypatch.setattr(protocol, "INLINE_CHANGE_SETS", 0)
+    source, root = str(tmp_path / "in"), str(tmp_path / "ckpt")
+    batches = clicks(6)
+    write_files(source, batches[:3])
+    changelog = {"changelog": True, "local_dir": str(tmp_path / "local")}
+    stream, _ = run_stream(spark, source, root, 2, {}, table="lmdb", **changelog)
+    write_files(source, batches[3:], start=3)
+    stream2, _ = run_stream(spark, source, root, 2, {}, table="heap", **changelog)  # heap: restored from storage
+    assert state(root) == dict(Counter(r["user"] for b in batches for r in b))
+    assert [st.recovery for st in stream2.metrics[0].subtasks] == ["restored", "restored"]
+    assert all(m.subtasks for m in stream.metrics)

@@ -6,6 +6,7 @@ the in-process runner, Arrow rows on Spark.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from spate.keygroups import key_group_range
 from spate.segments import FileRef
 from spate.sinks.table_sink import SinkFile
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
+from spate.snapshot.lineage import change_set_identity, changelog_digest
 from spate.snapshot.outputs import OutputsHandle
 
 
@@ -40,6 +42,24 @@ class RescaleSource:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> RescaleSource:
         return RescaleSource(**data)
+
+
+INLINE_CHANGE_SETS = 16  # a serialized plan lists at most this many change sets; a longer log is named
+
+
+@dataclass(frozen=True)
+class ChangelogRef:
+    """A plan's log since the materialization named instead of listed: how many change sets, and the
+    fingerprint of their identities (:func:`~spate.snapshot.lineage.changelog_digest`). A subtask whose live
+    state has exactly this log needs nothing more; any other lists it from the base checkpoint's metadata
+    first (:func:`spate.runtime.recovery.listed`), so a serialized plan does not grow with the log."""
+
+    length: int
+    digest: str
+
+    @staticmethod
+    def of(changelog: list[ChangeSetHandle]) -> ChangelogRef:
+        return ChangelogRef(len(changelog), changelog_digest(change_set_identity(h) for h in changelog))
 
 
 @dataclass
@@ -75,10 +95,26 @@ class SubtaskPlan:
     non_reusable: list[str] = field(default_factory=list)
     base_parallelism: int | None = None
     rescale_sources: list[RescaleSource] = field(default_factory=list)
+    changelog_ref: ChangelogRef | None = None  # the log named, ``changelog`` empty (:meth:`compacted`)
 
     @property
     def key_groups(self) -> range:
         return key_group_range(self.max_parallelism, self.parallelism, self.index)
+
+    @property
+    def log_length(self) -> int:
+        """Change sets in the base's log since the materialization, listed or named."""
+        return self.changelog_ref.length if self.changelog_ref is not None else len(self.changelog)
+
+    def compacted(self, inline: int | None = None) -> SubtaskPlan:
+        """This plan for a transport that serializes it: a log of more than ``inline`` (default
+        :data:`INLINE_CHANGE_SETS`) change sets named by a :class:`ChangelogRef` instead of listed, when the
+        subtask can list it itself from the base's metadata (a checkpoint of this root, at this parallelism)."""
+        limit = INLINE_CHANGE_SETS if inline is None else inline
+        if (len(self.changelog) <= limit or self.base_checkpoint_id is None or self.base_is_savepoint
+                or self.base_uri != self.checkpoint_uri or self.base_parallelism != self.parallelism):
+            return self
+        return dataclasses.replace(self, changelog=[], changelog_ref=ChangelogRef.of(self.changelog))
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -86,6 +122,7 @@ class SubtaskPlan:
         d["changelog"] = [h.to_dict() for h in self.changelog]
         d["operator"] = [p.to_dict() for p in self.operator]
         d["rescale_sources"] = [s.to_dict() for s in self.rescale_sources]
+        d["changelog_ref"] = dict(self.changelog_ref.__dict__) if self.changelog_ref is not None else None
         return d
 
     @staticmethod
@@ -95,6 +132,8 @@ class SubtaskPlan:
         d["changelog"] = [ChangeSetHandle.from_dict(h) for h in d.get("changelog", [])]
         d["operator"] = [OperatorStatePiece.from_dict(p) for p in d["operator"]]
         d["rescale_sources"] = [RescaleSource.from_dict(s) for s in d.get("rescale_sources", [])]
+        ref = d.get("changelog_ref")
+        d["changelog_ref"] = ChangelogRef(**ref) if ref else None
         return SubtaskPlan(**d)
 
 

@@ -24,16 +24,22 @@ uses them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from spate.checkpoint.ackinfo import CAUGHT_UP, NEW, RESTORED, REUSED, RecoveryInfo
-from spate.checkpoint.protocol import SubtaskPlan
+from spate.checkpoint.metadata import read_metadata
+from spate.checkpoint.protocol import ChangelogRef, SubtaskPlan
+from spate.errors import CheckpointError
+from spate.fs import CheckpointStorage
+from spate.layout import metadata_path
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStatePiece
 from spate.snapshot.lineage import (  # noqa: F401  (re-exported: the table tag's lineage)
     LINEAGE_META,
     TAG_META,
     Lineage,
     change_set_identity,
+    changelog_digest,
     keyed_identity,
 )
 from spate.state.lmdb_table import LmdbTable
@@ -56,12 +62,31 @@ def catch_up_start(checkpoint_id: int, lineage: Lineage | None, plan: SubtaskPla
         return None
     if lineage.keyed != tuple(keyed_identity(h) for h in plan.keyed):
         return None
+    ref = plan.changelog_ref
+    if ref is not None:  # only the whole log can be compared with a named one: anything less, list it first
+        whole = len(lineage.changelog) == ref.length and changelog_digest(lineage.changelog) == ref.digest
+        return ref.length if whole else None
     known = len(lineage.changelog)
     if known > len(plan.changelog):
         return None
     if tuple(change_set_identity(h) for h in plan.changelog[:known]) != lineage.changelog:
         return None
     return known
+
+
+def listed(plan: SubtaskPlan, storage: CheckpointStorage) -> SubtaskPlan:
+    """``plan`` with its log listed: a named log (:class:`~spate.checkpoint.protocol.ChangelogRef`) read from the
+    base checkpoint's metadata in ``storage`` (its root), which must be the log the plan names."""
+    ref = plan.changelog_ref
+    if ref is None:
+        return plan
+    assert plan.base_checkpoint_id is not None
+    handles = read_metadata(storage, metadata_path(plan.base_checkpoint_id)).subtasks[plan.index].changelog
+    if ChangelogRef.of(handles) != ref:
+        raise CheckpointError(f"{storage.path(metadata_path(plan.base_checkpoint_id))}: subtask {plan.index}'s log "
+                              f"of {len(handles)} change sets is not the one its plan names ({ref.length}); the "
+                              "checkpoint was replaced outside spate")
+    return dataclasses.replace(plan, changelog=handles, changelog_ref=None)
 
 
 def recovery_kind(checkpoint_id: int, start: int, plan: SubtaskPlan) -> str:
@@ -119,6 +144,6 @@ def live_at_base(tag: int | None, lineage: Lineage | None, lmdb: LmdbTable | Non
         return False
     if plan.base_checkpoint_id is None:
         return tag == EMPTY
-    if tag != plan.base_checkpoint_id or catch_up_start(tag, lineage, plan) != len(plan.changelog):
+    if tag != plan.base_checkpoint_id or catch_up_start(tag, lineage, plan) != plan.log_length:
         return False
     return lmdb is None or read_tag(lmdb) == (tag, lineage) and not lmdb.linked_elsewhere()

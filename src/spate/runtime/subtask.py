@@ -22,7 +22,7 @@ from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyedRow
 from spate.runtime.outputs import NO_KEY, OutputBuffer, Outputs
 from spate.runtime.processor import Context, Processor, Row
 from spate.runtime.profile import PhaseClock, table_seconds
-from spate.runtime.recovery import Lineage, live_at_base, mark_dirty, write_tag
+from spate.runtime.recovery import Lineage, listed, live_at_base, mark_dirty, write_tag
 from spate.runtime.restore import RecoveredState, StateRecovery
 from spate.runtime.services import WorkerServices
 from spate.runtime.snapshot_files import Relocator, SnapshotFiles
@@ -153,6 +153,8 @@ class Subtask:
         else:
             # an lmdb copy stays for the ladder to find (e.g. another process moved it on: it catches up)
             self._drop_live_state(plan, destroy=lmdb is None)
+            if plan.changelog_ref is not None:  # the ladder needs the handles of the log the plan names
+                plan = listed(plan, self.services.storage_of(plan.base_uri))  # type: ignore[arg-type]
             self._install(plan, self._state_recovery.recover(plan))
         assert self.keyed is not None
         if self.clog is not None:

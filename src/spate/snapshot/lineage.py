@@ -69,3 +69,8 @@ class Lineage:
 def lineage_digest(raw: bytes) -> str:
     """The fingerprint of a lineage as stored (:meth:`Lineage.to_bytes`)."""
     return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def changelog_digest(identities: Iterable[tuple]) -> str:
+    """The fingerprint of a log: the identities (:func:`change_set_identity`) of its change sets, in order."""
+    return lineage_digest(json.dumps(list(identities), separators=(",", ":")).encode())

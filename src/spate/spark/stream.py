@@ -339,7 +339,8 @@ class StatefulStream:
 
         def run_subtasks(plans: list[SubtaskPlan]) -> list[SubtaskAck]:  # the batch's one Spark job
             job_started = time.perf_counter()
-            sent.extend(json.dumps(plan.to_dict()).encode() for plan in plans)
+            # a long log since the materialization is named, not listed: the plans stay the same size
+            sent.extend(json.dumps(plan.compacted().to_dict()).encode() for plan in plans)
             fresh = plans[0].base_checkpoint_id is None  # a new query: the initial state goes in
             acks = self._run_job(batch_df, batch_id, sent, with_initial=fresh)
             spark.update(jobs=jobs.since(), tasks=jobs.last_stage_tasks(),

@@ -98,10 +98,10 @@ class Case:
 def cases(quick: bool) -> tuple[Case, ...]:
     """The bench's inputs. At ``high-100k`` Spark's own variants run 2 batches in the full run (1 warm-up, 1
     measured): each of theirs takes 20-95 s there on 2 cores (spate's about 1 s), and more would take the full
-    run past ~25 minutes."""
+    run past ~25 minutes. ``quick`` (a check that every variant runs and reports, not a measurement) leaves
+    ``high-100k`` out: it is ``high`` at a larger size."""
     if quick:
-        return (Case("high", 2, 2_000, None, 2), Case("low", 2, 20_000, 1_000, 2),
-                Case("high-100k", 2, 10_000, None, 2))
+        return (Case("high", 2, 2_000, None, 2), Case("low", 2, 20_000, 1_000, 2))
     return (Case("high", 8, 20_000, None, 8), Case("low", 8, 200_000, 1_000, 8),
             Case("high-100k", 8, 100_000, None, 2))
 
