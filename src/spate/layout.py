@@ -27,6 +27,7 @@ SUBTASK_PREFIX = f"{SHARED_DIR}/subtask-"
 KEY_GROUPS_SUFFIX = ".kg"  # a keyed snapshot: frames of key groups
 OPERATOR_STATE_SUFFIX = ".op"
 STAGED_OUTPUTS_SUFFIX = ".out"
+STAGED_PARQUET_SUFFIX = ".parquet"  # staged outputs as a Parquet file of their own (Spark reads them natively)
 CHANGE_FILE_SUFFIX = ".chg"  # change sets of the changelog
 CHANGE_LIST_SUFFIX = ".cll"  # a list of change-set handles several checkpoints' metadata reference
 SEGMENT_FILE_SUFFIX = ".seg"  # file merging: a physical file holding segments
@@ -70,7 +71,7 @@ def delivered_path(checkpoint_id: int) -> str:
 
 
 def staged_dir(checkpoint_id: int) -> str:
-    """Outputs a batch staged for the sink (merging off)."""
+    """Outputs a batch staged for the sink (merging off, or as Parquet files)."""
     return f"{STAGED_DIR}/{checkpoint_id}"
 
 
@@ -121,7 +122,7 @@ _FILES = re.compile("|".join(rf"(?:{p})" for p in (
     _data(_SUBTASK, KEY_GROUPS_SUFFIX, SEGMENT_FILE_SUFFIX),
     _data(CHANGELOG_DIR, CHANGE_FILE_SUFFIX, CHANGE_LIST_SUFFIX),
     _data(_WORKER, SEGMENT_FILE_SUFFIX),
-    _data(_STAGED, STAGED_OUTPUTS_SUFFIX),
+    _data(_STAGED, STAGED_OUTPUTS_SUFFIX, STAGED_PARQUET_SUFFIX),
 )))
 _DIRS = re.compile("|".join((EPOCHS_DIR, _CHECKPOINT, SHARED_DIR, _SUBTASK, CHANGELOG_DIR, TASKOWNED_DIR, _WORKER,
                              STAGED_DIR, _STAGED)))

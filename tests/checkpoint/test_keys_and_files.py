@@ -303,7 +303,7 @@ def test_metadata_of_version_2_is_read_with_the_typed_fields_from_its_stats(tmp_
             second.restore_bytes, second.executor) == (2, False, "restored", 3, 12.5, 0, None)
     assert second.stats == {}
     again = json.loads(json.dumps(load_checkpoint(storage, 4).to_dict()))
-    assert again["format_version"] == 5 and again["subtasks"][1]["recovery"] == "restored"
+    assert again["format_version"] == 6 and again["subtasks"][1]["recovery"] == "restored"
 
 
 def documented_frames() -> list[bytes]:

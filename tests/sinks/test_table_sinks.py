@@ -227,6 +227,24 @@ def test_parquet_table_is_read_by_duckdb_and_pyarrow(tmp_path: Any) -> None:
     assert ds.dataset(where, format="parquet").count_rows() == 30
 
 
+def test_stopping_deletes_what_retried_attempts_of_committed_batches_staged(tmp_path: Any) -> None:
+    """A task retried after its executor died leaves its first attempt's file staged: the batch commits the
+    retry's. A stop deletes such files of committed batches, and leaves those of later batches (a newer
+    driver may be running them)."""
+    where = tmp_path / "out"
+    r = LocalRunner(Count, key="k", checkpoint_root=str(tmp_path / "cp"), output_schema=SCHEMA,
+                    sink=ParquetSink(str(where)))
+    r.run_batch(0, [{"i": 1, "k": "a"}])
+    app = r.coordinator.query.query_id.replace("-", "")[:32]
+    lost, later = (f"{app}-{b:012d}-00000-0123456789ab.parquet" for b in (0, 7))
+    for name in (lost, later):
+        (where / STAGING_DIR / name).write_bytes(b"x")
+    r.run_batch(1, [{"i": 2, "k": "a"}])
+    r.close()
+    assert os.listdir(where / STAGING_DIR) == [later]
+    assert ds.dataset(str(where), format="parquet").count_rows() == 2
+
+
 def test_delta_and_iceberg_hold_one_commit_per_batch_with_its_token(tmp_path: Any) -> None:
     from deltalake import DeltaTable
     delta, ice = str(tmp_path / "delta"), str(tmp_path / "ice")
@@ -269,12 +287,14 @@ def test_clean_staging_deletes_only_this_querys_files(tmp_path: Any) -> None:
     (where / STAGING_DIR).mkdir(parents=True)
     mine_old = "abc-000000000001-00000-0123456789ab.parquet"
     mine_pending = "abc-000000000004-00000-0123456789ab.parquet"
+    mine_running = "abc-000000000006-00001-0123456789ab.parquet"  # a batch that may still be running
     theirs, user = "xyz-000000000001-00000-0123456789ab.parquet", "notes.txt"
-    for name in (mine_old, mine_pending, theirs, user):
+    for name in (mine_old, mine_pending, mine_running, theirs, user):
         (where / STAGING_DIR / name).write_bytes(b"x")
     sink = ParquetSink(str(where))
     sink.open("abc", SCHEMA)
-    assert sink.clean_staging(delivered_upto=2, latest_completed=5) == [f"{STAGING_DIR}/{mine_old}"]
+    assert sink.clean_staging(delivered_upto=2, latest_completed=None) == [f"{STAGING_DIR}/{mine_old}"]
+    assert sink.clean_staging(delivered_upto=2, latest_completed=5) == [f"{STAGING_DIR}/{mine_running}"]
     assert sorted(os.listdir(where / STAGING_DIR)) == sorted([mine_pending, theirs, user])
 
 

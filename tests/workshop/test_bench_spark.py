@@ -22,10 +22,13 @@ def test_bench_spark_quick_json_shape(tmp_path):
     assert by == {(v, c) for v in ("floor", "spate", "spate-empty", "spate-batch", "spate-adapter",
                                    "spate-adapter-row", "transformWithState", "transformWithStateInPandas",
                                    "applyInPandasWithState") for c in ("high", "low")} | {
-        (v, "high") for v in ("spate-parquet", "spate-delta", "spate-iceberg", "transformWithState-parquet")}
+        (v, "high") for v in ("spate-parquet", "spate-delta", "spate-iceberg", "transformWithState-parquet",
+                              "spate-readback")}
     for r in data["results"]:
         assert r["rows_per_s"] > 0 and r["recovery_s"] > 0 and r["worker_peak_rss_mb"] > 0
         assert (r["files_per_batch"] == 0) == (r["variant"] in ("floor",)), r
         if r["variant"].endswith(("-parquet", "-delta", "-iceberg")):
             assert r["table_rows_ok"] and r["table_rows"] > 0 and r["table_files_per_batch"] > 0, r
             assert r["vs_noop_sink"] is not None, r
+        if r["variant"] == "spate-readback":
+            assert r["vs_jvm_read"] is not None, r

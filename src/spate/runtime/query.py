@@ -181,8 +181,15 @@ class QueryDriver:
         return self.coordinator.savepoint(target_uri)
 
     def close(self) -> None:
-        """Let background deletions finish."""
-        self.coordinator.close()
+        """Delete what retried attempts of committed batches left in a table sink's staging directory; let
+        background deletions finish."""
+        try:
+            if self.committer is not None:
+                self.committer.clean(committed_only=True)
+        except Exception as e:  # the table's store may be down: the next start sweeps them
+            log.warning("could not sweep the table sink's staged files of committed batches: %s", e)
+        finally:
+            self.coordinator.close()
 
 
 __all__ = ["QueryDriver", "Rescale"]

@@ -40,7 +40,9 @@ _CONF: dict[str, tuple[str, Callable[[str], Any]]] = {
     "evictIdleAfterBatches": ("evict_idle_after_batches", int),
     "evictIdleAfterSeconds": ("evict_idle_after_s", float),
     "profile": ("profile", _bool),
+    "stagedOutputs": ("staged_outputs", str),
 }
+STAGED_OUTPUTS = ("auto", "parquet", "arrow")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,10 @@ class SpateSettings:
             ``evict_idle_after_s`` (its subtask runs on another executor now). Defaults: 10 batches, 300 s.
         profile: also time the state table's reads and writes in every batch (each ack's ``profile`` statistics
             always hold the other phases: reading Arrow, grouping, processing, outputs, snapshot).
+        staged_outputs: how a batch's outputs are staged for a function sink on Spark: ``"parquet"`` (a
+            Parquet file per subtask, which the sink's DataFrame reads in the JVM, no Python worker),
+            ``"arrow"`` (framed in the checkpoint's files, read back by Python tasks) or ``"auto"`` (Parquet
+            where Spark reads the checkpoint root as it is: a local or mounted shared file system).
     """
 
     checkpoint_root: str = ""
@@ -88,6 +94,7 @@ class SpateSettings:
     evict_idle_after_batches: int = 10
     evict_idle_after_s: float = 300.0
     profile: bool = False
+    staged_outputs: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.checkpoint_root:
@@ -97,6 +104,8 @@ class SpateSettings:
             raise ValueError(f"parallelism must be >= 1, got {self.parallelism}")
         if self.table not in TABLE_KINDS:
             raise ValueError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
+        if self.staged_outputs not in STAGED_OUTPUTS:
+            raise ValueError(f"unknown staged_outputs {self.staged_outputs!r}: use one of {STAGED_OUTPUTS}")
         if self.evict_idle_after_batches < 1 or self.evict_idle_after_s < 0:
             raise ValueError(f"evict_idle_after_batches must be >= 1 and evict_idle_after_s >= 0, got "
                              f"{self.evict_idle_after_batches} and {self.evict_idle_after_s}")
@@ -131,17 +140,19 @@ class SpateSettings:
         return resolve_file_merging(self.file_merging)
 
     def subtask_config(self, *, local_dir: str | None, stage_outputs: bool, output_schema: Any = None,
-                       sticky: bool = True, table_sink: Any = None, **in_process: Any) -> SubtaskConfig:
+                       sticky: bool = True, table_sink: Any = None, staged_format: str = "arrow",
+                       **in_process: Any) -> SubtaskConfig:
         """The settings of the query's subtasks on a worker, for every transport. ``local_dir``: where the
         worker keeps lmdb state (decided on the worker); ``stage_outputs``: whether a sink gets the outputs;
         ``sticky``: whether a subtask's next batch runs in this process; ``table_sink``: the query's opened
-        :class:`~spate.sinks.table_sink.TableSink`, if its sink is one; ``in_process``: settings only the
+        :class:`~spate.sinks.table_sink.TableSink`, if its sink is one; ``staged_format``: how outputs are
+        staged (``"arrow"`` or ``"parquet"``, resolved by the transport); ``in_process``: settings only the
         in-process runner has (``compress``, ``key_types``, ``output_serializer``)."""
         return SubtaskConfig(table=self.table, local_dir=local_dir, allow_pickle=self.allow_pickle,
                              event_time_column=self.event_time_column, stage_outputs=stage_outputs,
                              changelog=self.changelog_config, file_merging=self.file_merging_config,
                              output_schema=output_schema, sticky=sticky, profile=self.profile,
-                             table_sink=table_sink, **in_process)
+                             table_sink=table_sink, staged_format=staged_format, **in_process)
 
     def coordinator(self) -> Coordinator:
         """The query's coordinator (not started) for these settings."""

@@ -11,6 +11,7 @@ from spate.layout import (
     KEY_GROUPS_SUFFIX,
     OPERATOR_STATE_SUFFIX,
     STAGED_OUTPUTS_SUFFIX,
+    STAGED_PARQUET_SUFFIX,
     checkpoint_dir,
     in_subtask_dir,
     staged_dir,
@@ -111,6 +112,12 @@ class SnapshotFiles:
                 WholeFileWriter(storage, checkpoint_dir(cp), OPERATOR_STATE_SUFFIX, cp),
                 WholeFileWriter(storage, staged_dir(cp), STAGED_OUTPUTS_SUFFIX, cp))
 
+    def staged_parquet_writer(self, plan: SubtaskPlan) -> WholeFileWriter:
+        """Writer of staged outputs as Parquet files of their own (with or without file merging: Spark reads
+        them as files), in the batch's staged-outputs directory."""
+        return WholeFileWriter(self.services.storage, staged_dir(plan.checkpoint_id), STAGED_PARQUET_SUFFIX,
+                               plan.checkpoint_id)
+
     def relocator(self, plan: SubtaskPlan, out: SegmentWriter) -> Relocator | None:
         """With file merging, what re-writes the handles the new checkpoint must not reference (to ``out``)."""
         if self.merging is None:
@@ -119,15 +126,18 @@ class SnapshotFiles:
         return Relocator(self.services.storage, out, changes, plan.non_reusable, self.own_dir,
                          self.merging.config.rewrite_budget)
 
-    def report(self, plan: SubtaskPlan, named: list[FileRef], written: list[FileRef]) -> dict[str, list]:
+    def report(self, plan: SubtaskPlan, named: list[FileRef], written: list[FileRef],
+               own: list[FileRef] | None = None) -> dict[str, list]:
         """Once the snapshot is durable: the physical files for the ack (path → [size, still open]). ``named``:
-        every segment the ack references; ``written``: the whole files this snapshot wrote."""
+        every segment the ack references; ``written``: the whole files this snapshot wrote without file
+        merging; ``own``: those it wrote as files of their own in either case (staged Parquet outputs)."""
+        own_files = {ref.path: [ref.length, False] for ref in own or ()}
         manager = self.merging
         if manager is None:
-            return {ref.path: [ref.length, False] for ref in written}
+            return {**{ref.path: [ref.length, False] for ref in written}, **own_files}
         manager.sync(named, plan.checkpoint_id)
         self.give_up_unsynced(keep=named)
-        return manager.report(plan.checkpoint_id)
+        return {**manager.report(plan.checkpoint_id), **own_files}
 
     def give_up_unsynced(self, keep: list[FileRef] | None = None) -> None:
         """Segments written that no ack named (but ``keep``) no longer keep their files in use."""

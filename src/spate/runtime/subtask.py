@@ -28,12 +28,12 @@ from spate.runtime.services import WorkerServices
 from spate.runtime.snapshot_files import Relocator, SnapshotFiles
 from spate.runtime.subtask_config import TABLE_KINDS, SubtaskConfig, check_services  # noqa: F401  (re-exported)
 from spate.runtime.tables import table_under
-from spate.segments import FileRef
+from spate.segments import FileRef, SegmentWriter
 from spate.serde import resolve_serializer
 from spate.sinks.table_sink import SinkFile
 from spate.snapshot.keyed import write_keyed_snapshot
 from spate.snapshot.operator import write_operator_snapshot
-from spate.snapshot.outputs import write_outputs
+from spate.snapshot.outputs import PARQUET, OutputsHandle, write_outputs, write_outputs_parquet
 from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_table import LmdbTable
 from spate.state.operator import OperatorStateBackend
@@ -286,16 +286,26 @@ class Subtask:
             keyed_handles = [handle] if handle else []
             written += [h.segment for h in keyed_handles]
         op_handle = write_operator_snapshot(operator, op_out)
-        staged = sink_file = None
-        if self.config.table_sink is not None:  # pre-commit: the outputs are the table's data file
-            sink_file = self.config.table_sink.write(out.table, plan.checkpoint_id, self.index)
-        elif self.config.stage_outputs:
-            staged = write_outputs(out.table if out.table is not None else out.rows, staged_out,
-                                   resolve_serializer(self.config.output_serializer))
-        written += [h.segment for h in (op_handle, staged) if h is not None]
+        staged, own, sink_file = self._stage_outputs(plan, out, staged_out)
+        written += [h.segment for h in (op_handle, staged) if h is not None and h.segment not in own]
         start_ms = (time.perf_counter() - started) * 1000
         return lambda: self._acknowledge(plan, batch, start_ms, keyed_handles, clog_finish, op_handle, staged,
-                                         written, reuse, sink_file)
+                                         written, reuse, sink_file, own)
+
+    def _stage_outputs(self, plan: SubtaskPlan, out: Outputs, staged_out: SegmentWriter
+                       ) -> tuple[OutputsHandle | None, list[FileRef], SinkFile | None]:
+        """The batch's outputs where the sink takes them: (staged outputs, the files of their own among them,
+        a table sink's data file). With a table sink they are its data file (pre-commit); else, with a sink,
+        staged in the checkpoint, as a Parquet file of their own where Spark reads them."""
+        if self.config.table_sink is not None:
+            return None, [], self.config.table_sink.write(out.table, plan.checkpoint_id, self.index)
+        if not self.config.stage_outputs:
+            return None, [], None
+        if self.config.staged_format == PARQUET and out.table is not None:
+            staged = write_outputs_parquet(out.table, self._files.staged_parquet_writer(plan))
+            return staged, [staged.segment] if staged else [], None
+        rows = out.table if out.table is not None else out.rows
+        return write_outputs(rows, staged_out, resolve_serializer(self.config.output_serializer)), [], None
 
     def _may_reuse_handles(self, plan: SubtaskPlan, fix: Relocator | None) -> bool:
         """Whether the keyed handles of the base still describe the state, so the snapshot may name them again.
@@ -310,7 +320,7 @@ class Subtask:
     def _acknowledge(self, plan: SubtaskPlan, batch: KeyedBatch, start_ms: float,
                      keyed_handles: list, clog_finish: Callable[[], tuple[list, list, dict]] | None,
                      op_handle: Any, staged: Any, written: list[FileRef], reuse: bool,
-                     sink_file: SinkFile | None = None) -> SubtaskAck:
+                     sink_file: SinkFile | None = None, own: list[FileRef] | None = None) -> SubtaskAck:
         """Once everything is durable: tag the live state with the checkpoint and build the ack."""
         keyed = self.keyed
         assert keyed is not None
@@ -320,7 +330,7 @@ class Subtask:
         if clog_finish is not None:
             keyed_handles, changelog, clog_stats = clog_finish()
         named = [h.segment for h in (*keyed_handles, *changelog, *(x for x in (op_handle, staged) if x))]
-        files = self._files.report(plan, named, written)
+        files = self._files.report(plan, named, written, own)
         self._tag_live_state(plan, keyed_handles, changelog)
         finish_ms = (time.perf_counter() - started) * 1000
         stats = {"snapshot_ms": round(start_ms + finish_ms, 3), "snapshot_start_ms": round(start_ms, 3),

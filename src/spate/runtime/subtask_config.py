@@ -13,6 +13,7 @@ from spate.runtime.services import WorkerServices
 from spate.serde import check_pickle_allowed
 
 TABLE_KINDS = ("heap", "lmdb")
+STAGED_FORMATS = ("arrow", "parquet")  # outputs staged framed (Arrow IPC or rows), or as Parquet files
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class SubtaskConfig:
     key_types: Any = None
     event_time_column: str | None = None
     stage_outputs: bool = False
+    staged_format: str = "arrow"  # "parquet": outputs of the output schema staged as Parquet files (Spark reads)
     table_sink: Any = None  # a TableSink (opened): outputs become its data files instead of staged outputs
     output_serializer: str = "msgpack"
     changelog: ChangelogConfig | None = None
@@ -39,6 +41,8 @@ class SubtaskConfig:
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:
             raise ValueError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
+        if self.staged_format not in STAGED_FORMATS:
+            raise ValueError(f"unknown staged_format {self.staged_format!r}: use one of {STAGED_FORMATS}")
         if self.table == "lmdb" and not self.local_dir:
             raise ValueError("the lmdb table needs local_dir (a directory on local disk for live state)")
         check_pickle_allowed(self.output_serializer, self.allow_pickle, "output_serializer")

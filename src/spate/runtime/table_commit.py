@@ -34,13 +34,16 @@ class TableCommitter:
         self.last_commit_ms = (time.perf_counter() - started) * 1000
         self._since_clean += 1
         if self._since_clean >= CLEAN_EVERY:
-            self.clean()
+            self.clean(committed_only=True)
 
-    def clean(self) -> None:
-        """Delete staged files no complete checkpoint will commit (between batches, on the owning driver)."""
+    def clean(self, committed_only: bool = False) -> None:
+        """Delete staged files no complete checkpoint will commit (between batches, on the owning driver):
+        those of committed batches, and unless ``committed_only`` (at the start, after a failed batch) those of
+        batches after the latest complete checkpoint. Between batches and at the end only the former: a newer
+        driver that took the root over meanwhile may be running the next batch."""
         self._since_clean = 0
         latest = self.coordinator.latest
-        deleted = self.sink.clean_staging(self.coordinator.delivery.delivered_upto(),
-                                          latest.checkpoint_id if latest is not None else -1)
+        after = None if committed_only else (latest.checkpoint_id if latest is not None else -1)
+        deleted = self.sink.clean_staging(self.coordinator.delivery.delivered_upto(), after)
         if deleted:
             log.info("%r: deleted %d staged data files of attempts that never completed", self.sink, len(deleted))

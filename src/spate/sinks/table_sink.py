@@ -109,17 +109,19 @@ class TableSink(ABC):
                                  f"and so is {f.final_name}: it was deleted outside spate")
         self._commit_files(batch_id, files)
 
-    def clean_staging(self, delivered_upto: int, latest_completed: int) -> list[str]:
+    def clean_staging(self, delivered_upto: int, latest_completed: int | None) -> list[str]:
         """Delete this query's staged files of attempts that never completed: every file of a batch up to
         ``delivered_upto`` (the commits moved the good ones out) or after ``latest_completed`` (no checkpoint
-        names them). Files of batches in between wait for their commit. Returns what it deleted."""
+        names them; None: keep those, a batch may be running). Files of batches in between wait for their
+        commit. Returns what it deleted."""
         storage, deleted = self._storage(), []
         for path, _size in storage.list_files(STAGING_DIR):
             m = _STAGED.fullmatch(posixpath.basename(path))
             if m is None or m["app"] != self.app_id or posixpath.dirname(path) != STAGING_DIR:
                 continue
             batch = int(m["batch"])
-            if (batch <= delivered_upto or batch > latest_completed) and storage.delete(path):
+            unnamed = latest_completed is not None and batch > latest_completed
+            if (batch <= delivered_upto or unnamed) and storage.delete(path):
                 deleted.append(path)
         return deleted
 

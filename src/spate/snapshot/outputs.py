@@ -1,5 +1,9 @@
 """Staged outputs: a batch's output rows written as part of its checkpoint (write-ahead), so the sink can be
-given them again with the same batch id after a crash between checkpoint completion and delivery."""
+given them again with the same batch id after a crash between checkpoint completion and delivery.
+
+They are staged either framed (an Arrow IPC stream, or a list of rows with the output serializer) as a logical
+file that may share a physical file with others, or as a Parquet file of their own, which Spark reads in the
+JVM (no Python worker reads them back for the sink)."""
 
 from __future__ import annotations
 
@@ -7,13 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from spate.errors import CorruptFileError
 from spate.frames import FrameKind, frame, read_single_frame
 from spate.fs import CheckpointStorage
 from spate.segments import FileRef, SegmentWriter
 from spate.serde import Serializer, encode, serializer_by_name
 
 ARROW = "arrow"  # the serializer name of outputs staged as an Arrow IPC stream
+PARQUET = "parquet"  # the serializer name of outputs staged as a Parquet file of their own (no frame)
 
 
 @dataclass(frozen=True)
@@ -56,9 +63,26 @@ def write_outputs(rows: list[Any] | pa.Table, out: SegmentWriter, serializer: Se
     return OutputsHandle(ref.path, len(data), len(rows), name, ref.offset)
 
 
+def write_outputs_parquet(rows: pa.Table, out: SegmentWriter) -> OutputsHandle | None:
+    """Stage ``rows`` as a Parquet file of their own (``out`` writes whole files), with page checksums so a
+    corrupt file is detected when read; None when there are no rows."""
+    if not rows.num_rows:
+        return None
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink, write_page_checksum=True)
+    data = sink.getvalue().to_pybytes()
+    ref = out.write(data)
+    if ref.offset:
+        raise ValueError(f"{ref.path}: staged Parquet outputs must be a file of their own, not a segment")
+    return OutputsHandle(ref.path, len(data), rows.num_rows, PARQUET)
+
+
 def read_outputs(storage: CheckpointStorage, handle: OutputsHandle, allow_pickle: bool = False,
                  decode: bool = True) -> list[Any]:
     """The staged rows of ``handle``, verified (``decode=False``: only verified, nothing returned)."""
+    if handle.serializer == PARQUET:
+        table = _parquet_table(storage, handle)
+        return table.to_pylist() if decode else []
     payload = _payload(storage, handle)
     if not decode:
         return []
@@ -70,9 +94,12 @@ def read_outputs(storage: CheckpointStorage, handle: OutputsHandle, allow_pickle
 def read_outputs_table(storage: CheckpointStorage, handle: OutputsHandle, schema: pa.Schema,
                        allow_pickle: bool = False) -> pa.Table:
     """The staged rows of ``handle`` as an Arrow table of ``schema``, verified."""
-    if handle.serializer != ARROW:
+    if handle.serializer == PARQUET:
+        table = _parquet_table(storage, handle)
+    elif handle.serializer != ARROW:
         return pa.Table.from_pylist(read_outputs(storage, handle, allow_pickle), schema=schema)
-    table = _ipc_table(_payload(storage, handle))
+    else:
+        table = _ipc_table(_payload(storage, handle))
     if table.schema != schema:
         table = table.cast(schema)
     return table
@@ -87,3 +114,16 @@ def _payload(storage: CheckpointStorage, handle: OutputsHandle) -> bytes:
 def _ipc_table(payload: bytes) -> pa.Table:
     with pa.ipc.open_stream(pa.py_buffer(payload)) as reader:
         return reader.read_all()
+
+
+def _parquet_table(storage: CheckpointStorage, handle: OutputsHandle) -> pa.Table:
+    """The rows of a staged Parquet file, its size and page checksums verified."""
+    where = storage.path(handle.path)
+    data = storage.read_range(handle.path, 0, handle.size, "staged outputs")  # raises if truncated
+    try:
+        table = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise CorruptFileError(f"{where}: staged outputs are not a readable Parquet file ({e})") from e
+    if table.num_rows != handle.count:
+        raise CorruptFileError(f"{where}: {table.num_rows} staged rows, the checkpoint names {handle.count}")
+    return table

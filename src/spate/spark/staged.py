@@ -4,6 +4,9 @@ Subtasks stage their outputs in checkpoint storage before they acknowledge (writ
 needs one Spark job only (run the subtasks, collect the acks), and the outputs the sink reads survive the loss
 of the executors that produced them. The DataFrame is lazy: its reads run in the sink's own job, so it is
 valid during the sink call only (as ``foreachBatch``'s own DataFrame): later checkpoints may subsume the files.
+
+Staged as Parquet files (where Spark reads the checkpoint root as it is), the DataFrame is Spark's own Parquet
+scan, in the JVM; staged framed (Arrow IPC, or another root), Python tasks read them back.
 """
 
 from __future__ import annotations
@@ -14,21 +17,43 @@ from typing import Any
 import pyarrow as pa
 
 from spate.checkpoint.metadata import CheckpointMetadata
-from spate.fs import storage_for
-from spate.snapshot.outputs import OutputsHandle, read_outputs_table
+from spate.fs import CheckpointStorage, LocalStorage, storage_for
+from spate.snapshot.outputs import PARQUET, OutputsHandle, read_outputs_table
 
 
-def staged_outputs_frame(spark: Any, checkpoint_uri: str, meta: CheckpointMetadata, output_schema: Any,
+def spark_readable(storage: CheckpointStorage) -> bool:
+    """Whether Spark reads files of ``storage`` by their path as it is: a local or mounted shared file system.
+    Object stores need Hadoop connectors (``s3a://``) whose configuration spate does not know."""
+    return isinstance(storage, LocalStorage)
+
+
+def staged_format(setting: str, storage: CheckpointStorage) -> str:
+    """How subtasks stage outputs for a function sink: the ``staged_outputs`` setting (``"auto"``,
+    ``"parquet"`` or ``"arrow"``) resolved for ``storage``."""
+    if setting == "auto":
+        return PARQUET if spark_readable(storage) else "arrow"
+    if setting == PARQUET and not spark_readable(storage):
+        raise ValueError(f"staged_outputs='parquet' needs a checkpoint root Spark reads by path (a local or "
+                         f"mounted file system); {storage.uri} is not one: use staged_outputs='auto' or 'arrow'")
+    return setting
+
+
+def staged_outputs_frame(spark: Any, storage: CheckpointStorage, meta: CheckpointMetadata, output_schema: Any,
                          arrow_schema: pa.Schema, allow_pickle: bool) -> Any:
-    """A DataFrame (``output_schema``) of checkpoint ``meta``'s staged outputs under ``checkpoint_uri``."""
-    handles = [st.outputs.to_dict() for st in meta.subtasks if st.outputs is not None]
+    """A DataFrame (``output_schema``) of checkpoint ``meta``'s staged outputs in ``storage``."""
+    handles = [st.outputs for st in meta.subtasks if st.outputs is not None]
     if not handles:
         return spark.createDataFrame([], output_schema)
+    if spark_readable(storage) and all(h.serializer == PARQUET for h in handles):
+        paths = [f"file://{storage.path(h.path)}" for h in handles]
+        return spark.read.schema(output_schema).parquet(*paths)
+    encoded = [h.to_dict() for h in handles]
+    uri = storage.uri
 
     def read(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return read_staged(checkpoint_uri, handles, batches, arrow_schema, allow_pickle)
+        return read_staged(uri, encoded, batches, arrow_schema, allow_pickle)
 
-    return spark.range(0, len(handles), 1, len(handles)).mapInArrow(read, output_schema)  # a task per file
+    return spark.range(0, len(encoded), 1, len(encoded)).mapInArrow(read, output_schema)  # a task per file
 
 
 def read_staged(checkpoint_uri: str, handles: list[dict[str, Any]], batches: Iterable[pa.RecordBatch],

@@ -21,6 +21,7 @@ from typing import Any
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.fs import storage_for
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision, progress_observation
 from spate.runtime.batch import BatchProcessor
@@ -42,7 +43,7 @@ from spate.spark.spark_checkpoint import (
     default_cache_dir,
     open_spark_checkpoint,
 )
-from spate.spark.staged import staged_outputs_frame
+from spate.spark.staged import staged_format, staged_outputs_frame
 from spate.spark.stream_metrics import BatchMetrics, summarize
 from spate.spark.subtask_job import JobCounter, SubtaskJob, initial_state_of
 from spate.spark.ticks import AVAILABLE_NOW, TICK_COLUMN, WakeFile, no_data_batches_enabled, tick_stream
@@ -126,6 +127,7 @@ class StatefulStream:
         self._job = SubtaskJob(self.spark, self.key_columns, self.factory, self.arrow_output_schema,
                                self.initial_state, self.placement)
         self._deliver_ms = 0.0  # the last sink call's
+        self.staged_format = "arrow"  # how subtasks stage outputs for the sink: "parquet" where Spark reads them
         self.query: Any = None  # the StreamingQuery, once started
         self._autoscale_policy = autoscale
 
@@ -175,6 +177,8 @@ class StatefulStream:
         check_executor_python(self.spark)
         self.table_sink = sink if isinstance(sink, TableSink) else None
         self.sink = None if self.table_sink is not None else sink
+        self.staged_format = (staged_format(s.staged_outputs, storage_for(s.checkpoint_root)) if self.sink
+                              else "arrow")
         self.run_id = uuid.uuid4().hex
         previous = self._driver  # a start after close(): its parallelism (in s) and a rescale not applied yet go on
         self._driver = driver = QueryDriver(s, idle=self._idle, autoscale=self._autoscale_policy,
@@ -368,7 +372,8 @@ class StatefulStream:
         driver = self._driver
         assert driver is not None
         return self._job.run(batch_df, batch_id, plans, driver.settings, driver.max_parallelism, self.run_id,
-                             self.sink is not None or self.table_sink is not None, with_initial, self.table_sink)
+                             self.sink is not None or self.table_sink is not None, with_initial, self.table_sink,
+                             self.staged_format)
 
     def _deliver_staged(self) -> None:
         """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and
@@ -385,7 +390,7 @@ class StatefulStream:
     def _staged_outputs(self, meta: CheckpointMetadata) -> Any:
         """The sink's DataFrame of checkpoint ``meta``: its outputs, read from checkpoint storage."""
         assert self.coordinator is not None
-        return staged_outputs_frame(self.spark, self.coordinator.storage.uri, meta, self.output_schema,
+        return staged_outputs_frame(self.spark, self.coordinator.storage, meta, self.output_schema,
                                     self.arrow_output_schema, self.settings.allow_pickle)
 
     # -- figures ----------------------------------------------------------------------------------------

@@ -54,12 +54,13 @@ class SubtaskJob:
         self.output_schema, self.initial_state, self.placement = output_schema, initial_state, placement
 
     def run(self, batch_df: Any, batch_id: int, plans: list[bytes], settings: SpateSettings, max_p: int,
-            run_id: str, stage_outputs: bool, with_initial: bool = False, table_sink: Any = None
-            ) -> list[SubtaskAck]:
+            run_id: str, stage_outputs: bool, with_initial: bool = False, table_sink: Any = None,
+            staged_format: str = "arrow") -> list[SubtaskAck]:
         """Batch ``batch_id``'s job for ``plans`` (one per subtask, encoded) at ``settings.parallelism``: route
         every row to its subtask's partition, run each subtask where its state lives, collect the acks.
         ``with_initial``: the first batch of a new query, which also routes the initial state's rows;
-        ``table_sink``: the query's opened table sink, whose data files the subtasks write (pre-commit)."""
+        ``table_sink``: the query's opened table sink, whose data files the subtasks write (pre-commit);
+        ``staged_format``: how subtasks stage outputs for a function sink (``"parquet"``: files Spark reads)."""
         from pyspark.rdd import RDD
         from pyspark.serializers import NoOpSerializer
         from pyspark.sql import functions as F
@@ -83,7 +84,7 @@ class SubtaskJob:
         route = F.element_at(F.array(*[F.lit(v) for v in routing_values(p)]), F.col(SUBTASK_COLUMN) + 1)
         routed = rows.unionByName(heartbeat).withColumn(ROUTE_COLUMN, route.cast("int")).repartition(p, ROUTE_COLUMN)
         spec = TaskSpec(run_id, self.factory, s, stage_outputs, self.key_columns,
-                        self.output_schema, arrow_schema(routed.schema), table_sink)
+                        self.output_schema, arrow_schema(routed.schema), table_sink, staged_format)
 
         def task(items: Any) -> Any:
             return run_partition(spec, items)

@@ -52,6 +52,7 @@ class TaskSpec:
     output_schema: pa.Schema
     input_schema: pa.Schema  # of the routed rows, as Spark writes them to Arrow
     table_sink: TableSink | None = None  # the query's opened table sink: outputs become its data files
+    staged_format: str = "arrow"  # how outputs are staged for a function sink ("parquet": Spark reads them)
 
     def subtask_config(self) -> SubtaskConfig:
         """The subtasks' settings on this executor: lmdb state without a ``local_dir`` goes to this
@@ -59,7 +60,8 @@ class TaskSpec:
         s = self.settings
         local_dir = s.local_dir or (executor_local_dir() if s.table == "lmdb" else None)
         return s.subtask_config(local_dir=local_dir, stage_outputs=self.stage_outputs,
-                                output_schema=self.output_schema, sticky=False, table_sink=self.table_sink)
+                                output_schema=self.output_schema, sticky=False, table_sink=self.table_sink,
+                                staged_format=self.staged_format)
 
 
 IDLE_SCAN_INTERVAL_S = 60.0  # how often a worker lists the executor's local copies for idle ones

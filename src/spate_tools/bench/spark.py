@@ -8,7 +8,9 @@ rows per batch) and low cardinality (1k keys, large batches). Variants:
 - ``spate`` (a :class:`Processor`), ``spate-empty`` (a processor that does nothing: what is left between
   spate and the floor), ``spate-batch`` (the vectorized :class:`~spate.runtime.batch.BatchProcessor`),
   ``spate-adapter`` / ``spate-adapter-row`` (the Spark processors below, unchanged, through
-  :func:`spate.spark.stream.transform_with_state`);
+  :func:`spate.spark.stream.transform_with_state`); ``spate-readback``: ``spate`` with its outputs staged
+  framed and read back for the sink by Python tasks (``staged_outputs="arrow"``, the path of object-store
+  roots), where ``spate`` stages Parquet files the sink's DataFrame reads in the JVM;
 - Spark's own ``transformWithState``, ``transformWithStateInPandas`` and ``applyInPandasWithState`` (RocksDB
   state store, changelog checkpointing on). At ``high-100k`` they run fewer batches, to stay within time;
 - table sinks: ``spate-parquet``, ``spate-delta``, ``spate-iceberg`` (``spate`` writing each batch's outputs to
@@ -66,7 +68,8 @@ PARALLELISM = 4
 MAX_PARALLELISM = default_max_parallelism(PARALLELISM)  # spate's key groups for 4 subtasks (the coordinator's
 # default when max_parallelism is not set), so the floor routes rows exactly as spate does
 FLOOR = "floor"
-SPATE_VARIANTS = ("spate", "spate-empty", "spate-batch", "spate-adapter", "spate-adapter-row")
+SPATE_VARIANTS = ("spate", "spate-empty", "spate-batch", "spate-adapter", "spate-adapter-row", "spate-readback")
+READBACK = "spate-readback"  # spate whose sink's DataFrame is read back by Python tasks (staged_outputs="arrow")
 SPARK_VARIANTS = ("transformWithState", "transformWithStateInPandas", "applyInPandasWithState")
 TABLE_VARIANTS = (*SPATE_TABLE_VARIANTS, *SPARK_TABLE_VARIANTS)
 VARIANTS = (FLOOR, *SPATE_VARIANTS, *SPARK_VARIANTS, *TABLE_VARIANTS)
@@ -310,6 +313,8 @@ def _profile_option(profile: bool) -> dict[str, Any]:
 def _spate_stream(variant: str, df: Any, ckpt: str, profile: bool) -> StatefulStream:
     options = dict(checkpoint_root=ckpt, parallelism=PARALLELISM, local_dir=f"{ckpt}-local", changelog=True,
                    file_merging="across", **_profile_option(profile))
+    if variant == READBACK:
+        options["staged_outputs"] = "arrow"
     if variant in ADAPTER_FLAVOURS:
         pandas_count, row_count, _ = _spark_processors()
         flavour = ADAPTER_FLAVOURS[variant]
@@ -501,7 +506,7 @@ def bench_spark(quick: bool, profile: bool = False) -> tuple[list[dict[str, Any]
     _start_jvm()
     try:
         steps = [(case, v) for i, case in enumerate(cases(quick)) for v in VARIANTS
-                 if not (quick and i and v in TABLE_VARIANTS)]  # --quick: the table sinks in the first case only
+                 if not (quick and i and v in (*TABLE_VARIANTS, READBACK))]  # --quick: these in the first case only
         inputs: dict[str, Inputs] = {}
         for case, variant in progress(steps, len(steps), "bench spark"):
             if case.name not in inputs:
@@ -542,13 +547,16 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
     (rows/s / the fastest Spark variant's, named in ``spark_best``) and ``fewer_files_than_spark`` (the
     fewest state files per batch of Spark's variants / its own; ``fewer_steady_files_than_spark`` the same
     in the steady state); for the adapters ``vs_same_api_on_spark`` (rows/s / that of the Spark API it stands
-    in for); for the table-sink variants ``vs_noop_sink`` (batch p50 / the same query's with a noop sink)."""
+    in for); for the table-sink variants ``vs_noop_sink`` (batch p50 / the same query's with a noop sink); for
+    ``spate-readback`` ``vs_jvm_read`` (batch p50 / spate's, whose sink reads staged Parquet in the JVM)."""
     for r in results:
         case = r["cardinality"]
         r["vs_floor"] = _ratio(r["batch_ms_p50"], _of(results, case, FLOOR).get("batch_ms_p50"))
         if r["variant"] in TABLE_VARIANTS:  # the cost of writing a table over the same query with a noop sink
             noop = "spate" if r["variant"] in SPATE_TABLE_VARIANTS else "transformWithState"
             r["vs_noop_sink"] = _ratio(r["batch_ms_p50"], _of(results, case, noop).get("batch_ms_p50"))
+        if r["variant"] == READBACK:
+            r["vs_jvm_read"] = _ratio(r["batch_ms_p50"], _of(results, case, "spate").get("batch_ms_p50"))
         if r["variant"] not in SPATE_VARIANTS:
             continue
         best = _spark_best(results, case)
@@ -602,6 +610,7 @@ def _case_row(results: list[dict[str, Any]], case: str) -> dict[str, Any]:
     return {"case": case, "floor p50 ms": _p50(floor), "spate p50 ms": spate_ms,
             "spate / floor": spate.get("vs_floor"),
             "spate-empty p50 ms": empty_ms, "spate − spate-empty ms": left,
+            "read back / JVM": _of(results, case, READBACK).get("vs_jvm_read"),
             "Spark's best": f"{best.get('variant')} {_p50(best)} ms" if best else "",
             "spate vs best": _times(spate.get("vs_spark_best")),
             "spate-batch vs best": _times(batch.get("vs_spark_best")),
