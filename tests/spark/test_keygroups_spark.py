@@ -325,3 +325,20 @@ def test_negative_zero_and_nans_hash_and_group_as_in_spark(spark: Any, tmp_path:
         results = runner.run([[{"d": v} for v in values[:half]], [{"d": v} for v in values[half:]]])
     final = {r["key"]: r["count"] for res in results for r in res.outputs}
     assert final == spark_counts == {0.0: 3, "NaN": 5, 1.5: 1}
+
+
+def test_routed_rows_carry_spates_key_group_and_subtask_whatever_the_column_names(spark):  # noqa: F811
+    """The routing columns are SQL expressions: key columns named with spaces, dots and backticks are quoted."""
+    from spate.keygroups import subtask_for_key_group
+    from spate.spark.routed_frame import RoutedFrames
+    from spate.spark.task import KG_COLUMN, SUBTASK_COLUMN
+
+    names = ("user id", "a`b.c")
+    rows = [(f"u{i}", i * 7919) for i in range(300)]
+    df = spark.createDataFrame(rows, "`user id` string, `a``b.c` bigint")
+    for p in (1, 3, 7):
+        got = RoutedFrames(names).rows(df, p, MAXP).collect()
+        for r in got:
+            kg = key_group((r["user id"], r["a`b.c"]), MAXP, ["string", "bigint"])
+            assert (r[KG_COLUMN], r[SUBTASK_COLUMN]) == (kg, subtask_for_key_group(MAXP, p, kg))
+        assert len(got) == len(rows)

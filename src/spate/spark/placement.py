@@ -150,12 +150,13 @@ def placed_batch(routed_df: Any, plans: list[bytes], locations: list[list[str]])
     jvm = sc._jvm
     rows = _arrow_batches(routed_df)
     scala = jvm.scala.jdk.javaapi.CollectionConverters
-    items = jvm.java.util.ArrayList()
+    array_list, pair = jvm.java.util.ArrayList, jvm.scala.Tuple2  # each name resolved once: a call per lookup
+    items = array_list()
     for plan, where in zip(plans, locations, strict=True):
-        prefs = jvm.java.util.ArrayList()
+        prefs = array_list()
         for location in where:
             prefs.add(location)
-        items.add(jvm.scala.Tuple2(bytearray(plan), scala.asScala(prefs).toList()))
+        items.add(pair(bytearray(plan), scala.asScala(prefs).toList()))
     byte_array = jvm.scala.reflect.ClassTag.apply(jvm.java.lang.Class.forName("[B"))
     plan_rdd = sc._jsc.sc().makeRDD(scala.asScala(items).toList(), byte_array)
     return rows.toJavaRDD().zip(plan_rdd.toJavaRDD())

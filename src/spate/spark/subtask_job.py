@@ -23,12 +23,11 @@ from spate.runtime.settings import SpateSettings
 from spate.runtime.subtask import ProcessorFactory
 from spate.spark.placement import Placement, alive_executors, placed_batch
 from spate.spark.python_worker import arrow_schema
-from spate.spark.routing import routing_values
+from spate.spark.routed_frame import RoutedFrames, key_group_expr, subtask_expr
 from spate.spark.task import (
     HEARTBEAT_COLUMN,
     INITIAL_COLUMN,
     KG_COLUMN,
-    ROUTE_COLUMN,
     SUBTASK_COLUMN,
     TaskSpec,
     run_partition,
@@ -52,6 +51,7 @@ class SubtaskJob:
                  placement: Placement) -> None:
         self.spark, self.key_columns, self.factory = spark, key_columns, factory
         self.output_schema, self.initial_state, self.placement = output_schema, initial_state, placement
+        self.frames = RoutedFrames(key_columns)
 
     def run(self, batch_df: Any, batch_id: int, plans: list[bytes], settings: SpateSettings, max_p: int,
             run_id: str, stage_outputs: bool, with_initial: bool = False, table_sink: Any = None,
@@ -63,26 +63,17 @@ class SubtaskJob:
         ``staged_format``: how subtasks stage outputs for a function sink (``"parquet"``: files Spark reads)."""
         from pyspark.rdd import RDD
         from pyspark.serializers import NoOpSerializer
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import BooleanType, IntegerType
 
         s, p = settings, settings.parallelism
-        kg = F.pmod(F.hash(*[F.col(c) for c in self.key_columns]), F.lit(max_p))
-        rows = batch_df.select(*[F.col(c) for c in batch_df.columns], kg.cast("int").alias(KG_COLUMN),
-                               F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
-                               F.lit(False).alias(HEARTBEAT_COLUMN))
+        rows = self.frames.rows(batch_df, p, max_p)
         # The batch's own session (the stream's clone): adaptive execution would run the shuffle stage as a job
         # of its own, and has nothing to adapt in this plan (an explicit partition count, no joins).
         session = batch_df.sparkSession
         session.conf.set("spark.sql.adaptive.enabled", "false")
-        heartbeat = session.range(p).select(
-            *[F.lit(None).cast(f.dataType).alias(f.name) for f in batch_df.schema.fields],
-            F.lit(None).cast(IntegerType()).alias(KG_COLUMN), F.col("id").cast(IntegerType()).alias(SUBTASK_COLUMN),
-            F.lit(True).cast(BooleanType()).alias(HEARTBEAT_COLUMN))
+        heartbeat = self.frames.heartbeat(session, batch_df.schema, p)
         if with_initial and self.initial_state is not None:
-            rows, heartbeat = self._with_initial_state(batch_df, rows, heartbeat, kg, p, max_p)
-        route = F.element_at(F.array(*[F.lit(v) for v in routing_values(p)]), F.col(SUBTASK_COLUMN) + 1)
-        routed = rows.unionByName(heartbeat).withColumn(ROUTE_COLUMN, route.cast("int")).repartition(p, ROUTE_COLUMN)
+            rows, heartbeat = self._with_initial_state(batch_df, rows, heartbeat, p, max_p)
+        routed = self.frames.routed(rows, heartbeat, p)
         spec = TaskSpec(run_id, self.factory, s, stage_outputs, self.key_columns,
                         self.output_schema, arrow_schema(routed.schema), table_sink, staged_format)
 
@@ -98,14 +89,14 @@ class SubtaskJob:
             acks = RDD(placed, sc, NoOpSerializer()).mapPartitions(task).collect()
         return [SubtaskAck.from_dict(json.loads(a)) for a in acks]
 
-    def _with_initial_state(self, batch_df: Any, rows: Any, heartbeat: Any, kg: Any, p: int,
-                            max_p: int) -> tuple[Any, Any]:
+    def _with_initial_state(self, batch_df: Any, rows: Any, heartbeat: Any, p: int, max_p: int) -> tuple[Any, Any]:
         """``rows`` with the initial state's rows added, routed by their key like input rows: the stream's key
         columns hold their key, :data:`INITIAL_COLUMN` the whole row (null on input and heartbeat rows)."""
         from pyspark.sql import functions as F
 
         assert self.initial_state is not None
         initial, initial_keys = self.initial_state
+        kg = key_group_expr(self.key_columns, max_p)
         whole = F.struct(*[F.col(c) for c in initial.columns])
         whole_type = initial.select(whole.alias("x")).schema["x"].dataType
         types = {f.name: f.dataType for f in batch_df.schema.fields}
@@ -113,7 +104,7 @@ class SubtaskJob:
                                  zip(self.key_columns, initial_keys, strict=True)], whole.alias(INITIAL_COLUMN))
         initial_rows = keyed.select(
             *[F.col(n) if n in self.key_columns else F.lit(None).cast(t).alias(n) for n, t in types.items()],
-            kg.cast("int").alias(KG_COLUMN), F.floor(kg * F.lit(p) / F.lit(max_p)).cast("int").alias(SUBTASK_COLUMN),
+            F.expr(f"CAST({kg} AS INT)").alias(KG_COLUMN), F.expr(subtask_expr(kg, p, max_p)).alias(SUBTASK_COLUMN),
             F.lit(False).alias(HEARTBEAT_COLUMN), F.col(INITIAL_COLUMN))
         none = F.lit(None).cast(whole_type).alias(INITIAL_COLUMN)
         return (rows.select("*", none).unionByName(initial_rows), heartbeat.select("*", none))
@@ -160,7 +151,14 @@ class JobCounter:
         self.before = self._jobs()
 
     def _jobs(self) -> set[int]:
-        return set(self.sc.statusTracker().getJobIdsForGroup(self.group)) if self.group else set()
+        """The group's job ids. Read as one string: the group is the query's, so it holds every batch's jobs
+        (up to ``spark.ui.retainedJobs``), and reading the Java array element by element costs a py4j call
+        each."""
+        if not self.group:
+            return set()
+        ids = self.sc._jsc.statusTracker().getJobIdsForGroup(self.group)  # noqa: SLF001
+        text = self.sc._jvm.java.util.Arrays.toString(ids)  # noqa: SLF001 - "[3, 4, 5]"
+        return {int(i) for i in text.strip("[]").split(",") if i.strip()}
 
     def since(self) -> int:
         return len(self._new_jobs())
