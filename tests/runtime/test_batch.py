@@ -14,7 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark import cloudpickle
 
-from spate import ListStateDescriptor, LocalRunner, Processor, ValueStateDescriptor, load_checkpoint
+from spate import (
+    ListStateDescriptor,
+    LocalRunner,
+    MapStateDescriptor,
+    Processor,
+    ValueStateDescriptor,
+    keyed_state_entries,
+    load_checkpoint,
+)
+from spate.checkpoint.inspect import keyed_state_names
 from spate.errors import OutputError
 from spate.frames import FrameKind, read_single_frame
 from spate.fs import CheckpointStorage
@@ -184,6 +193,97 @@ def test_batch_processor_equals_a_model_through_rescales_and_crashes(tmp_path_fa
     assert _state(root) == model
 
 
+LOG: ListStateDescriptor[int] = ListStateDescriptor("log")
+
+
+class BulkLog(BatchProcessor):
+    """Each key's list gets the batch id once per row; a list longer than 4 is cut to its last 2."""
+
+    def open(self, ctx):
+        self.log = ctx.bulk_state(LOG)
+
+    def process_batch(self, batch, ctx):
+        self.log.add_many(batch, [[ctx.batch_id] * int(c) for c in batch.counts])
+        lists = self.log.get_many(batch)
+        long = [i for i, values in enumerate(lists) if len(values) > 4]
+        if long:  # by plain keys (their key groups computed by the state), not the batch
+            self.log.update_many([batch.keys[i] for i in long], [lists[i][-2:] for i in long])
+            for i in long:
+                lists[i] = lists[i][-2:]
+        return {"k": batch.keys, "count": [len(values) for values in lists]}
+
+
+class RowLog(Processor):
+    def open(self, ctx):
+        self.log = ctx.state(LOG)
+
+    def process(self, key, rows, ctx):
+        self.log.add_all([ctx.batch_id] * len(rows))
+        values = self.log.get()
+        if len(values) > 4:
+            values = values[-2:]
+            self.log.update(values)
+        yield {"k": key, "count": len(values)}
+
+
+def _lists(root: str) -> dict:
+    storage = CheckpointStorage(root)
+    meta = load_checkpoint(storage)
+    if "log" not in keyed_state_names(meta):  # no key ever had a list
+        return {}
+    return {e.key: e.value for e in keyed_state_entries(storage, meta, "log")}
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.lists(st.sampled_from("abcdefg"), max_size=10), min_size=1, max_size=6),
+       st.lists(st.integers(1, 4), min_size=3, max_size=3), st.booleans(), st.integers(0, 6), st.booleans())
+def test_bulk_list_state_equals_a_model_through_rescales_and_crashes(tmp_path_factory, keys, ps, lmdb, crash,
+                                                                       per_key_after):
+    """Bulk list state against a model; with ``per_key_after`` the last batches run the per-key twin on the
+    same state."""
+    batches = [[{"k": k} for k in b] for b in keys]
+    model: dict[str, list[int]] = {}
+    expected = {}
+    for n, b in enumerate(keys):
+        for k in b:
+            model.setdefault(k, []).append(n)
+        for k in set(b):
+            if len(model[k]) > 4:
+                model[k] = model[k][-2:]
+        expected[n] = sorted((k, len(model[k])) for k in set(b))
+    root = str(tmp_path_factory.mktemp("bulklist"))
+    kw = dict(table="lmdb" if lmdb else "heap", changelog=lmdb, file_merging="across" if lmdb else False)
+    split = len(batches) // 2 if per_key_after else len(batches)
+    got = _run(BulkLog, root, batches[:split], [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
+    if split < len(batches):
+        got |= _run(RowLog, root, batches, [(0, ps[2])], **kw)
+    assert got == expected
+    assert _lists(root) == {k: v for k, v in model.items() if v}
+
+
+def test_bulk_list_state_refuses_what_is_not_a_list_per_key(tmp_path):
+    problems = []
+
+    class Bad(BatchProcessor):
+        def open(self, ctx):
+            self.log = ctx.bulk_state(LOG)
+
+        def process_batch(self, batch, ctx):
+            for lists in (["ab"], [[1], [2]], [3]):
+                with pytest.raises((TypeError, ValueError)) as e:
+                    self.log.add_many(["a"], lists)
+                problems.append(str(e.value))
+            self.log.add_many(["a"], [[]])
+            problems.append(self.log.get_many(["a"]))
+            return None
+
+    with LocalRunner(Bad, key="k", checkpoint_root=str(tmp_path / "c")) as runner:
+        runner.run_batch(0, [{"k": "a"}])
+    assert problems[0] == "add_many on state 'log': each key's elements must be a list, got 'ab'"
+    assert problems[1] == "add_many on state 'log': 2 lists for 1 keys"
+    assert "each key's elements must be a list, got 3" in problems[2] and problems[3] == [[]]
+
+
 def test_the_two_apis_share_state_and_outputs(tmp_path):
     batches = [[{"k": "a"}, {"k": "b"}, {"k": "a"}], [{"k": "a"}], [{"k": "b"}, {"k": "c"}]]
     root = str(tmp_path / "c")
@@ -227,8 +327,8 @@ def test_bulk_state_reads_defaults_clears_with_none_and_refuses_foreign_keys(tmp
             seen["before"] = self.count.get_many(["a", "zz"])
             self.count.put_many(["a", "zz"], [5, None])
             seen["after"] = self.count.get_many(["a", "zz"])
-            with pytest.raises(TypeError, match="value state only"):
-                ctx.bulk_state(ListStateDescriptor("l"))
+            with pytest.raises(TypeError, match=r"value and list state; 'm' is MapStateDescriptor: use state"):
+                ctx.bulk_state(MapStateDescriptor("m"))
             return None
 
     with LocalRunner(Bulk, key="k", checkpoint_root=str(tmp_path / "c"), parallelism=1) as runner:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import datetime as _dt
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, overload
 
-from spate.state.bulk import BulkValueState
-from spate.state.descriptors import StateDescriptor, ValueStateDescriptor
+from spate.state.bulk import BulkListState, BulkValueState
+from spate.state.descriptors import ListStateDescriptor, StateDescriptor, ValueStateDescriptor
 from spate.state.keyed import KeyedStateBackend
 from spate.state.operator import BroadcastState, ListOperatorState, OperatorStateBackend
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
@@ -41,13 +41,22 @@ class Context:
         """The keyed state object of ``descriptor``, scoped to whichever key is being processed."""
         return self._keyed.get_state(descriptor)
 
-    def bulk_state(self, descriptor: ValueStateDescriptor) -> BulkValueState:
-        """Value state of many keys at once (``get_many`` / ``put_many``), for a ``BatchProcessor``: the same
-        state ``state(descriptor)`` gives key by key."""
-        if not isinstance(descriptor, ValueStateDescriptor):
-            raise TypeError(f"bulk_state supports value state only; {descriptor.name!r} is "
-                            f"{type(descriptor).__name__}")
-        return BulkValueState(self._keyed, self._keyed.get_state(descriptor))
+    @overload
+    def bulk_state(self, descriptor: ValueStateDescriptor) -> BulkValueState: ...
+
+    @overload
+    def bulk_state(self, descriptor: ListStateDescriptor) -> BulkListState: ...
+
+    def bulk_state(self, descriptor: StateDescriptor) -> BulkValueState | BulkListState:
+        """Value or list state of many keys at once, for a ``BatchProcessor``: the same state
+        ``state(descriptor)`` gives key by key. Value state: ``get_many`` / ``put_many`` / ``clear_many``; list
+        state: ``get_many`` / ``add_many`` / ``update_many`` / ``clear_many``."""
+        if isinstance(descriptor, ValueStateDescriptor):
+            return BulkValueState(self._keyed, self._keyed.get_state(descriptor))
+        if isinstance(descriptor, ListStateDescriptor):
+            return BulkListState(self._keyed, self._keyed.get_state(descriptor))
+        raise TypeError(f"bulk_state supports value and list state; {descriptor.name!r} is "
+                        f"{type(descriptor).__name__}: use state(descriptor) key by key")
 
     @property
     def key(self) -> Any:

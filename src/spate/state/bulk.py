@@ -1,6 +1,7 @@
-"""Bulk access to value state: read or write the values of many keys with one call, for processors that
-handle a whole batch at once (``BatchProcessor``). The values are the same entries the per-key
-:class:`~spate.state.keyed.ValueState` reads and writes: the two views of one state agree.
+"""Bulk access to value and list state: read or write the values (lists) of many keys with one call, for
+processors that handle a whole batch at once (``BatchProcessor``). The entries are the same the per-key
+:class:`~spate.state.keyed.ValueState` and :class:`~spate.state.keyed.ListState` read and write: the two views
+of one state agree.
 
 Keys are given either as a list of keys (their key groups computed here) or as any object with
 ``key_groups`` and ``encoded_keys`` (a ``KeyedBatch``: computed once per batch).
@@ -16,7 +17,7 @@ from spate.errors import InvalidKeyError, short_repr
 from spate.keygroups import normalize_key
 from spate.serde import encode_keys, packb_many
 from spate.state.keyed import KeyedStateBackend
-from spate.state.keyed_states import IMMUTABLE_TYPES, ValueState, encode_error
+from spate.state.keyed_states import IMMUTABLE_TYPES, KeyedState, ListState, ValueState, encode_error
 from spate.state.layout import U16, VOID_NAMESPACE_PART
 from spate.state.stored import pack_expiry, unpack_expiry
 
@@ -34,22 +35,21 @@ class KeySet(Protocol):
     def encoded_keys(self) -> list[bytes]: ...
 
 
-class BulkValueState:
-    """Value state of many keys at once: ``get_many(keys)``, ``put_many(keys, values)``, ``clear_many(keys)``.
+class BulkState:
+    """What bulk views of one keyed state share: the keys' key groups and primary keys, checked.
 
     Args:
         backend: the subtask's keyed state backend.
-        state: the per-key value state of the same descriptor.
+        state: the per-key state of the same descriptor.
     """
 
-    def __init__(self, backend: KeyedStateBackend, state: ValueState) -> None:
-        self._b, self._state = backend, state
+    def __init__(self, backend: KeyedStateBackend, state: KeyedState) -> None:
+        self._b = backend
         self._table = backend.table
         self._sid = state._sid
         self._ttl = state._ttl
-        self._default = state.descriptor.default  # type: ignore[attr-defined]
-        self._copy_default = not isinstance(self._default, IMMUTABLE_TYPES)
         self._last: tuple[Any, Sequence[int], list[bytes]] | None = None  # the last keys and their primaries
+        self._state = state
 
     @property
     def name(self) -> str:
@@ -92,6 +92,18 @@ class BulkValueState:
             return InvalidKeyError(f"key {short_repr(key)} encodes to {len(kb)} bytes; the limit is 65535")
         return ValueError(f"key {short_repr(key)} is in key group {kg}, which this subtask does not own "
                           f"({self._b.key_groups.start}..{self._b.key_groups.stop - 1})")
+
+
+
+class BulkValueState(BulkState):
+    """Value state of many keys at once: ``get_many(keys)``, ``put_many(keys, values)``, ``clear_many(keys)``."""
+
+    _state: ValueState
+
+    def __init__(self, backend: KeyedStateBackend, state: ValueState) -> None:
+        super().__init__(backend, state)
+        self._default = state.descriptor.default  # type: ignore[attr-defined]
+        self._copy_default = not isinstance(self._default, IMMUTABLE_TYPES)
 
     def get_many(self, keys: KeySet | Sequence[Any]) -> list[Any]:
         """The value of each key (the descriptor's default where there is none), in the order of ``keys``."""
@@ -146,6 +158,59 @@ class BulkValueState:
         self.put_many(keys, [None] * len(self._primaries(keys)[1]))
 
 
+class BulkListState(BulkState):
+    """List state of many keys at once: ``get_many(keys)``, ``add_many(keys, lists)``,
+    ``update_many(keys, lists)``, ``clear_many(keys)``."""
+
+    _state: ListState
+
+    def get_many(self, keys: KeySet | Sequence[Any]) -> list[list[Any]]:
+        """The elements of each key's list (empty where there are none), in the order of ``keys``."""
+        kgs, primaries = self._primaries(keys)
+        decode = self._state._decode
+        return [decode(raw) if raw else [] for raw in self._table.get_many(kgs, primaries)]
+
+    def add_many(self, keys: KeySet | Sequence[Any], lists: Sequence[Any]) -> None:
+        """Append each of ``lists`` to its key's list (an empty one adds nothing)."""
+        kgs, primaries = self._primaries(keys)
+        encoded = self._encode(lists, "add_many", len(primaries))
+        append = self._table.append
+        for kg, primary, data in zip(kgs, primaries, encoded, strict=True):
+            if data:
+                append(kg, primary, data)
+        self._b.dirty = True
+
+    def update_many(self, keys: KeySet | Sequence[Any], lists: Sequence[Any]) -> None:
+        """Replace each key's list with its one of ``lists`` (an empty one clears it)."""
+        kgs, primaries = self._primaries(keys)
+        encoded = self._encode(lists, "update_many", len(primaries))
+        for kg, primary, data in zip(kgs, primaries, encoded, strict=True):
+            if not data:
+                self._table.delete(kg, primary)
+        self._table.put_many([(kg, p, d) for kg, p, d in zip(kgs, primaries, encoded, strict=True) if d])
+        self._b.dirty = True
+
+    def clear_many(self, keys: KeySet | Sequence[Any]) -> None:
+        """Remove each key's list."""
+        self.update_many(keys, [()] * len(self._primaries(keys)[1]))
+
+    def _encode(self, lists: Sequence[Any], op: str, n: int) -> list[bytes]:
+        lists = _plain_values(lists)
+        if len(lists) != n:
+            raise ValueError(f"{op} on state {self.name!r}: {len(lists)} lists for {n} keys")
+        element, state = self._state._element, self._state
+        out = []
+        for values in lists:
+            if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+                raise TypeError(f"{op} on state {self.name!r}: each key's elements must be a list, got "
+                                f"{short_repr(values)}")
+            try:
+                out.append(b"".join(element(v) for v in _plain_values(values)))
+            except Exception as e:  # noqa: BLE001
+                raise encode_error(state, values, e) from e
+        return out
+
+
 def _plain_values(values: Any) -> Sequence[Any]:
     """Python values of a list, numpy array or Arrow array (numpy scalars do not serialize)."""
     if hasattr(values, "tolist"):
@@ -155,4 +220,4 @@ def _plain_values(values: Any) -> Sequence[Any]:
     return values
 
 
-__all__ = ["BulkValueState", "KeySet"]
+__all__ = ["BulkListState", "BulkState", "BulkValueState", "KeySet"]
