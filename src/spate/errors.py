@@ -6,6 +6,9 @@ import contextlib
 import errno
 from collections.abc import Iterator
 
+RESTORE_ADVICE = ("restore an older checkpoint into a new checkpoint root (restore_from='<root>/chk-<n>'; "
+                  "`spate checkpoints list <root>` shows which are left) or a savepoint (restore_from='<directory>')")
+
 
 class SpateError(Exception):
     """Base class of every error spate raises on purpose."""
@@ -33,6 +36,11 @@ class SerializationError(SpateError, TypeError):
 
 class CheckpointError(SpateError):
     """A checkpoint could not be taken, completed or found."""
+
+
+class SettingError(SpateError, TypeError, ValueError):
+    """An argument or setting that cannot work (a wrong type, a root that is a file, a URI pyarrow cannot
+    open), named with the fix."""
 
 
 class OutputError(SpateError, TypeError):

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import zstandard
 
-from spate.errors import CorruptFileError
+from spate.errors import RESTORE_ADVICE, CorruptFileError
 
 
 class RangeReader(Protocol):
@@ -125,8 +125,7 @@ def _read_frame(view: memoryview, pos: int, where: str, base_offset: int) -> Fra
     payload = bytes(view[start:start + length])
     covered = zlib.crc32(view[pos:pos + _FIELDS.size]) if version >= 2 else 0  # version 1: the payload only
     if zlib.crc32(payload, covered) != crc:
-        raise CorruptFileError(f"{at}: checksum mismatch; the file is corrupt, restore from an older "
-                               "checkpoint or a savepoint")
+        raise CorruptFileError(f"{at}: checksum mismatch; the file is corrupt: {RESTORE_ADVICE}")
     if flags & _FLAG_ZSTD:
         payload = _decompress(payload, at)
     return Frame(kind, payload, base_offset + pos, FRAME_HEADER_SIZE + length)
@@ -137,4 +136,4 @@ def _decompress(stored: bytes, at: str) -> bytes:
         return zstandard.ZstdDecompressor().decompress(stored)
     except zstandard.ZstdError as e:
         raise CorruptFileError(f"{at}: the zstd-compressed payload cannot be decompressed ({e}); the file is "
-                               "corrupt, restore from an older checkpoint or a savepoint") from e
+                               f"corrupt: {RESTORE_ADVICE}") from e

@@ -25,9 +25,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
-from spate.errors import CheckpointError, CorruptFileError, MissingFileError
+from spate.errors import RESTORE_ADVICE, CheckpointError, CorruptFileError, MissingFileError, SettingError
 from spate.layout import is_marker, is_spate_dir, is_spate_file, temporary_path
 from spate.objectstore import put_if_absent
 
@@ -69,8 +70,13 @@ class CheckpointStorage(ABC):
         (at the storage's resolution)."""
 
     def __new__(cls, uri: str, filesystem: pafs.FileSystem | None = None) -> CheckpointStorage:
+        if not isinstance(uri, str):
+            raise SettingError(f"checkpoint root must be a path or URI string, got {uri!r}")
         fs, root = _resolve_filesystem(uri, filesystem)
         kind = LocalStorage if isinstance(fs, pafs.LocalFileSystem) else ObjectStoreStorage
+        if kind is LocalStorage and os.path.isfile(root):
+            raise SettingError(f"checkpoint root {uri} is a file; a root is a directory (spate creates it and "
+                               "writes only its own files there): pass a directory path")
         if cls is CheckpointStorage:
             cls = kind
         elif not issubclass(cls, kind):
@@ -198,8 +204,7 @@ class CheckpointStorage(ABC):
 
     def _missing(self, rel: str, context: str) -> MissingFileError:
         return MissingFileError(f"{self.path(rel)}{_ctx(context)}: file is missing; it was deleted outside "
-                                "spate or the storage is incomplete; restore from an older checkpoint or a "
-                                "savepoint")
+                                f"spate or the storage is incomplete: {RESTORE_ADVICE}")
 
     # -- deleting --------------------------------------------------------------------------------------------
     def delete(self, rel: str) -> bool:
@@ -400,7 +405,11 @@ def _resolve_filesystem(uri: str, filesystem: pafs.FileSystem | None) -> tuple[p
     if filesystem is not None:
         fs, root = filesystem, uri.rstrip("/")
     elif "://" in uri:
-        fs, root = pafs.FileSystem.from_uri(uri)
+        try:
+            fs, root = pafs.FileSystem.from_uri(uri)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise SettingError(f"checkpoint root {uri}: pyarrow opens no file system for it ({e}); use a local path, "
+                               "file://, s3:// (not s3a://: that is Hadoop's name for S3), gs:// or hdfs://") from e
     else:
         fs, root = pafs.LocalFileSystem(), os.path.abspath(uri)
     return fs, root.rstrip("/") or "/"

@@ -11,9 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from spate.checkpoint.coordinator import list_complete_checkpoints
+from spate.checkpoint.discovery import open_root
 from spate.checkpoint.inspect import (
     checkpoint_summary,
     describe_error,
@@ -27,7 +26,8 @@ from spate.checkpoint.inspect import (
     verify_checkpoint,
     verify_root_files,
 )
-from spate.errors import CheckpointError, SpateError
+from spate.checkpoint.metadata import CheckpointMetadata
+from spate.errors import SpateError
 from spate.fs import CheckpointStorage
 from spate.report import format_table, human_bytes
 
@@ -46,22 +46,45 @@ def _json_default(obj: Any) -> Any:
 
 def cmd_list(args: argparse.Namespace) -> int:
     storage = open_root(args.root)
-    metas = [load_checkpoint(storage, n) for n in list_complete_checkpoints(storage)]
-    rows = [checkpoint_summary(m) for m in metas]
+    ids = list_complete_checkpoints(storage)
+    listed = [_listed(storage, n) for n in ids]
+    metas = [m for m, _ in listed if m is not None]
+    rows = [checkpoint_summary(m) | {"ok": True} if m is not None else {"checkpoint_id": n, "ok": False,
+                                                                        "problem": problem}
+            for (m, problem), n in zip(listed, ids, strict=True)]
     rescales = metas[-1].rescales if metas else []
     if args.json:
         _print_json({"root": args.root, "checkpoints": rows, "rescales": rescales})
         return 0
-    table = [{"checkpoint": r["checkpoint_id"], "parallelism": r["parallelism"], "max_par": r["max_parallelism"],
-              "rescaled": f"{m.rescaled_from} -> {m.parallelism}" if m.rescaled_from is not None else "",
-              "files": r["files"], "segments": r["segments"], "size": human_bytes(r["state_bytes"]),
-              "watermark": r["watermark_ms"]} for r, m in zip(rows, metas, strict=True)]
-    print(format_table(table, title=f"complete checkpoints under {args.root}"))
+    table = [_list_row(r, m) for r, (m, _) in zip(rows, listed, strict=True)]
+    print(format_table(table, title=f"complete checkpoints under {args.root} (metadata: read and its checksum "
+                                    "checked; `spate checkpoints verify` reads every file)"))
+    for r in rows:
+        if not r["ok"]:
+            print(f"checkpoint {r['checkpoint_id']}: {r['problem']}")
     if rescales:
         print()
         print(format_table([{"checkpoint": r["checkpoint_id"], "from": r["from"], "to": r["to"], "why": r["reason"]}
                             for r in rescales], title="rescales (the latest, as the newest checkpoint records them)"))
     return 0
+
+
+def _listed(storage: CheckpointStorage, checkpoint_id: int) -> tuple[CheckpointMetadata | None, str]:
+    """Checkpoint ``checkpoint_id``'s metadata, or None and why it cannot be read (the others are still listed)."""
+    try:
+        return load_checkpoint(storage, checkpoint_id), ""
+    except SpateError as e:
+        return None, describe_error(e)
+
+
+def _list_row(r: dict[str, Any], m: CheckpointMetadata | None) -> dict[str, Any]:
+    if m is None:
+        return {"checkpoint": r["checkpoint_id"], "metadata": "CORRUPT (below)"}
+    return {"checkpoint": r["checkpoint_id"], "metadata": "ok", "parallelism": r["parallelism"],
+            "max_par": r["max_parallelism"],
+            "rescaled": f"{m.rescaled_from} -> {m.parallelism}" if m.rescaled_from is not None else "",
+            "files": r["files"], "segments": r["segments"], "size": human_bytes(r["state_bytes"]),
+            "watermark": r["watermark_ms"]}
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -125,8 +148,8 @@ def _at(handle: Any) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    storage = open_root(args.root)  # not a root: a usage error (exit 2), as for every command
     try:  # whatever fails, verification ends with a readable line and exit 1, never a traceback
-        storage = open_root(args.root)
         ids = list_complete_checkpoints(storage)
         root_problems = verify_root_files(storage, ids)
         results = [_verify_one(storage, n) for n in ids]
@@ -159,15 +182,6 @@ def _verify_one(storage: CheckpointStorage, checkpoint_id: int) -> dict[str, Any
         problems, files, segments = [describe_error(e)], 0, 0
     return {"checkpoint": checkpoint_id, "files": files, "segments": segments, "ok": not problems,
             "problems": problems}
-
-
-def open_root(root: str) -> CheckpointStorage:
-    """The storage of an existing checkpoint root (or savepoint directory); a missing one is an error, not an
-    empty listing."""
-    storage = CheckpointStorage(root)
-    if storage.fs.get_file_info(storage.root).type == pafs.FileType.NotFound:
-        raise CheckpointError(f"checkpoint root {root} does not exist; check the path or URI")
-    return storage
 
 
 def cmd_dump(args: argparse.Namespace) -> int:

@@ -8,8 +8,10 @@ independent computation.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -82,7 +84,7 @@ def run_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool = Fal
         results += runner.run(source)
     elapsed = time.perf_counter() - started
 
-    summary = _summarize(source, results, root, last_output, elapsed, stop_at)
+    summary = _summarize(source, results, root, last_output, elapsed, stop_at) | {"root": os.path.abspath(root)}
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -154,6 +156,21 @@ def _print(s: dict[str, Any]) -> None:
                                      f"{r['restore_ms']:.1f} ms each"},
     ], title="summary"))
     print_checks(s)
+    print(next_steps(s["root"]))
+
+
+def next_steps(root: str) -> str:
+    """Where the demo left its checkpoints, and the commands to look at them."""
+    return "\n".join([f"\ncheckpoint root: {root}", "try next:",
+                      f"  spate checkpoints list {root}",
+                      f"  spate checkpoints verify {root}",
+                      f"  spate state dump {root} --state clicks --limit 5"])
+
+
+def progress_line(text: str) -> None:
+    """One line of progress on a terminal (standard error); nothing when it is piped."""
+    if sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)
 
 
 def print_checks(s: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from spate.report import format_table, human_bytes, percentile
 from spate.spark.java import ensure_java_home
 from spate.spark.stream import StatefulStream
 from spate.spark.stream_metrics import BatchMetrics
-from spate_tools.demo import ClickCounter, generate, print_checks, verify_clicks
+from spate_tools.demo import ClickCounter, generate, next_steps, print_checks, progress_line, verify_clicks
 
 INPUT_SCHEMA = "user string, page string, ts long"
 OUTPUT_SCHEMA = "user string, clicks long"
@@ -59,12 +59,19 @@ def run_spark_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool
     source = generate(n_batches, per_batch, users)
     stop_at = n_batches // 2
     write_batches(source_dir, source[:stop_at])
+    if not as_json:
+        progress_line(f"spate demo: {n_batches} batches of {per_batch:,} clicks on Spark (local[2]), parallelism 2, "
+                      f"then a restart at 4; checkpoint root {os.path.abspath(root)}")
     spark = spark_session()
     last_output: dict[str, int] = {}
 
     def sink(outputs: Any, batch_id: int) -> None:
-        for row in outputs.collect():
+        rows = outputs.collect()
+        for row in rows:
             last_output[row.user] = row.clicks
+        if not as_json:
+            progress_line(f"  batch {batch_id + 1}/{n_batches}: checkpoint {batch_id} complete, {len(rows):,} users "
+                          "updated")
 
     started = time.perf_counter()
     phases: list[tuple[int, list[BatchMetrics]]] = []
@@ -79,7 +86,7 @@ def run_spark_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool
         stream.close()
         phases.append((parallelism, stream.metrics))
     elapsed = time.perf_counter() - started
-    summary = _summarize(source, root, last_output, phases, elapsed, stop_at)
+    summary = _summarize(source, root, last_output, phases, elapsed, stop_at) | {"root": os.path.abspath(root)}
     summary["chart"] = _chart(phases, f"{workdir}/checkpoint-durations.png")
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -161,3 +168,4 @@ def _print(s: dict[str, Any]) -> None:
         {"what": "chart", "value": s["chart"] or "skipped (matplotlib is not installed)"},
     ], title="summary"))
     print_checks(s)
+    print(next_steps(s["root"]))

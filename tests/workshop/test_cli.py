@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -53,6 +54,21 @@ def test_list_and_show(root, capsys):
     assert code == 0 and "checkpoint 0" in out and "keyed" in out and "operator" in out
     code, out = run(capsys, "checkpoints", "show", root, "--json")
     assert json.loads(out)["metadata"]["checkpoint_id"] == 1
+
+
+def test_list_marks_a_corrupt_checkpoint_and_lists_the_others(root, capsys):
+    """A corrupt latest _metadata: the older checkpoint is still listed, the corrupt one marked and why."""
+    path = os.path.join(root, "chk-1", "_metadata")
+    with open(path, "r+b") as f:
+        f.seek(40)
+        f.write(b"\xff\xfe")
+    code, out = run(capsys, "checkpoints", "list", root)
+    assert code == 0
+    assert re.search(r"\b0 +ok +2 ", out) and re.search(r"\b1 +CORRUPT \(below\)", out), out
+    assert re.search(r"checkpoint 1: .*chk-1/_metadata.*checksum", out), out
+    code, out = run(capsys, "checkpoints", "list", root, "--json")
+    rows = json.loads(out)["checkpoints"]
+    assert [(r["checkpoint_id"], r["ok"]) for r in rows] == [(0, True), (1, False)] and "checksum" in rows[1]["problem"]
 
 
 def test_show_says_per_subtask_where_it_ran_and_how_its_state_got_to_the_base(tmp_path, capsys, monkeypatch):
@@ -124,7 +140,21 @@ def test_verify_exit_codes(root, capsys):
         f.write(b"\xff\xfe")
     code, out = run(capsys, "checkpoints", "verify", root)
     assert code == 1 and "checksum mismatch" in out
-    assert main(["checkpoints", "verify", os.path.join(root, "empty")]) == 1
+    assert main(["checkpoints", "verify", os.path.join(root, "empty")]) == 2  # no such root: a usage error
+
+
+@pytest.mark.parametrize("command", [["checkpoints", "list"], ["checkpoints", "verify"], ["checkpoints", "show"],
+                                     ["state", "dump", "--state", "count"]])
+def test_a_folder_that_is_not_a_root_is_refused_with_what_a_root_looks_like(root, tmp_path, capsys, command):
+    """The folder holding a root (as the demo's output folder does) names the root; an empty one says so."""
+    parent = os.path.dirname(root)
+    assert main([*command[:2], parent, *command[2:]]) == 2
+    err = capsys.readouterr().err
+    assert f"{parent} is not a spate checkpoint root: a root holds _query" in err
+    assert f"the roots in it: {root}" in err
+    (tmp_path / "nothing").mkdir()
+    assert main([*command[:2], str(tmp_path / "nothing"), *command[2:]]) == 2
+    assert "no query ran there yet" in capsys.readouterr().err
 
 
 def test_demo_quick_verifies(tmp_path, capsys):
@@ -132,6 +162,18 @@ def test_demo_quick_verifies(tmp_path, capsys):
     summary = json.loads(out)
     assert code == 0 and summary["verified"] and all(summary["checks"].values())
     assert summary["rescale"]["to_parallelism"] == 3 and summary["rescale"]["subtasks_restored"] == [0, 1, 2]
+
+
+def test_demo_names_its_root_and_the_next_commands_and_its_folder_is_no_root(tmp_path, capsys):
+    """As the issue met it: `spate checkpoints list demo-out` on the demo's folder printed "(none)", exit 0."""
+    workdir = tmp_path / "demo-out"
+    code, out = run(capsys, "demo", "--local", "--quick", "--dir", str(workdir))
+    root = str(workdir / "checkpoints")
+    assert code == 0 and f"checkpoint root: {root}" in out and f"spate checkpoints list {root}" in out
+    assert main(["checkpoints", "list", str(workdir)]) == 2
+    assert f"the roots in it: {root}" in capsys.readouterr().err
+    code, out = run(capsys, "checkpoints", "list", root)
+    assert code == 0 and re.search(r"\b\d+ +ok ", out)
 
 
 def test_bench_state_quick_json_shape(tmp_path, capsys):

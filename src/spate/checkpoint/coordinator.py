@@ -31,7 +31,7 @@ from spate.checkpoint.epochs import EpochLog
 from spate.checkpoint.janitor import Janitor
 from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
-from spate.checkpoint.savepoint import take_savepoint
+from spate.checkpoint.savepoint import restore_source, take_savepoint
 from spate.checkpoint.takeover import TakeOver
 from spate.errors import CheckpointError, FencedError, naming_disk_full
 from spate.filemerging.manager import in_grant_scope
@@ -117,7 +117,7 @@ class Coordinator:
             self.registry.track(rel, size)
         self.base = self.completed[-1] if self.completed else savepoint
         self._base_storage = self.storage if self.completed or savepoint is None else \
-            CheckpointStorage(self.restore_from)  # type: ignore[arg-type]
+            restore_source(self.restore_from)[0]  # type: ignore[arg-type]
         self.take_over.prune(self.completed)
         return self.base
 

@@ -5,11 +5,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow.fs as pafs
+
 from spate.checkpoint.epochs import EpochLog, EpochState
 from spate.checkpoint.metadata import CheckpointMetadata, read_metadata
-from spate.errors import MissingFileError
+from spate.errors import CheckpointError, CorruptFileError, MissingFileError
 from spate.fs import CheckpointStorage
-from spate.layout import checkpoint_id_of, metadata_path
+from spate.layout import METADATA_FILE, QUERY_FILE, checkpoint_id_of, metadata_path
+
+MAX_ROOTS_NAMED = 10  # roots found below a directory that is not one, named in the error
+
+
+def open_root(root: str) -> CheckpointStorage:
+    """The storage of an existing checkpoint root (``_query``) or savepoint directory (``_metadata``). A path
+    that does not exist, or a directory that is neither (e.g. the folder holding a root), is a
+    :class:`CheckpointError` that says what a root looks like and names the roots just below it."""
+    storage = CheckpointStorage(root)
+    if storage.fs.get_file_info(storage.root).type == pafs.FileType.NotFound:
+        raise CheckpointError(f"checkpoint root {root} does not exist; check the path or URI")
+    if storage.exists(QUERY_FILE) or storage.exists(METADATA_FILE) or metadata_ids(storage):
+        return storage  # a root (one that lost its _query still holds checkpoints), or a savepoint directory
+    below = [d for d in storage.list_dirs() if storage.exists(f"{d}/{QUERY_FILE}")][:MAX_ROOTS_NAMED]
+    parent = root.rstrip("/")
+    hint = f"; the roots in it: {', '.join(parent + '/' + d for d in below)}" if below else "; no query ran there yet"
+    raise CheckpointError(f"{root} is not a spate checkpoint root: a root holds {QUERY_FILE} (the query's identity) "
+                          f"and chk-<n>/{METADATA_FILE} for each complete checkpoint, a savepoint directory "
+                          f"{METADATA_FILE}{hint}")
 
 
 def metadata_ids(storage: CheckpointStorage) -> list[int]:
@@ -50,7 +71,8 @@ def discover(storage: CheckpointStorage, epochs: EpochState, retained: int) -> D
 
 def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
     """Ids of the complete checkpoints of a root, ascending: those with a metadata file that counts under
-    the epochs' seals (not yet verified). A metadata file needs reading only if a seal might exclude it."""
+    the epochs' seals (not yet verified; one that cannot be read is listed). A metadata file needs reading only
+    if a seal might exclude it. For inspection: a driver finds its checkpoints with :func:`discover`."""
     epochs = EpochLog(storage).read()
     lowest_seal = min((s.sealed for s in epochs.seals.values()), default=None)
     out = []
@@ -60,4 +82,6 @@ def list_complete_checkpoints(storage: CheckpointStorage) -> list[int]:
                 out.append(n)
         except MissingFileError:
             continue  # subsumed while listing
+        except CorruptFileError:
+            out.append(n)  # unreadable, so its epoch is unknown: listed, for inspection to say what is wrong
     return out

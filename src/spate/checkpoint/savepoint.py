@@ -1,5 +1,7 @@
 """Savepoints: a checkpoint copied with every file it references into one directory, with paths relative to
-that directory, so it can be moved anywhere and restored by any query (``restore_from=``)."""
+that directory, so it can be moved anywhere and restored by any query (``restore_from=``). A query may also be
+restored from a retained checkpoint of another root, named ``<root>/chk-<n>``: its files are named from that
+root, which must keep the checkpoint until the new query's first checkpoint completed."""
 
 from __future__ import annotations
 
@@ -8,7 +10,19 @@ import uuid
 
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.fs import CheckpointStorage, join_uri
-from spate.layout import METADATA_FILE, SAVEPOINTS_DIR
+from spate.layout import METADATA_FILE, QUERY_FILE, SAVEPOINTS_DIR, checkpoint_id_of, metadata_path
+
+
+def restore_source(uri: str) -> tuple[CheckpointStorage, str]:
+    """(the storage handles are named from, the metadata's path in it) of what ``restore_from`` names: a
+    retained checkpoint ``<root>/chk-<n>`` of a root (``<root>/_query`` exists), else a savepoint directory."""
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    checkpoint_id = checkpoint_id_of(name)
+    if checkpoint_id is not None and parent and not parent.endswith(":/"):
+        root = CheckpointStorage(parent)
+        if root.exists(QUERY_FILE):
+            return root, metadata_path(checkpoint_id)
+    return CheckpointStorage(uri), METADATA_FILE
 
 
 def write_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target: CheckpointStorage) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from spate.checkpoint.discovery import Discovery, discover, metadata_ids, written_by
 from spate.checkpoint.epochs import EpochLog, EpochState, Seal
 from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo, read_metadata
+from spate.checkpoint.savepoint import restore_source
 from spate.errors import CheckpointError, CorruptFileError, FencedError, IncompatibleStateError
 from spate.fs import CheckpointStorage
 from spate.keygroups import default_max_parallelism
@@ -150,10 +151,13 @@ class TakeOver:
                 "damaged outside spate; restore a savepoint (restore_from=...) or start a new checkpoint root")
 
     def _read_savepoint(self) -> CheckpointMetadata:
-        sp = CheckpointStorage(self.restore_from)  # type: ignore[arg-type]
-        if not sp.exists(METADATA_FILE):
-            raise CheckpointError(f"no savepoint at {self.restore_from}: {sp.path(METADATA_FILE)} is missing")
-        return read_metadata(sp, METADATA_FILE)
+        assert self.restore_from is not None
+        source, rel = restore_source(self.restore_from)
+        if not source.exists(rel):
+            raise CheckpointError(f"no savepoint or retained checkpoint at {self.restore_from}: {source.path(rel)} "
+                                  "is missing (a checkpoint of another root is named <root>/chk-<n>; `spate "
+                                  "checkpoints list <root>` shows the retained ones)")
+        return read_metadata(source, rel)
 
     # -- fencing --------------------------------------------------------------------------------------
     def check(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from spate.checkpoint.ackinfo import RESTORED
 from spate.checkpoint.coordinator import DEFAULT_RETAINED
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
-from spate.errors import SpateError
+from spate.errors import SpateError, short_repr
 from spate.filemerging.config import FileMergingConfig
 from spate.keygroups import compile_key_hasher
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision
@@ -298,7 +298,10 @@ class LocalRunner:
         p, max_p = self.parallelism, self.max_parallelism
         routed: list[list[tuple[int, Any, Row]]] = [[] for _ in range(p)]
         for row in rows:
-            key = self._key(row)
+            try:
+                key = self._key(row)
+            except Exception as e:  # a row without the column, or the user's key function failing
+                raise self._no_key(row, e) from e
             self._keys.check(key)
             try:
                 kg = self._hash(key) % max_p
@@ -306,6 +309,14 @@ class LocalRunner:
                 raise self._keys.invalid(key, e) from e
             routed[kg * p // max_p].append((kg, key, row))
         return routed
+
+    def _no_key(self, row: Row, error: Exception) -> SpateError:
+        columns = self._keys.columns
+        if columns is None:
+            return SpateError(f"the key function failed on input row {short_repr(row)}: {error!r}")
+        have = sorted(row) if isinstance(row, Mapping) else f"a {type(row).__name__}, not a dict of columns"
+        return SpateError(f"input row {short_repr(row)} has no key column {', '.join(map(repr, columns))}: each input "
+                          f"row must be a dict holding the key= columns; its columns: {have}")
 
     def savepoint(self, target_uri: str | None = None) -> str:
         """A self-contained copy of the latest checkpoint; see :meth:`Coordinator.savepoint`."""

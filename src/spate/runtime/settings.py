@@ -4,12 +4,14 @@ how spate keeps its state, from arguments or a Spark-style conf (``spark.spate.*
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.coordinator import DEFAULT_RETAINED, Coordinator
+from spate.errors import SettingError
 from spate.filemerging.config import FileMergingConfig, resolve_file_merging
 from spate.runtime.subtask import TABLE_KINDS, SubtaskConfig
 
@@ -100,6 +102,14 @@ class SpateSettings:
         if not self.checkpoint_root:
             raise ValueError("a stateful stream needs checkpoint_root (or spark.spate.checkpointRoot): where spate "
                              "keeps its checkpoints")
+        for name in ("parallelism", "max_parallelism", "retained", "watermark_delay_ms"):
+            value = getattr(self, name)
+            if value is None and name == "max_parallelism":
+                continue
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                fix = f"{name}={int(value)}" if isinstance(value, str) and value.strip().isdigit() else f"an int {name}"
+                raise SettingError(f"{name} must be an int, got {value!r} ({type(value).__name__}): pass {fix}")
+            object.__setattr__(self, name, int(value))  # numpy's ints too
         if self.parallelism < 1:
             raise ValueError(f"parallelism must be >= 1, got {self.parallelism}")
         if self.table not in TABLE_KINDS:

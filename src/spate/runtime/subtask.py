@@ -18,6 +18,7 @@ from typing import Any
 from spate.changelog.state import ChangelogKeyedState
 from spate.checkpoint.ackinfo import RESCALED, REUSED, RecoveryInfo
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.errors import short_repr
 from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyedRow
 from spate.runtime.outputs import NO_KEY, OutputBuffer, Outputs
 from spate.runtime.processor import Context, Processor, Row
@@ -116,7 +117,11 @@ class Subtask:
         self._prepare(plan)
         clock.lap("prepare_ms")
         table_s = table_seconds(self._table())
-        out = self._process(plan, self._without_late_rows(plan, batch), clock, initial)
+        try:
+            out = self._process(plan, self._without_late_rows(plan, batch), clock, initial)
+        except Exception as e:
+            e.add_note(self._where(plan))  # shown under the error, on Spark too (Python tracebacks print notes)
+            raise
         clock.phases["table_ms"] = (table_seconds(self._table()) - table_s) * 1000
         finish = self._snapshot(plan, batch, out)
         clock.lap("snapshot_start_ms")
@@ -205,6 +210,13 @@ class Subtask:
         lmdb = self._lmdb()
         if lmdb is not None:
             lmdb.unlock()
+
+    def _where(self, plan: SubtaskPlan) -> str:
+        """Where processing failed: the processor, the batch, the subtask and the key it was processing."""
+        key = self.keyed.current_key if self.keyed is not None else None
+        at_key = f", key {short_repr(key)}" if key is not None else ""
+        return (f"spate: in {type(self.processor).__name__}, batch {plan.checkpoint_id}, subtask {self.index} of "
+                f"{self.parallelism}{at_key}")
 
     def _without_late_rows(self, plan: SubtaskPlan, batch: KeyedBatch) -> KeyedBatch:
         """``batch`` without its late rows, for a processor that asks to drop them (Spark's semantics)."""

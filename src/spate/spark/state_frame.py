@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spate.checkpoint.discovery import open_root
 from spate.checkpoint.inspect import (
     check_keyed_state,
     keyed_state_names,
@@ -70,7 +71,7 @@ def read_state(spark: Any, root: str, state: str, checkpoint_id: int | None = No
         CheckpointError: the root does not exist or has no complete checkpoint, ``checkpoint_id`` does not
             exist, or the checkpoint has no keyed state ``state`` (the message lists those it has).
     """
-    storage = _open_root(root)
+    storage = open_root(root)
     meta = load_checkpoint(storage, checkpoint_id)
     check_keyed_state(meta, state)
     info = _StateInfo(state, keyed_state_names(meta)[state], _schema_record(storage, meta, state))
@@ -79,15 +80,6 @@ def read_state(spark: Any, root: str, state: str, checkpoint_id: int | None = No
     rows = spark.sparkContext.parallelize(range(len(meta.subtasks)), len(meta.subtasks)).mapPartitions(reader)
     schema = _frame_schema(spark, rows, info, key_schema, value_schema)
     return spark.createDataFrame(rows.map(_RowShaper(schema)), schema)
-
-
-def _open_root(root: str) -> CheckpointStorage:
-    import pyarrow.fs as pafs
-
-    storage = CheckpointStorage(root)
-    if storage.fs.get_file_info(storage.root).type == pafs.FileType.NotFound:
-        raise CheckpointError(f"checkpoint root {root} does not exist; check the path or URI")
-    return storage
 
 
 def _schema_record(storage: CheckpointStorage, meta: CheckpointMetadata, state: str) -> StateSchemaRecord | None:

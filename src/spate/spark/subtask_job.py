@@ -32,6 +32,7 @@ from spate.spark.task import (
     TaskSpec,
     run_partition,
 )
+from spate.spark.worker_errors import batch_failed
 
 
 class SubtaskJob:
@@ -86,7 +87,13 @@ class SubtaskJob:
         note = (f"spate checkpoint {batch_id}: {p} subtasks, {sum(map(bool, locations))} placed where "
                 "their state is")
         with job_description(sc, note):
-            acks = RDD(placed, sc, NoOpSerializer()).mapPartitions(task).collect()
+            try:
+                acks = RDD(placed, sc, NoOpSerializer()).mapPartitions(task).collect()
+            except Exception as e:
+                told = batch_failed(batch_id, e)
+                if told is None:
+                    raise
+                raise told from None  # Spark's whole error is in its message, after the worker's exception
         return [SubtaskAck.from_dict(json.loads(a)) for a in acks]
 
     def _with_initial_state(self, batch_df: Any, rows: Any, heartbeat: Any, p: int, max_p: int) -> tuple[Any, Any]:
