@@ -35,6 +35,7 @@ demo: $(STAMP) $(JAVA_HOME_FILE)
 
 test: $(STAMP) $(JAVA_HOME_FILE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/ruff check src tests
+	$(VENV)/bin/mypy src
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q $(PYTEST_ARGS)
 
 smoke: $(STAMP) $(JAVA_HOME_FILE)
@@ -54,8 +55,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 
 typecheck: $(STAMP)
-	$(PY) -m pip install -q mypy
-	$(VENV)/bin/mypy src --ignore-missing-imports
+	$(VENV)/bin/mypy src
 
 bench: $(STAMP)
 	$(VENV)/bin/spate bench state --quick

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -74,7 +74,7 @@ def iter_frames(data: bytes, where: str, base_offset: int = 0) -> Iterator[Frame
         pos += FRAME_HEADER_SIZE + _HEADER.unpack_from(view, pos)[4]
 
 
-def read_span_frames(storage: RangeReader, path: str, offsets: dict[int, tuple[int, int]], kind: int,
+def read_span_frames(storage: RangeReader, path: str, offsets: Mapping[int, tuple[int, int]], kind: int,
                      context: str = "", file_offset: int = 0) -> tuple[str, Iterator[Frame]]:
     """The frames between the first and last of ``offsets`` (key group → (offset, length) within the logical
     file at ``file_offset`` of ``path``), fetched with one ranged read, each verified and of ``kind``.

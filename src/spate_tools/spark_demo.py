@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from spate.checkpoint.inspect import load_checkpoint
@@ -74,7 +75,7 @@ def run_spark_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool
                           "updated")
 
     started = time.perf_counter()
-    phases: list[tuple[int, list[BatchMetrics]]] = []
+    phases: list[tuple[int, Sequence[BatchMetrics]]] = []
     for parallelism in (2, 4):
         if parallelism == 4:
             write_batches(source_dir, source[stop_at:], start=stop_at)
@@ -96,7 +97,7 @@ def run_spark_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool
 
 
 def _summarize(source: list[list[dict]], root: str, last_output: dict[str, int],
-               phases: list[tuple[int, list[BatchMetrics]]], elapsed: float, stop_at: int) -> dict[str, Any]:
+               phases: list[tuple[int, Sequence[BatchMetrics]]], elapsed: float, stop_at: int) -> dict[str, Any]:
     checks, problems = verify_clicks(source, root, last_output)
     storage = CheckpointStorage(root)
     meta = load_checkpoint(storage)
@@ -127,7 +128,7 @@ def _recovered(metrics: BatchMetrics | None, kind: str) -> list[int]:
     return [i for i, st in enumerate(metrics.subtasks) if st.recovery == kind] if metrics is not None else []
 
 
-def _chart(phases: list[tuple[int, list[BatchMetrics]]], path: str) -> str | None:
+def _chart(phases: list[tuple[int, Sequence[BatchMetrics]]], path: str) -> str | None:
     try:
         import matplotlib
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain
 from typing import TypeVar
@@ -73,9 +73,9 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
         for j, h in enumerate(changelog):
             if offsets := _within(h.offsets, part):
                 reads.append((_span(offsets), functools.partial(_change_set, storage, h, offsets, context), (True, j)))
-        for i, h in enumerate(materialized):
-            for chunk in _chunks(_within(h.offsets, part)):
-                reads.append((_span(chunk), functools.partial(_key_groups, storage, h, chunk, context), (False, i)))
+        for i, m in enumerate(materialized):
+            for chunk in _chunks(_within(m.offsets, part)):
+                reads.append((_span(chunk), functools.partial(_key_groups, storage, m, chunk, context), (False, i)))
         reads.append((0, list, (True, -1)))  # the part's end: apply its log of key groups not materialized
     log: dict[int, Logged] = {}
     ops: dict[int, set[int]] = {}  # the operations in a key group's log
@@ -198,7 +198,8 @@ def _chunks(offsets: Offsets) -> Iterator[Offsets]:
         yield part
 
 
-def _read_ahead(pool: ThreadPoolExecutor, reads: Iterable[tuple[int, Callable[[], T]]], budget: int) -> Iterator[T]:
+def _read_ahead(pool: ThreadPoolExecutor, reads: Iterable[tuple[int, Callable[[], T]]],
+                budget: int) -> Generator[T, None, None]:
     """The results of ``reads`` ((bytes, read)) in order, each started as soon as the reads before it that
     are not consumed yet come to less than ``budget`` bytes."""
     pending: deque[tuple[int, Future[T]]] = deque()

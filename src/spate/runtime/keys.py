@@ -1,12 +1,12 @@
 """Checks on the keys of an in-process query, so rows are grouped exactly as their state is keyed.
 
 State is keyed by a key's encoded bytes (type and value), while rows are grouped by Python equality, which
-merges ``1``, ``True``, ``1.0`` and ``Decimal(1)``. So a key column holds one type throughout a runner's life
-(as a Spark column holds one type; null is allowed): a bool, int, float or Decimal value in a column that held
+merges ``1``, ``True``, ``1.0`` and ``Decimal(1)``. So a key column holds one numeric type throughout a
+runner's life (as a Spark column holds one type): a bool, int, float or Decimal value in a column that held
 another of these types is refused, naming the column and the types, instead of being merged with (or split
-from) its state; so is any other mix (``1`` and ``"1"``), which would silently make two keys of what the data
-most likely means as one. Unhashable keys (``bytearray``) and values that cannot be hashed or encoded (strings
-with lone surrogates) get the same kind of error.
+from) its state. Types that never compare equal (int and str, say) may share a column: they are different keys
+in grouping and in state alike. Unhashable keys (``bytearray``) and values that cannot be hashed or encoded
+(strings with lone surrogates) get the same kind of error.
 """
 
 from __future__ import annotations
@@ -20,17 +20,12 @@ from spate.errors import InvalidKeyError, short_repr
 # Types whose values compare equal across types (1 == True == 1.0 == Decimal(1)), bool before int: subclasses
 # (numpy floats) count as the type they hash and encode as.
 _NUMERIC: tuple[type, ...] = (bool, int, float, _decimal.Decimal)
-_UNHASHABLE_FIX = {bytearray: "convert it with bytes(value)", memoryview: "convert it with bytes(value)"}
+_UNHASHABLE_FIX: dict[type, str] = {bytearray: "convert it with bytes(value)",
+                                    memoryview: "convert it with bytes(value)"}
 
 
-def _kind(value: Any) -> type | None:
-    """The type a key column's values must share (None: null, allowed anywhere)."""
-    if value is None:
-        return None
-    numeric = next((k for k in _NUMERIC if isinstance(value, k)), None)
-    if numeric is not None:
-        return numeric
-    return next((k for k in (str, bytes) if isinstance(value, k)), type(value))
+def _numeric_kind(value: Any) -> type | None:
+    return next((k for k in _NUMERIC if isinstance(value, k)), None)
 
 
 class KeyCheck:
@@ -54,7 +49,7 @@ class KeyCheck:
 
     def _admit(self, key: Any, values: tuple) -> None:
         """Check a key with column types not seen before; its columns' kinds are remembered if it passes."""
-        kinds = {i: k for i, v in enumerate(values) if (k := _kind(v)) is not None}
+        kinds = {i: k for i, v in enumerate(values) if (k := _numeric_kind(v)) is not None}
         for i, v in enumerate(values):
             fix = _UNHASHABLE_FIX.get(type(v))
             if fix is not None:
@@ -62,13 +57,11 @@ class KeyCheck:
                                       f"({short_repr(v)}), which cannot be a key: {fix}")
             kind = self._kinds.get(i, kinds.get(i))
             if kinds.get(i, kind) is not kind:
-                assert kind is not None
-                why = ("Python groups equal values together (1 == True == 1.0 == Decimal(1)) but state is keyed "
-                       "by type and value" if kind in _NUMERIC and kinds[i] in _NUMERIC else
-                       "they would be different keys (1 and '1' are two), which the data rarely means")
+                assert kind is not None  # a kind differs from the column's: the column has one
                 raise InvalidKeyError(
                     f"{self.column(i, key)} mixes key types {kind.__name__} and {type(v).__name__} (value "
-                    f"{short_repr(v)}): {why}; give the column one type, e.g. convert every value with "
+                    f"{short_repr(v)}): Python groups equal values together (1 == True == 1.0 == Decimal(1)) but "
+                    f"state is keyed by type and value; give the column one type, e.g. convert every value with "
                     f"{kind.__name__}(...), as a Spark column holds one type")
         self._kinds.update(kinds)
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -137,7 +137,7 @@ class LocalRunner:
         if table_sink is not None and output_schema is None:
             raise SpateError(f"sink={table_sink!r} writes the outputs to a table: pass output_schema=pyarrow.schema"
                              "([...]) with the table's columns")
-        self._sink = None if table_sink is not None else sink
+        self._sink = None if table_sink is not None else cast("Sink | None", sink)  # not a TableSink
         self._initial_state = initial_state
         self._clock = clock or (lambda: int(time.time() * 1000))
         settings = SpateSettings(checkpoint_root=checkpoint_root, parallelism=parallelism,
@@ -265,7 +265,7 @@ class LocalRunner:
                 yield result.ack
 
         done = self._driver.run_batch(batch_id, run_subtasks, self._clock(),
-                                    deliver=(lambda meta: self._sink(outputs, meta.checkpoint_id))
+                                    deliver=(lambda meta: cast("Sink", self._sink)(outputs, meta.checkpoint_id))
                                     if self._sink is not None else None,
                                     on_complete=lambda _: self.services.checkpoint_completed(batch_id))
         meta = done.checkpoint

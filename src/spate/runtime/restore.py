@@ -151,7 +151,8 @@ class StateRecovery:
         info = RecoveryInfo(recovery=kind, restored_from=plan.base_checkpoint_id if caught_up else None,
                             caught_up_from=copy_at if caught_up else None,
                             restore_bytes=bytes_to_read(replay, plan.operator), restore_ms=_ms_since(started))
-        carried = [*plan.keyed, *plan.changelog[:start]] if clog is not None else []
+        carried: list[KeyGroupsHandle | ChangeSetHandle] = (
+            [*plan.keyed, *plan.changelog[:start]] if clog is not None else [])
         return self._recovered(plan, table, clog, operator, info, _nonzero(replayed_change_sets=len(replay)),
                                carried)
 

@@ -56,7 +56,8 @@ class IcebergSink(TableSink):
             return cats.load_catalog(self.catalog_properties.get("name", "default"), **self.catalog_properties)
         from pyiceberg.catalog.sql import SqlCatalog
 
-        root = os.path.abspath(self.warehouse)  # type: ignore[arg-type]
+        assert self.warehouse is not None  # __init__ takes either catalog or warehouse
+        root = os.path.abspath(self.warehouse)
         os.makedirs(root, exist_ok=True)
         return SqlCatalog("spate", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}")
 

@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import QueryProgressEvent, StreamingQueryProgress
@@ -83,14 +83,15 @@ class SpateProgress:
     def of(meta: CheckpointMetadata, new_bytes: int, **timings: float) -> SpateProgress:
         """The figures of the batch whose checkpoint is ``meta`` (``timings``: the ``..._ms`` fields)."""
         subtasks = meta.subtasks
-        counts = [st.stats.get("state_rows") for st in subtasks]
-        changed = [st.stats.get("changelog_records") for st in subtasks]
+        counts: list[int | None] = [st.stats.get("state_rows") for st in subtasks]
+        changed: list[int | None] = [st.stats.get("changelog_records") for st in subtasks]
+        rounded: dict[str, Any] = {name: round(ms, 3) for name, ms in timings.items()}
         return SpateProgress(
             batch_id=meta.checkpoint_id, input_rows=sum(st.rows for st in subtasks),
-            state_rows=sum(counts) if all(c is not None for c in counts) else None,  # type: ignore[misc]
-            state_rows_changed=sum(changed) if all(c is not None for c in changed) else None,  # type: ignore[misc]
+            state_rows=sum(cast("list[int]", counts)) if all(c is not None for c in counts) else None,
+            state_rows_changed=sum(cast("list[int]", changed)) if all(c is not None for c in changed) else None,
             state_bytes=meta.state_bytes, checkpoint_new_bytes=new_bytes, files=len(meta.files()),
-            **{name: round(ms, 3) for name, ms in timings.items()}, parallelism=meta.parallelism,
+            **rounded, parallelism=meta.parallelism,
             local_reuse=sum(st.recovery in (REUSED, CAUGHT_UP) for st in subtasks),
             restored=sum(st.recovery == RESTORED for st in subtasks),
             rescaled=sum(st.recovery == RESCALED for st in subtasks),

@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -172,7 +172,8 @@ def _rebuilt(chunk: Any) -> Any:
     import numpy as np
     import pandas as pd
 
-    names = list(collections.namedtuple("Pandas", [str(c) for c in chunk.columns], rename=True)._fields)
+    row = cast(Any, collections.namedtuple("Pandas", [str(c) for c in chunk.columns], rename=True))  # run-time fields
+    names: list[str] = list(row._fields)
     if all(isinstance(dtype, np.dtype) for dtype in chunk.dtypes):
         out = chunk.copy(deep=False)
         out.index = pd.RangeIndex(len(out))
@@ -209,7 +210,8 @@ def arrow_schema(schema: Any) -> pa.Schema:
     parameters = inspect.signature(to_arrow_schema).parameters
     if "timezone" in parameters:
         return to_arrow_schema(schema, timezone="UTC")
-    return to_arrow_schema(schema, **({"timestamp_utc": True} if "timestamp_utc" in parameters else {}))
+    options: dict[str, Any] = {"timestamp_utc": True} if "timestamp_utc" in parameters else {}
+    return to_arrow_schema(schema, **options)
 
 
 def _arrow_to_pandas(table: pa.Table, conf: PythonWorkerConf) -> list[Any]:
@@ -237,7 +239,7 @@ def _pandas_to_arrow(series: Any, field: pa.Field, out: PandasConversion) -> pa.
         batch = converter.convert([series], schema, timezone=out.timezone, safecheck=out.safecheck, arrow_cast=True,
                                   **_accepted(converter.convert, int_to_decimal_coercion_enabled=out.int_to_decimal))
         return batch.column(0)
-    from pyspark.sql.pandas.serializers import ArrowStreamPandasSerializer
+    from pyspark.sql.pandas.serializers import ArrowStreamPandasSerializer  # type: ignore[attr-defined]  # pyspark < 4.2 only
 
     serializer = ArrowStreamPandasSerializer(**_accepted(
         ArrowStreamPandasSerializer.__init__, timezone=out.timezone, safecheck=out.safecheck,
@@ -246,7 +248,9 @@ def _pandas_to_arrow(series: Any, field: pa.Field, out: PandasConversion) -> pa.
 
 
 def _tws_serializer(conf: PythonWorkerConf) -> Any:
-    from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer as Serializer
+    from pyspark.sql.pandas.serializers import (  # type: ignore[attr-defined]  # pyspark < 4.2 only
+        TransformWithStateInPandasSerializer as Serializer,
+    )
 
     return Serializer(**_accepted(
         Serializer.__init__, timezone=conf.timezone, safecheck=conf.safecheck,

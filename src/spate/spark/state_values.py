@@ -83,7 +83,7 @@ def _client_internal(value: Any, schema: StructType) -> Any:
 
     # the serializer the installed client pickles with (CPickleSerializer, a cloudpickle one, before 4.2)
     serializer = getattr(api, "CPickleSerializer", None) or api.PickleSerializer
-    client = types.SimpleNamespace(pickleSer=serializer())
+    client: Any = types.SimpleNamespace(pickleSer=serializer())  # stands in for the client: only pickleSer is used
     return pickle.loads(api.StatefulProcessorApiClient._serialize_to_bytes(client, schema, value))  # noqa: SLF001
 
 

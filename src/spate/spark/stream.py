@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
@@ -176,7 +176,7 @@ class StatefulStream:
         check_locations(self.spark, s.checkpoint_root, spark_checkpoint, spark_checkpoint_cache)
         check_executor_python(self.spark)
         self.table_sink = sink if isinstance(sink, TableSink) else None
-        self.sink = None if self.table_sink is not None else sink
+        self.sink = None if self.table_sink is not None else cast("Sink | None", sink)  # not a TableSink
         self.staged_format = (staged_format(s.staged_outputs, storage_for(s.checkpoint_root)) if self.sink
                               else "arrow")
         self.run_id = uuid.uuid4().hex
@@ -196,8 +196,10 @@ class StatefulStream:
                 log.warning("batches without input with Trigger.AvailableNow before pyspark 4.2: Spark runs the "
                             "query as one batch (a Python source cannot take part); use idle_batches=False for "
                             "this root, or another trigger")
-            self._wake = WakeFile(os.path.join(spark_checkpoint_cache or default_cache_dir(),
-                                               driver.coordinator.query.query_id, "wake.json"))
+            query_info = driver.coordinator.query
+            assert query_info is not None  # the driver started its coordinator
+            self._wake = WakeFile(os.path.join(spark_checkpoint_cache or default_cache_dir(), query_info.query_id,
+                                               "wake.json"))
             self._write_wake()
             source = source.unionByName(tick_stream(self.spark, self._wake.path), allowMissingColumns=True)
         writer = source.writeStream.foreachBatch(self._process_batch).option(

@@ -4,6 +4,8 @@ excluded), so it can be kept up to date one write at a time and stored with each
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
+from typing import cast
 
 import lmdb
 
@@ -15,7 +17,7 @@ MASK64 = (1 << 64) - 1
 
 def digest_problem(txn: lmdb.Transaction) -> str | None:
     """None if the committed entries agree with the digest stored with them, else what is wrong."""
-    recorded, actual = parse_digest(txn.get(DIGEST_KEY)), table_digest(txn)
+    recorded, actual = parse_digest(cast("bytes | None", txn.get(DIGEST_KEY))), table_digest(txn)  # buffers off
     if recorded is None:
         return "it has no valid recorded digest (damaged, or written by an older spate)"
     if recorded != actual:
@@ -56,7 +58,7 @@ def table_digest(txn: lmdb.Transaction) -> int:
     """The digest of every state entry (table metadata excluded): a 64-bit sum of per-entry hashes, so it can
     be kept up to date one write at a time."""
     total = 0
-    for k, v in txn.cursor():
+    for k, v in cast("Iterator[tuple[bytes, bytes]]", txn.cursor()):  # buffers off: keys and values are bytes
         if not k.startswith(META_PREFIX):
             total += entry_hash(k, v)
     return total & MASK64

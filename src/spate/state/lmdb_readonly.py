@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from typing import cast
 
 import lmdb
 
@@ -23,7 +25,7 @@ class ReadView:
         return flat_key_group(self._txn, kg)
 
     def get_key(self, key: bytes) -> bytes | None:
-        return self._txn.get(key)  # type: ignore[no-any-return]
+        return cast("bytes | None", self._txn.get(key))  # buffers off: values are bytes
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         return list(scan_prefix(self._txn, prefix))
@@ -53,13 +55,13 @@ class ReadOnlyTable:
         return txn
 
     def meta(self, name: str) -> bytes | None:
-        return self._txn().get(META_PREFIX + name.encode())  # type: ignore[no-any-return]
+        return cast("bytes | None", self._txn().get(META_PREFIX + name.encode()))  # buffers off: values are bytes
 
     def key_group_flat(self, kg: int) -> list[bytes]:
         return flat_key_group(self._txn(), kg)
 
     def get_key(self, key: bytes) -> bytes | None:
-        return self._txn().get(key)  # type: ignore[no-any-return]
+        return cast("bytes | None", self._txn().get(key))  # buffers off: values are bytes
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         return list(scan_prefix(self._txn(), prefix))
@@ -69,10 +71,10 @@ class ReadOnlyTable:
         out: list[tuple[bytes, bytes]] = []
         cur = self._txn().cursor()
         if cur.set_range(start):
-            for k, v in cur:
+            for k, v in cast("Iterator[tuple[bytes, bytes]]", cur):  # buffers off: keys and values are bytes
                 if len(out) >= limit or not k.startswith(prefix):
                     break
-                out.append((k, v))  # type: ignore[arg-type]
+                out.append((k, v))
         return out
 
     def verify(self) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 import lmdb
 
@@ -48,7 +49,7 @@ class LmdbTable(LmdbWriter, StateTable):
 
     def get_many(self, kgs: Sequence[int], primaries: Sequence[bytes]) -> list[bytes | None]:
         get = (self._txn or self._begin()).get
-        return [get(KG_PREFIXES[kg] + p) for kg, p in zip(kgs, primaries, strict=True)]
+        return cast("list[bytes | None]", [get(KG_PREFIXES[kg] + p) for kg, p in zip(kgs, primaries, strict=True)])
 
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
         """``put`` of each entry, with the digest kept in one pass (map growth and large batches go through
@@ -174,7 +175,7 @@ class LmdbTable(LmdbWriter, StateTable):
 
     # -- whole table keys (an overlay over read-only bases works with them) ---------------------------------
     def get_key(self, key: bytes) -> bytes | None:
-        return (self._txn or self._begin()).get(key)  # type: ignore[no-any-return]
+        return cast("bytes | None", (self._txn or self._begin()).get(key))  # buffers off: values are bytes
 
     def put_key(self, key: bytes, value: bytes) -> None:
         self._put(key, value)
@@ -213,7 +214,7 @@ class LmdbTable(LmdbWriter, StateTable):
     def committed_meta(self, name: str) -> bytes | None:
         """A metadata entry as last committed (by any process), read without starting a write transaction."""
         with self._env_begin() as txn:
-            return txn.get(META_PREFIX + name.encode())  # type: ignore[no-any-return]
+            return cast("bytes | None", txn.get(META_PREFIX + name.encode()))  # buffers off: values are bytes
 
     def entry_count(self) -> int:
         """lmdb's own count (open transaction included) less the few entries under ``0xff`` (metadata)."""

@@ -25,6 +25,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 from spate.layout import metadata_path
@@ -49,7 +50,7 @@ class KeepLatest(Processor):
     def open(self, ctx: Context) -> None:
         self.record = ctx.state(RECORD)
 
-    def process(self, key: Any, rows: list[dict], ctx: Context) -> None:
+    def process(self, key: Any, rows: Sequence[dict[str, Any]], ctx: Context) -> None:
         seen = (self.record.value() or [0, ""])[0]
         self.record.update([seen + len(rows), rows[-1]["v"]])
 
@@ -162,7 +163,8 @@ class _PlanSizes:
     """Instrumentation: the coordinator's ``begin``, recording the largest plan (JSON bytes) of each batch."""
 
     def __init__(self, coordinator: Any) -> None:
-        self.begin_plans, self.sizes = coordinator.begin, []
+        self.begin_plans = coordinator.begin
+        self.sizes: list[int] = []
         coordinator.begin = self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

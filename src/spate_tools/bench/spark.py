@@ -329,7 +329,9 @@ def _spate_stream(variant: str, df: Any, ckpt: str, profile: bool) -> StatefulSt
         flavour = ADAPTER_FLAVOURS[variant]
         processor = pandas_count() if flavour == "pandas" else row_count()
         return transform_with_state(df, "k", processor, OUTPUT_SCHEMA, flavour=flavour, **options)
-    processor = {"spate-empty": SpateEmpty, "spate-batch": SpateBatchCount}.get(variant) or SpateCount
+    processors: dict[str, type[Processor] | type[BatchProcessor]] = {"spate-empty": SpateEmpty,
+                                                                    "spate-batch": SpateBatchCount}
+    processor = processors.get(variant) or SpateCount
     return StatefulStream(df, "k", processor, OUTPUT_SCHEMA, **options)
 
 

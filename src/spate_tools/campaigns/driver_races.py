@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,7 +53,7 @@ class KeyCount(Processor):
     def open(self, ctx: Any) -> None:
         self.count = ctx.state(ValueStateDescriptor("count", default=0))
 
-    def process(self, key: Any, rows: list, ctx: Any) -> Any:
+    def process(self, key: Any, rows: Sequence[dict[str, Any]], ctx: Any) -> Any:
         self.count.update(self.count.value() + len(rows))
         return ()
 
@@ -106,9 +107,10 @@ class RaceResult:
 
 
 def _runner(root: str, rng: random.Random, local_dir: str) -> LocalRunner:
+    merging: list[bool | str] = [False, "within", "across"]
     return LocalRunner(KeyCount, key="k", checkpoint_root=root, parallelism=rng.randint(1, 4),
                        table=rng.choice(["heap", "lmdb"]), local_dir=local_dir, retained=rng.randint(1, 3),
-                       changelog=rng.random() < 0.5, file_merging=rng.choice([False, "within", "across"]))
+                       changelog=rng.random() < 0.5, file_merging=rng.choice(merging))
 
 
 def run_driver(root: str, start_at: float, seed: int, pause_s: float, local_dir: str) -> DriverReport:

@@ -4,6 +4,7 @@ reference model of what it must compute. Used by the property-based tests and th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from spate import (
@@ -33,12 +34,12 @@ class MeanAgg:
         return [a[0] + b[0], a[1] + b[1]]
 
 
-VALUE = ValueStateDescriptor("value")
-LIST = ListStateDescriptor("list")
+VALUE: ValueStateDescriptor[int] = ValueStateDescriptor("value")
+LIST: ListStateDescriptor[int] = ListStateDescriptor("list")
 MAP = MapStateDescriptor("map")
-REDUCING = ReducingStateDescriptor("sum", lambda a, b: a + b)
+REDUCING: ReducingStateDescriptor[int] = ReducingStateDescriptor("sum", lambda a, b: a + b)
 AGGREGATING = AggregatingStateDescriptor("mean", aggregate_fn=MeanAgg())
-TTL_VALUE = ValueStateDescriptor("ttl", ttl_ms=TTL_MS)
+TTL_VALUE: ValueStateDescriptor[int] = ValueStateDescriptor("ttl", ttl_ms=TTL_MS)
 
 
 class ModelJob(Processor):
@@ -53,7 +54,7 @@ class ModelJob(Processor):
         self.ttl = ctx.state(TTL_VALUE)
         self.splits = ctx.get_list_state("batches-seen")
 
-    def process(self, key: Any, rows: list[dict], ctx: Context):
+    def process(self, key: Any, rows: Sequence[dict[str, Any]], ctx: Context):
         for row in rows:
             op, x = row["op"], row["x"]
             if op == "vput":

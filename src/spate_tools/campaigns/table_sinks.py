@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -28,7 +29,7 @@ def row_text(row: dict[str, Any]) -> str:
 class TableRows(ModelJob):
     """The model job, each output row a table row: (batch id, :func:`row_text` of the row)."""
 
-    def process(self, key: Any, rows: list[dict], ctx: Context) -> list[dict]:
+    def process(self, key: Any, rows: Sequence[dict[str, Any]], ctx: Context) -> list[dict]:
         return [{"batch": ctx.batch_id, "row": row_text(r)} for r in super().process(key, rows, ctx)]
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> list[dict]:
