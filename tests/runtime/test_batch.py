@@ -275,6 +275,9 @@ def test_bulk_list_state_refuses_what_is_not_a_list_per_key(tmp_path):
                 problems.append(str(e.value))
             self.log.add_many(["a"], [[]])
             problems.append(self.log.get_many(["a"]))
+            self.log.update_many(["b", "b"], [[1], []])  # a key given twice: in order, the last one wins
+            self.log.update_many(["c", "c"], [[], [2]])
+            problems.append(self.log.get_many(["b", "c"]))
             return None
 
     with LocalRunner(Bad, key="k", checkpoint_root=str(tmp_path / "c")) as runner:
@@ -282,6 +285,7 @@ def test_bulk_list_state_refuses_what_is_not_a_list_per_key(tmp_path):
     assert problems[0] == "add_many on state 'log': each key's elements must be a list, got 'ab'"
     assert problems[1] == "add_many on state 'log': 2 lists for 1 keys"
     assert "each key's elements must be a list, got 3" in problems[2] and problems[3] == [[]]
+    assert problems[4] == [[], [2]]
 
 
 def test_the_two_apis_share_state_and_outputs(tmp_path):

@@ -3,10 +3,13 @@ argument (or the key, batch and subtask) and the fix, and nothing already checkp
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
-from spate import LocalRunner, Processor, SpateError, ValueStateDescriptor
+from spate import LocalRunner, Processor, SpateError, ValueStateDescriptor, load_checkpoint, verify_checkpoint
+from spate.fs import CheckpointStorage
 
 COUNT = ValueStateDescriptor("count", default=0)
 
@@ -69,3 +72,29 @@ def test_a_processors_exception_carries_its_key_batch_and_subtask(tmp_path):
         with pytest.raises(ZeroDivisionError, match="the user's bug") as e:
             runner.run_batch(1, [{"user": "a"}, {"user": "b"}])
     assert e.value.__notes__ == ["spate: in Boom, batch 1, subtask 0 of 1, key 'b'"]
+
+
+def test_a_new_root_starts_from_an_older_retained_checkpoint_of_another(tmp_path):
+    """The documented way back to an older checkpoint: restore_from='<root>/chk-<n>' into a new root. Subtasks
+    that get no rows in the new root's first batch still hold restored state: the new root must not name the
+    old root's files for it."""
+    old, new = str(tmp_path / "old"), str(tmp_path / "new")
+    users = [f"u{i}" for i in range(20)]
+    with LocalRunner(Count, key="user", checkpoint_root=old, parallelism=2) as runner:
+        for n in range(3):
+            runner.run_batch(n, [{"user": u} for u in users])
+    for parallelism in (2, 3):
+        root = f"{new}-{parallelism}"
+        with LocalRunner(Count, key="user", checkpoint_root=root, parallelism=parallelism,
+                         restore_from=f"{old}/chk-1") as runner:
+            got = [(o["user"], o["count"]) for o in runner.run_batch(0, [{"user": "u0"}]).outputs]
+        assert got == [("u0", 3)], "the state of checkpoint 1 (2 each), not of the latest (3 each)"
+        storage = CheckpointStorage(root)
+        assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+    with pytest.raises(SpateError, match=r"no savepoint or retained checkpoint at .*old/chk-9: .*old/chk-9/_metadata "
+                                         r"is missing .*`spate checkpoints list <root>` shows the retained ones"):
+        LocalRunner(Count, key="user", checkpoint_root=str(tmp_path / "third"), restore_from=f"{old}/chk-9")
+    shutil.rmtree(old)  # the new roots hold all they need
+    with LocalRunner(Count, key="user", checkpoint_root=f"{new}-2", parallelism=2) as runner:
+        got = sorted((o["user"], o["count"]) for o in runner.run_batch(1, [{"user": u} for u in users]).outputs)
+    assert got == sorted((u, 4 if u == "u0" else 3) for u in users)

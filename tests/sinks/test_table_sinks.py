@@ -245,6 +245,29 @@ def test_stopping_deletes_what_retried_attempts_of_committed_batches_staged(tmp_
     assert ds.dataset(str(where), format="parquet").count_rows() == 2
 
 
+def test_a_fenced_driver_never_sweeps_the_files_of_the_batch_a_newer_one_runs(tmp_path: Any) -> None:
+    """The sweep after a failed batch deletes staged files of batches after the latest checkpoint: a driver that
+    another took the root from must not, as those may be the newer driver's running batch."""
+    from spate.errors import FencedError
+
+    where = tmp_path / "out"
+    old = LocalRunner(Count, key="k", checkpoint_root=str(tmp_path / "cp"), output_schema=SCHEMA,
+                      sink=ParquetSink(str(where)))
+    old.run_batch(0, [{"i": 1, "k": "a"}])
+    new = LocalRunner(Count, key="k", checkpoint_root=str(tmp_path / "cp"), output_schema=SCHEMA,
+                      sink=ParquetSink(str(where)))
+    app = new.coordinator.query.query_id.replace("-", "")[:32]
+    running = f"{app}-{1:012d}-00000-0123456789ab.parquet"  # the newer driver's batch 1, not committed yet
+    (where / STAGING_DIR / running).write_bytes(b"x")
+    assert old._driver.committer is not None
+    with pytest.raises(FencedError):
+        old._driver.committer.clean()
+    assert os.listdir(where / STAGING_DIR) == [running]
+    old.close()  # its own sweep at the end deletes only committed batches' files
+    assert os.listdir(where / STAGING_DIR) == [running]
+    new.close()
+
+
 def test_delta_and_iceberg_hold_one_commit_per_batch_with_its_token(tmp_path: Any) -> None:
     from deltalake import DeltaTable
     delta, ice = str(tmp_path / "delta"), str(tmp_path / "ice")

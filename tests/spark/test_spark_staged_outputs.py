@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 from pyspark import cloudpickle
@@ -72,3 +73,9 @@ def test_parquet_staging_only_where_spark_reads_the_root_by_path(tmp_path):
     with pytest.raises(ValueError, match=r"staged_outputs='parquet' needs a checkpoint root Spark reads by path.*"
                                          r"use staged_outputs='auto' or 'arrow'"):
         staged_format("parquet", store)
+    globbed = CheckpointStorage(str(tmp_path / "runs[1]"))  # Hadoop would read [1] as a character class
+    assert staged_format("auto", globbed) == "arrow"
+    nulls = pa.schema([("user", pa.string()), ("nothing", pa.null())])
+    assert staged_format("auto", local, nulls) == "arrow"
+    with pytest.raises(ValueError, match=r"reads no column of the null type"):
+        staged_format("parquet", local, nulls)

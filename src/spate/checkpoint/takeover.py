@@ -11,6 +11,7 @@ is reported as :class:`~spate.errors.FencedError`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -157,7 +158,8 @@ class TakeOver:
             raise CheckpointError(f"no savepoint or retained checkpoint at {self.restore_from}: {source.path(rel)} "
                                   "is missing (a checkpoint of another root is named <root>/chk-<n>; `spate "
                                   "checkpoints list <root>` shows the retained ones)")
-        return read_metadata(source, rel)
+        # a checkpoint of another root is restored as a savepoint: its files are that root's, never reused here
+        return dataclasses.replace(read_metadata(source, rel), is_savepoint=True)
 
     # -- fencing --------------------------------------------------------------------------------------
     def check(self) -> None:

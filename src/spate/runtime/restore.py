@@ -261,7 +261,8 @@ class StateRecovery:
             _discard(table, clog, destroy=True)
             raise
         # the restored handles describe the state only if there is no changelog part to them
-        reusable = plan.base_checkpoint_id is not None and not plan.base_is_savepoint and not plan.changelog
+        reusable = (plan.base_checkpoint_id is not None and not plan.base_is_savepoint and not plan.changelog
+                    and plan.base_uri == plan.checkpoint_uri)  # handles of another root are never this root's
         handles = (plan.base_checkpoint_id, list(plan.keyed)) if reusable else None
         return self._recovered(plan, table, clog, operator, full_restore(plan, _ms_since(started)),
                                _nonzero(replayed_change_sets=len(plan.changelog)),

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from spate.checkpoint.coordinator import Coordinator
+from spate.checkpoint.discovery import metadata_ids
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.sinks.table_sink import TableSink
 
@@ -42,8 +43,11 @@ class TableCommitter:
         batches after the latest complete checkpoint. Between batches and at the end only the former: a newer
         driver that took the root over meanwhile may be running the next batch."""
         self._since_clean = 0
-        latest = self.coordinator.latest
-        after = None if committed_only else (latest.checkpoint_id if latest is not None else -1)
+        after = None
+        if not committed_only:
+            self.coordinator.take_over.check()  # a newer driver may be running a batch: its files are not ours
+            # every metadata file counts, also one whose write was reported failed after it went through
+            after = max(metadata_ids(self.coordinator.storage), default=-1)
         deleted = self.sink.clean_staging(self.coordinator.delivery.delivered_upto(), after)
         if deleted:
             log.info("%r: deleted %d staged data files of attempts that never completed", self.sink, len(deleted))

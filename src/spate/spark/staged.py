@@ -20,21 +20,34 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.fs import CheckpointStorage, LocalStorage, storage_for
 from spate.snapshot.outputs import PARQUET, OutputsHandle, read_outputs_table
 
+_GLOB = "*?[]{}\\"  # characters Hadoop's globbing of paths interprets
+_VERIFY_CHECKSUMS = "parquet.page.verify-checksum.enabled"
+
 
 def spark_readable(storage: CheckpointStorage) -> bool:
-    """Whether Spark reads files of ``storage`` by their path as it is: a local or mounted shared file system.
-    Object stores need Hadoop connectors (``s3a://``) whose configuration spate does not know."""
-    return isinstance(storage, LocalStorage)
+    """Whether Spark reads files of ``storage`` by their path as it is: a local or mounted shared file system
+    whose root has no character Hadoop's path globbing would interpret. Object stores need Hadoop connectors
+    (``s3a://``) whose configuration spate does not know."""
+    return isinstance(storage, LocalStorage) and not any(c in storage.root for c in _GLOB)
 
 
-def staged_format(setting: str, storage: CheckpointStorage) -> str:
-    """How subtasks stage outputs for a function sink: the ``staged_outputs`` setting (``"auto"``,
-    ``"parquet"`` or ``"arrow"``) resolved for ``storage``."""
+def parquet_writable(schema: pa.Schema | None) -> bool:
+    """Whether Spark's Parquet source reads outputs of ``schema`` (it refuses columns of the null type)."""
+    return schema is None or not any(pa.types.is_null(f.type) for f in schema)
+
+
+def staged_format(setting: str, storage: CheckpointStorage, schema: pa.Schema | None = None) -> str:
+    """How subtasks stage outputs of ``schema`` for a function sink: the ``staged_outputs`` setting
+    (``"auto"``, ``"parquet"`` or ``"arrow"``) resolved for ``storage``."""
     if setting == "auto":
-        return PARQUET if spark_readable(storage) else "arrow"
+        return PARQUET if spark_readable(storage) and parquet_writable(schema) else "arrow"
     if setting == PARQUET and not spark_readable(storage):
         raise ValueError(f"staged_outputs='parquet' needs a checkpoint root Spark reads by path (a local or "
-                         f"mounted file system); {storage.uri} is not one: use staged_outputs='auto' or 'arrow'")
+                         f"mounted file system, no glob characters {_GLOB!r} in its path); {storage.uri} is not "
+                         "one: use staged_outputs='auto' or 'arrow'")
+    if setting == PARQUET and not parquet_writable(schema):
+        raise ValueError("staged_outputs='parquet': Spark's Parquet source reads no column of the null type, which "
+                         "the output schema has: use staged_outputs='auto' or 'arrow'")
     return setting
 
 
@@ -46,7 +59,8 @@ def staged_outputs_frame(spark: Any, storage: CheckpointStorage, meta: Checkpoin
         return spark.createDataFrame([], output_schema)
     if spark_readable(storage) and all(h.serializer == PARQUET for h in handles):
         paths = [f"file://{storage.path(h.path)}" for h in handles]
-        return spark.read.schema(output_schema).parquet(*paths)
+        # Spark's reader is asked to verify the page checksums spate wrote
+        return spark.read.schema(output_schema).option(_VERIFY_CHECKSUMS, "true").parquet(*paths)
     encoded = [h.to_dict() for h in handles]
     uri = storage.uri
 

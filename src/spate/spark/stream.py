@@ -177,8 +177,8 @@ class StatefulStream:
         check_executor_python(self.spark)
         self.table_sink = sink if isinstance(sink, TableSink) else None
         self.sink = None if self.table_sink is not None else cast("Sink | None", sink)  # not a TableSink
-        self.staged_format = (staged_format(s.staged_outputs, storage_for(s.checkpoint_root)) if self.sink
-                              else "arrow")
+        self.staged_format = (staged_format(s.staged_outputs, storage_for(s.checkpoint_root),
+                                            self.arrow_output_schema) if self.sink else "arrow")
         self.run_id = uuid.uuid4().hex
         previous = self._driver  # a start after close(): its parallelism (in s) and a rescale not applied yet go on
         self._driver = driver = QueryDriver(s, idle=self._idle, autoscale=self._autoscale_policy,

@@ -184,10 +184,17 @@ class BulkListState(BulkState):
         """Replace each key's list with its one of ``lists`` (an empty one clears it)."""
         kgs, primaries = self._primaries(keys)
         encoded = self._encode(lists, "update_many", len(primaries))
-        for kg, primary, data in zip(kgs, primaries, encoded, strict=True):
-            if not data:
-                self._table.delete(kg, primary)
-        self._table.put_many([(kg, p, d) for kg, p, d in zip(kgs, primaries, encoded, strict=True) if d])
+        if len(set(primaries)) < len(primaries):  # a key given twice: in order, the last one wins
+            for kg, primary, data in zip(kgs, primaries, encoded, strict=True):
+                if data:
+                    self._table.put(kg, primary, data)
+                else:
+                    self._table.delete(kg, primary)
+        else:
+            for kg, primary, data in zip(kgs, primaries, encoded, strict=True):
+                if not data:
+                    self._table.delete(kg, primary)
+            self._table.put_many([(kg, p, d) for kg, p, d in zip(kgs, primaries, encoded, strict=True) if d])
         self._b.dirty = True
 
     def clear_many(self, keys: KeySet | Sequence[Any]) -> None:
