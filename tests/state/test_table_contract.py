@@ -27,7 +27,7 @@ BASE_RANGE = range(2, 4)  # the overlay's base owns these key groups (it starts 
 VALUE_SIDS, MAP_SIDS = (0, 1), (2, 3)
 KEYS = range(3)  # few keys: operations meet the same entries often
 MAP_SID_PREFIXES = frozenset(U16.pack(sid) for sid in MAP_SIDS)
-KINDS = ("heap", "lmdb", "overlay", "changelog")
+KINDS = ("heap", "lmdb", "overlay", "changelog", "changelog-lmdb")
 
 
 def primary(sid: int, key: int) -> bytes:
@@ -72,7 +72,8 @@ def _new_table(kind: str, tmp, closers: list[Callable[[], None]]) -> StateTable:
     storage = CheckpointStorage(str(tmp))
     scheduler = BatchingUploadScheduler(storage, UploadConfig(), change_files(storage))
     closers.append(scheduler.close)
-    return ChangelogTable(HeapTable(), ChangelogWriter("contract", scheduler, preemptive_threshold=1 << 30))
+    inner = LmdbTable(str(tmp / "t")) if kind == "changelog-lmdb" else HeapTable()
+    return ChangelogTable(inner, ChangelogWriter("contract", scheduler, preemptive_threshold=1 << 30))
 
 
 value_entry = st.tuples(st.sampled_from(KGS), st.sampled_from(VALUE_SIDS), st.sampled_from(KEYS))
@@ -81,6 +82,8 @@ map_entry = st.tuples(st.sampled_from(KGS), st.sampled_from(MAP_SIDS), st.sample
 data = st.binary(min_size=1, max_size=6)
 ops = st.lists(st.one_of(
     st.tuples(st.just("put"), value_entry, data),
+    st.tuples(st.just("put_existed"), value_entry, data),
+    st.tuples(st.just("map_put_existed"), map_entry, data),
     st.tuples(st.just("append"), value_entry, data),
     st.tuples(st.just("delete"), value_entry, st.none()),
     st.tuples(st.just("put_many"), st.lists(st.tuples(value_entry, data), max_size=4), st.none()),
@@ -94,10 +97,13 @@ Model = dict[tuple[int, bytes, bytes], bytes]  # (key group, primary, user key: 
 
 
 def _apply(table: StateTable, model: Model, op: str, arg, value) -> None:
-    if op in ("put", "append", "delete"):
+    if op in ("put", "put_existed", "append", "delete"):
         kg, sid, key = arg
         p = primary(sid, key)
-        if op == "put":
+        if op == "put_existed":
+            assert table.put_existed(kg, p, value) == ((kg, p, b"") in model)
+            model[(kg, p, b"")] = value
+        elif op == "put":
             table.put(kg, p, value)
             model[(kg, p, b"")] = value
         elif op == "append":
@@ -110,10 +116,13 @@ def _apply(table: StateTable, model: Model, op: str, arg, value) -> None:
         entries = [(kg, primary(sid, key), v) for (kg, sid, key), v in arg]
         table.put_many(entries)
         model.update({(kg, p, b""): v for kg, p, v in entries})
-    elif op in ("map_put", "map_delete", "delete_map"):
+    elif op in ("map_put", "map_put_existed", "map_delete", "delete_map"):
         kg, sid, key, user_key = arg
         p = primary(sid, key)
-        if op == "map_put":
+        if op == "map_put_existed":
+            assert table.map_put_existed(kg, p, user_key, value) == ((kg, p, user_key) in model)
+            model[(kg, p, user_key)] = value
+        elif op == "map_put":
             table.map_put(kg, p, user_key, value)
             model[(kg, p, user_key)] = value
         elif op == "map_delete":

@@ -47,6 +47,9 @@ class LmdbTable(LmdbWriter, StateTable):
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
         self._put(KG_PREFIXES[kg] + primary, value)
 
+    def put_existed(self, kg: int, primary: bytes, value: bytes) -> bool:
+        return self._put(KG_PREFIXES[kg] + primary, value)
+
     def get_many(self, kgs: Sequence[int], primaries: Sequence[bytes]) -> list[bytes | None]:
         get = (self._txn or self._begin()).get
         return cast("list[bytes | None]", [get(KG_PREFIXES[kg] + p) for kg, p in zip(kgs, primaries, strict=True)])
@@ -92,6 +95,9 @@ class LmdbTable(LmdbWriter, StateTable):
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
         self._put(KG_PREFIXES[kg] + primary + user_key, value)
+
+    def map_put_existed(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> bool:
+        return self._put(KG_PREFIXES[kg] + primary + user_key, value)
 
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
         self._delete(KG_PREFIXES[kg] + primary + user_key)

@@ -116,18 +116,19 @@ class LmdbWriter:
             self._digest = digest & MASK64
         return old is not None
 
-    def _put(self, key: bytes, value: bytes) -> None:
-        """The one writer: put in the open transaction, remember it for a replay after map growth."""
+    def _put(self, key: bytes, value: bytes) -> bool:
+        """The one writer: put in the open transaction, remember it for a replay after map growth; True if
+        the entry existed."""
         txn = self._txn or self._begin()
         try:
-            self._apply(txn, key, value)
+            existed = self._apply(txn, key, value)
         except (lmdb.MapFullError, lmdb.BadValsizeError) as e:
-            self._recover(e, key, value)
-            return
+            return self._recover(e, key, value)
         ops = self._ops
         ops.append((key, value))
         if len(ops) >= self._commit_every:
             self.commit()
+        return existed
 
     def _delete(self, key: bytes) -> bool:
         try:
@@ -139,13 +140,13 @@ class LmdbWriter:
             self._ops.append((key, None))
         return deleted
 
-    def _recover(self, error: Exception, key: bytes, value: bytes) -> None:
+    def _recover(self, error: Exception, key: bytes, value: bytes) -> bool:
         if isinstance(error, lmdb.BadValsizeError):
             raise SpateError(f"state key of {len(key)} bytes is too large for the lmdb table (limit "
                              f"{MAX_LMDB_KEY} bytes incl. key group, state id and namespace); use shorter keys "
                              "or the heap table") from error
         self._grow_and_replay()
-        self._put(key, value)
+        return self._put(key, value)
 
     def _grow_and_replay(self) -> None:
         assert self._txn is not None

@@ -30,6 +30,12 @@ class StateTable(ABC):
     @abstractmethod
     def put(self, kg: int, primary: bytes, value: bytes) -> None: ...
 
+    def put_existed(self, kg: int, primary: bytes, value: bytes) -> bool:
+        """``put``, and whether an entry was there before (the changelog asks; lmdb knows it for free)."""
+        existed = self.get(kg, primary) is not None
+        self.put(kg, primary, value)
+        return existed
+
     def append(self, kg: int, primary: bytes, data: bytes) -> None:
         """Append ``data`` to the value at ``primary`` (list state adds elements this way)."""
         old = self.get(kg, primary)
@@ -55,6 +61,12 @@ class StateTable(ABC):
 
     @abstractmethod
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None: ...
+
+    def map_put_existed(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> bool:
+        """``map_put``, and whether the entry was there before."""
+        existed = self.map_get(kg, primary, user_key) is not None
+        self.map_put(kg, primary, user_key, value)
+        return existed
 
     @abstractmethod
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None: ...
@@ -121,6 +133,9 @@ class WrappedTable(StateTable):
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
         self.inner.put(kg, primary, value)
 
+    def put_existed(self, kg: int, primary: bytes, value: bytes) -> bool:
+        return self.inner.put_existed(kg, primary, value)
+
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
         self.inner.put_many(entries)
 
@@ -135,6 +150,9 @@ class WrappedTable(StateTable):
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
         self.inner.map_put(kg, primary, user_key, value)
+
+    def map_put_existed(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> bool:
+        return self.inner.map_put_existed(kg, primary, user_key, value)
 
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
         self.inner.map_delete(kg, primary, user_key)

@@ -33,6 +33,9 @@ class TimedTable(WrappedTable):
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
         self._timed(self.inner.put, kg, primary, value)
 
+    def put_existed(self, kg: int, primary: bytes, value: bytes) -> bool:
+        return self._timed(self.inner.put_existed, kg, primary, value)
+
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
         self._timed(self.inner.put_many, entries)
 
@@ -47,6 +50,9 @@ class TimedTable(WrappedTable):
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
         self._timed(self.inner.map_put, kg, primary, user_key, value)
+
+    def map_put_existed(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> bool:
+        return self._timed(self.inner.map_put_existed, kg, primary, user_key, value)
 
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
         self._timed(self.inner.map_delete, kg, primary, user_key)
