@@ -17,8 +17,8 @@ from pyspark import cloudpickle
 from spate import (
     ListStateDescriptor,
     LocalRunner,
-    MapStateDescriptor,
     Processor,
+    ReducingStateDescriptor,
     ValueStateDescriptor,
     keyed_state_entries,
     load_checkpoint,
@@ -331,8 +331,8 @@ def test_bulk_state_reads_defaults_clears_with_none_and_refuses_foreign_keys(tmp
             seen["before"] = self.count.get_many(["a", "zz"])
             self.count.put_many(["a", "zz"], [5, None])
             seen["after"] = self.count.get_many(["a", "zz"])
-            with pytest.raises(TypeError, match=r"value and list state; 'm' is MapStateDescriptor: use state"):
-                ctx.bulk_state(MapStateDescriptor("m"))
+            with pytest.raises(TypeError, match=r"value, list and map state; 'r' is ReducingStateDescriptor: use"):
+                ctx.bulk_state(ReducingStateDescriptor("r", max))
             return None
 
     with LocalRunner(Bulk, key="k", checkpoint_root=str(tmp_path / "c"), parallelism=1) as runner:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spate.keygroups import normalize_key
+from spate.runtime.fired_timers import FiredTimers
 from spate.runtime.processor import Context, Row, to_epoch_ms
 from spate.serde import encode_keys
 
@@ -323,7 +324,8 @@ class BatchProcessor(ABC):
     then :meth:`~spate.state.bulk.BulkValueState.get_many`), computes with numpy or Arrow, writes with
     :meth:`~spate.state.bulk.BulkValueState.put_many` and returns the outputs as columns. Checkpoints, the
     changelog, rescaling and operator state behave exactly as for a :class:`~spate.runtime.processor.Processor`,
-    and the state is the same: the two APIs can read each other's state. Timers need a per-key processor.
+    and the state is the same: the two APIs can read each other's state. Timers too are registered in bulk
+    (``ctx.bulk_timers().register_many(keys, timestamps)``) and come due together in :meth:`on_timers`.
     """
 
     def open(self, ctx: Context) -> None:
@@ -334,12 +336,27 @@ class BatchProcessor(ABC):
         """Handle the batch; return the output rows as columns: a ``pyarrow`` table or record batch, or a
         mapping of column name to values (list, numpy array or Arrow array), or None for no rows."""
 
+    def on_timers(self, timers: FiredTimers, ctx: Context) -> Columns | None:
+        """Every timer of one time domain (``timers.domain``, also ``ctx.timer_domain``) due in this batch,
+        after :meth:`process_batch`: processing-time timers at the batch's processing time, then event-time
+        timers at its watermark. They are removed before the call; timers registered here that are already due
+        come in a further call. Returns output columns as :meth:`process_batch` does."""
+        return None
+
     def end_batch(self, ctx: Context) -> Iterable[Row] | None:
-        """Called once per subtask after :meth:`process_batch` (operator state goes here)."""
+        """Called once per subtask after :meth:`process_batch` and :meth:`on_timers` (operator state goes
+        here)."""
         return None
 
     def close(self) -> None:
         """Release resources; state is already checkpointed."""
 
 
-__all__ = ["BatchProcessor", "KeyRows", "KeyedBatch"]
+def uses_timers(processor: Any) -> bool:
+    """Whether a processor (instance or class) may have timers: every per-key one, and a
+    :class:`BatchProcessor` that overrides :meth:`~BatchProcessor.on_timers`."""
+    cls = processor if isinstance(processor, type) else type(processor)
+    return not issubclass(cls, BatchProcessor) or cls.on_timers is not BatchProcessor.on_timers
+
+
+__all__ = ["BatchProcessor", "FiredTimers", "KeyRows", "KeyedBatch", "uses_timers"]

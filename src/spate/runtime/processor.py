@@ -9,7 +9,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any, overload
 
 from spate.state.bulk import BulkListState, BulkValueState
-from spate.state.descriptors import ListStateDescriptor, StateDescriptor, ValueStateDescriptor
+from spate.state.bulk_map import BulkMapState
+from spate.state.bulk_timers import BulkTimers
+from spate.state.descriptors import ListStateDescriptor, MapStateDescriptor, StateDescriptor, ValueStateDescriptor
 from spate.state.keyed import KeyedStateBackend
 from spate.state.operator import BroadcastState, ListOperatorState, OperatorStateBackend
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
@@ -47,16 +49,27 @@ class Context:
     @overload
     def bulk_state(self, descriptor: ListStateDescriptor) -> BulkListState: ...
 
-    def bulk_state(self, descriptor: StateDescriptor) -> BulkValueState | BulkListState:
-        """Value or list state of many keys at once, for a ``BatchProcessor``: the same state
+    @overload
+    def bulk_state(self, descriptor: MapStateDescriptor) -> BulkMapState: ...
+
+    def bulk_state(self, descriptor: StateDescriptor) -> BulkValueState | BulkListState | BulkMapState:
+        """Value, list or map state of many keys at once, for a ``BatchProcessor``: the same state
         ``state(descriptor)`` gives key by key. Value state: ``get_many`` / ``put_many`` / ``clear_many``; list
-        state: ``get_many`` / ``add_many`` / ``update_many`` / ``clear_many``."""
+        state: ``get_many`` / ``add_many`` / ``update_many`` / ``clear_many``; map state: whole maps
+        (``get_many`` / ``put_many`` / ``update_many`` / ``clear_many``) or one entry per key
+        (``get_entries`` / ``put_entries`` / ``remove_entries``)."""
         if isinstance(descriptor, ValueStateDescriptor):
             return BulkValueState(self._keyed, self._keyed.get_state(descriptor))
         if isinstance(descriptor, ListStateDescriptor):
             return BulkListState(self._keyed, self._keyed.get_state(descriptor))
-        raise TypeError(f"bulk_state supports value and list state; {descriptor.name!r} is "
+        if isinstance(descriptor, MapStateDescriptor):
+            return BulkMapState(self._keyed, self._keyed.get_state(descriptor))
+        raise TypeError(f"bulk_state supports value, list and map state; {descriptor.name!r} is "
                         f"{type(descriptor).__name__}: use state(descriptor) key by key")
+
+    def bulk_timers(self) -> BulkTimers:
+        """Timers of many keys at once, for a ``BatchProcessor`` (its ``on_timers`` receives them when due)."""
+        return BulkTimers(self._keyed, self._keyed.timers)
 
     @property
     def key(self) -> Any:

@@ -20,6 +20,7 @@ from spate.checkpoint.ackinfo import RESCALED, REUSED, RecoveryInfo
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.errors import short_repr
 from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyedRow
+from spate.runtime.fired_timers import FiredTimers
 from spate.runtime.outputs import NO_KEY, OutputBuffer, Outputs
 from spate.runtime.processor import Context, Processor, Row
 from spate.runtime.profile import PhaseClock, table_seconds
@@ -238,6 +239,9 @@ class Subtask:
                 raise ValueError("a BatchProcessor takes no initial state: bootstrap its state with a savepoint")
             ctx.watermark_ms = plan.watermark_ms
             out.add_columns(proc.process_batch(batch, ctx), "process_batch")
+            self._fire_bulk(PROCESSING_TIME, plan.processing_time_ms, out)
+            if plan.watermark_ms is not None:
+                self._fire_bulk(EVENT_TIME, plan.watermark_ms, out)
         else:
             ctx.watermark_ms = watermark = _floored(plan.watermark_ms, proc.watermark_floor_ms)
             proc.start_batch(ctx)
@@ -275,6 +279,16 @@ class Subtask:
             ctx.timer_namespace = namespace
             out.extend(proc.on_timer(keyed.current_key, ts, ctx), "on_timer", keyed.current_key)
         ctx.timer_domain = ctx.timer_namespace = None
+
+    def _fire_bulk(self, domain: str, up_to: int, out: OutputBuffer) -> None:
+        """A ``BatchProcessor``'s due timers of ``domain``, all at once (again while ``on_timers`` registers
+        timers that are already due)."""
+        keyed, ctx, proc = self.keyed, self.ctx, self.processor
+        assert keyed is not None and ctx is not None and isinstance(proc, BatchProcessor)
+        ctx.timer_domain = domain
+        while len(fired := FiredTimers.take(keyed.timers, domain, up_to)):
+            out.add_columns(proc.on_timers(fired, ctx), "on_timers")
+        ctx.timer_domain = None
 
     def _snapshot(self, plan: SubtaskPlan, batch: KeyedBatch, out: Outputs) -> Callable[[], SubtaskAck]:
         """Start writing the batch's snapshot; the returned function waits until it is durable and acks."""

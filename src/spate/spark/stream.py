@@ -24,7 +24,7 @@ from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.fs import storage_for
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision, progress_observation
-from spate.runtime.batch import BatchProcessor
+from spate.runtime.batch import uses_timers
 from spate.runtime.idle import IdleBatches
 from spate.runtime.processor import Processor
 from spate.runtime.query import QueryDriver
@@ -70,9 +70,10 @@ class StatefulStream:
             (Kafka's offsets behind latest); :meth:`summary` and each rescaling checkpoint say what it decided.
         idle_batches: run a batch without input when a timer is due or the watermark moves (Spark does this
             for its own stateful operators), by adding a source of ticks to the query (:mod:`spate.spark.ticks`).
-            On by default for per-key processors (a :class:`BatchProcessor` has no timers) from pyspark 4.2 on,
-            unless the session turns Spark's own off (``spark.sql.streaming.noDataMicroBatches.enabled=false``);
-            before 4.2, opt in (there ``Trigger.AvailableNow`` then runs as one batch). It changes the sources of
+            On by default for processors with timers (per-key ones, and a :class:`BatchProcessor` that defines
+            ``on_timers``) from pyspark 4.2 on, unless the session turns Spark's own off
+            (``spark.sql.streaming.noDataMicroBatches.enabled=false``); before 4.2, opt in (there
+            ``Trigger.AvailableNow`` then runs as one batch). It changes the sources of
             Spark's checkpoint, so a root keeps the setting it started with.
 
     :meth:`rescale` changes the parallelism of the running query from its next batch on (no restart).
@@ -95,10 +96,8 @@ class StatefulStream:
         if not self.key_columns or missing:
             raise ValueError(f"key columns {missing or '(none)'} are not columns of the stream {df.columns}")
         self.factory = processor_factory(processor)
-        is_batch = isinstance(processor, BatchProcessor) or (isinstance(processor, type)
-                                                            and issubclass(processor, BatchProcessor))
         if idle_batches is None:
-            idle_batches = not is_batch and AVAILABLE_NOW and no_data_batches_enabled(self.spark)
+            idle_batches = uses_timers(processor) and AVAILABLE_NOW and no_data_batches_enabled(self.spark)
         self.idle_batches = idle_batches
         self._idle = IdleBatches.of(processor) if isinstance(processor, (Processor, type)) else IdleBatches()
         self._wake: WakeFile | None = None

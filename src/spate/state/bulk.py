@@ -3,40 +3,26 @@ processors that handle a whole batch at once (``BatchProcessor``). The entries a
 :class:`~spate.state.keyed.ValueState` and :class:`~spate.state.keyed.ListState` read and write: the two views
 of one state agree.
 
-Keys are given either as a list of keys (their key groups computed here) or as any object with
-``key_groups`` and ``encoded_keys`` (a ``KeyedBatch``: computed once per batch).
+Keys are given as :mod:`spate.state.bulk_keys` describes: a sequence of keys, or a ``KeyedBatch``.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from spate.errors import InvalidKeyError, short_repr
-from spate.keygroups import normalize_key
-from spate.serde import encode_keys, packb_many
+from spate.errors import short_repr
+from spate.serde import packb_many
+from spate.state.bulk_keys import Keys, KeySet, key_parts, plain_values
 from spate.state.keyed import KeyedStateBackend
 from spate.state.keyed_states import IMMUTABLE_TYPES, KeyedState, ListState, ValueState, encode_error
-from spate.state.layout import U16, VOID_NAMESPACE_PART
+from spate.state.layout import VOID_NAMESPACE_PART
 from spate.state.stored import pack_expiry, unpack_expiry
-
-_U16_PACK = U16.pack
-_MAX_KEY_BYTES = 0xFFFF
-
-
-class KeySet(Protocol):
-    """Keys with their key groups and encodings already computed."""
-
-    @property
-    def key_groups(self) -> Sequence[int]: ...
-
-    @property
-    def encoded_keys(self) -> list[bytes]: ...
 
 
 class BulkState:
-    """What bulk views of one keyed state share: the keys' key groups and primary keys, checked.
+    """What bulk views of one keyed state share: the keys' key groups and primaries (default namespace).
 
     Args:
         backend: the subtask's keyed state backend.
@@ -55,44 +41,16 @@ class BulkState:
     def name(self) -> str:
         return self._state.name
 
-    def _primaries(self, keys: KeySet | Sequence[Any]) -> tuple[Sequence[int], list[bytes]]:
+    def _primaries(self, keys: Keys) -> tuple[Sequence[int], list[bytes]]:
         """(key groups, primaries) of ``keys`` in the default namespace; the last answer is kept, so a batch's
         ``get_many`` and ``put_many`` compute them once."""
         if self._last is not None and self._last[0] is keys:
             return self._last[1], self._last[2]
-        if hasattr(keys, "encoded_keys") and hasattr(keys, "key_groups"):
-            kgs, encoded = keys.key_groups, keys.encoded_keys  # type: ignore[union-attr]
-        else:
-            normalized = [normalize_key(k) for k in keys]  # type: ignore[union-attr]
-            kgs = [self._b._hash(k) % self._b.max_parallelism for k in normalized]
-            encoded = encode_keys(normalized)
-        if len(kgs) != len(encoded):
-            raise ValueError(f"{len(kgs)} key groups for {len(encoded)} keys")
-        self._check(kgs, encoded)
+        kgs, parts = key_parts(self._b, keys)
         sid, ns = self._sid, VOID_NAMESPACE_PART
-        primaries = [sid + _U16_PACK(len(kb)) + kb + ns for kb in encoded]
+        primaries = [sid + part + ns for part in parts]
         self._last = (keys, kgs, primaries)
         return kgs, primaries
-
-    def _check(self, kgs: Sequence[int], encoded: list[bytes]) -> None:
-        """Every key in a key group of this subtask, and not too long."""
-        owned = self._b.key_groups
-        if kgs and (min(kgs) < owned.start or max(kgs) >= owned.stop):
-            kg, kb = next((kg, kb) for kg, kb in zip(kgs, encoded, strict=True) if kg not in owned)
-            raise self._bad_key(kg, kb)
-        if encoded and max(map(len, encoded)) > _MAX_KEY_BYTES:
-            kg, kb = next((kg, kb) for kg, kb in zip(kgs, encoded, strict=True) if len(kb) > _MAX_KEY_BYTES)
-            raise self._bad_key(kg, kb)
-
-    def _bad_key(self, kg: int, kb: bytes) -> Exception:
-        from spate.serde import decode_key
-
-        key = decode_key(kb)
-        if len(kb) > _MAX_KEY_BYTES:
-            return InvalidKeyError(f"key {short_repr(key)} encodes to {len(kb)} bytes; the limit is 65535")
-        return ValueError(f"key {short_repr(key)} is in key group {kg}, which this subtask does not own "
-                          f"({self._b.key_groups.start}..{self._b.key_groups.stop - 1})")
-
 
 
 class BulkValueState(BulkState):
@@ -105,7 +63,7 @@ class BulkValueState(BulkState):
         self._default = state.descriptor.default  # type: ignore[attr-defined]
         self._copy_default = not isinstance(self._default, IMMUTABLE_TYPES)
 
-    def get_many(self, keys: KeySet | Sequence[Any]) -> list[Any]:
+    def get_many(self, keys: Keys) -> list[Any]:
         """The value of each key (the descriptor's default where there is none), in the order of ``keys``."""
         kgs, primaries = self._primaries(keys)
         raws = self._table.get_many(kgs, primaries)
@@ -120,10 +78,10 @@ class BulkValueState(BulkState):
                 out.append(loads(raw))
         return out
 
-    def put_many(self, keys: KeySet | Sequence[Any], values: Sequence[Any]) -> None:
+    def put_many(self, keys: Keys, values: Sequence[Any]) -> None:
         """Set the value of each key; a ``None`` value clears that key's."""
         kgs, primaries = self._primaries(keys)
-        values = _plain_values(values)
+        values = plain_values(values)
         if len(values) != len(primaries):
             raise ValueError(f"put_many on state {self.name!r}: {len(values)} values for {len(primaries)} keys")
         expiry = pack_expiry(self._b.now_ms + self._ttl) if self._ttl else b""
@@ -153,7 +111,7 @@ class BulkValueState(BulkState):
                     raise encode_error(self._state, value, e) from e
             raise
 
-    def clear_many(self, keys: KeySet | Sequence[Any]) -> None:
+    def clear_many(self, keys: Keys) -> None:
         """Remove the value of each key."""
         self.put_many(keys, [None] * len(self._primaries(keys)[1]))
 
@@ -164,13 +122,13 @@ class BulkListState(BulkState):
 
     _state: ListState
 
-    def get_many(self, keys: KeySet | Sequence[Any]) -> list[list[Any]]:
+    def get_many(self, keys: Keys) -> list[list[Any]]:
         """The elements of each key's list (empty where there are none), in the order of ``keys``."""
         kgs, primaries = self._primaries(keys)
         decode = self._state._decode
         return [decode(raw) if raw else [] for raw in self._table.get_many(kgs, primaries)]
 
-    def add_many(self, keys: KeySet | Sequence[Any], lists: Sequence[Any]) -> None:
+    def add_many(self, keys: Keys, lists: Sequence[Any]) -> None:
         """Append each of ``lists`` to its key's list (an empty one adds nothing)."""
         kgs, primaries = self._primaries(keys)
         encoded = self._encode(lists, "add_many", len(primaries))
@@ -180,7 +138,7 @@ class BulkListState(BulkState):
                 append(kg, primary, data)
         self._b.dirty = True
 
-    def update_many(self, keys: KeySet | Sequence[Any], lists: Sequence[Any]) -> None:
+    def update_many(self, keys: Keys, lists: Sequence[Any]) -> None:
         """Replace each key's list with its one of ``lists`` (an empty one clears it)."""
         kgs, primaries = self._primaries(keys)
         encoded = self._encode(lists, "update_many", len(primaries))
@@ -197,12 +155,12 @@ class BulkListState(BulkState):
             self._table.put_many([(kg, p, d) for kg, p, d in zip(kgs, primaries, encoded, strict=True) if d])
         self._b.dirty = True
 
-    def clear_many(self, keys: KeySet | Sequence[Any]) -> None:
+    def clear_many(self, keys: Keys) -> None:
         """Remove each key's list."""
         self.update_many(keys, [()] * len(self._primaries(keys)[1]))
 
     def _encode(self, lists: Sequence[Any], op: str, n: int) -> list[bytes]:
-        lists = _plain_values(lists)
+        lists = plain_values(lists)
         if len(lists) != n:
             raise ValueError(f"{op} on state {self.name!r}: {len(lists)} lists for {n} keys")
         element, state = self._state._element, self._state
@@ -212,19 +170,10 @@ class BulkListState(BulkState):
                 raise TypeError(f"{op} on state {self.name!r}: each key's elements must be a list, got "
                                 f"{short_repr(values)}")
             try:
-                out.append(b"".join(element(v) for v in _plain_values(values)))
+                out.append(b"".join(element(v) for v in plain_values(values)))
             except Exception as e:  # noqa: BLE001
                 raise encode_error(state, values, e) from e
         return out
-
-
-def _plain_values(values: Any) -> Sequence[Any]:
-    """Python values of a list, numpy array or Arrow array (numpy scalars do not serialize)."""
-    if hasattr(values, "tolist"):
-        return values.tolist()
-    if hasattr(values, "to_pylist"):
-        return values.to_pylist()
-    return values
 
 
 __all__ = ["BulkListState", "BulkState", "BulkValueState", "KeySet"]

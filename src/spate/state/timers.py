@@ -7,6 +7,7 @@ from the table on open, so firing in timestamp order is O(log n) per timer.
 
 from __future__ import annotations
 
+import builtins
 import heapq
 import struct
 from collections.abc import Iterator
@@ -51,30 +52,39 @@ class TimerService:
     def _primary(self, domain: str, namespace: Any) -> bytes:
         if self._b._kg < 0:
             raise RuntimeError("timers belong to a key: register and delete them in process() or on_timer()")
+        return self.primary_of(domain, self._b._key_part, namespace)
+
+    def primary_of(self, domain: str, key_part: bytes, namespace: Any = None) -> bytes:
+        """The primary of a key's timers (``key_part``: the key's length-prefixed bytes) in ``namespace``."""
         ns = length_prefixed(b"" if namespace is None else encode_key(namespace))
-        return self._prefix[self._domain(domain)] + self._b._key_part + ns
+        return self._prefix[self._domain(domain)] + key_part + ns
 
     def register(self, domain: str, timestamp: int, namespace: Any = None) -> None:
         """Register a timer for the current key at ``timestamp`` (ms); registering twice keeps one."""
+        self.register_at(domain, timestamp, self._b._kg, self._primary(domain, namespace))
+
+    def register_at(self, domain: str, timestamp: int, kg: int, primary: bytes) -> None:
+        """Register a timer of the key whose timer primary (:meth:`primary_of`) is ``primary``."""
         if not isinstance(timestamp, int) or isinstance(timestamp, bool):
             raise TypeError(f"timer timestamp must be an int (ms), got {timestamp!r}")
-        b = self._b
-        primary = self._primary(domain, namespace)
-        b.table.map_put(b._kg, primary, _ts_bytes(timestamp), b"")
-        heapq.heappush(self._heaps[domain], (timestamp, b._kg, primary))
-        b.dirty = True
+        self._b.table.map_put(kg, primary, _ts_bytes(timestamp), b"")
+        heapq.heappush(self._heaps[domain], (timestamp, kg, primary))
+        self._b.dirty = True
 
     def delete(self, domain: str, timestamp: int, namespace: Any = None) -> None:
         """Delete the current key's timer at ``timestamp`` (no error if there is none)."""
-        b = self._b
-        b.table.map_delete(b._kg, self._primary(domain, namespace), _ts_bytes(timestamp))
-        b.dirty = True
+        self.delete_at(timestamp, self._b._kg, self._primary(domain, namespace))
+
+    def delete_at(self, timestamp: int, kg: int, primary: bytes) -> None:
+        self._b.table.map_delete(kg, primary, _ts_bytes(timestamp))
+        self._b.dirty = True
 
     def list(self, domain: str, namespace: Any = None) -> list[int]:
         """The current key's timers, in timestamp order."""
-        b = self._b
-        return sorted(_TS.unpack(uk)[0] - _BIAS
-                      for uk, _ in b.table.map_items(b._kg, self._primary(domain, namespace)))
+        return self.list_at(self._b._kg, self._primary(domain, namespace))
+
+    def list_at(self, kg: int, primary: bytes) -> builtins.list[int]:
+        return sorted(_TS.unpack(uk)[0] - _BIAS for uk, _ in self._b.table.map_items(kg, primary))
 
     def earliest(self, domain: str) -> int | None:
         """The earliest timer of ``domain`` (a lower bound: a deleted timer stays in the index until its time
@@ -96,6 +106,23 @@ class TimerService:
             _sid, key_bytes, ns = split_primary(primary)
             b.set_current_key_encoded(kg, key_bytes)
             yield ts, (decode_key(ns) if ns else None)
+
+    def take_due(self, domain: str, up_to: int) -> builtins.list[tuple[int, int, bytes, bytes]]:
+        """Remove every timer ≤ ``up_to`` and return them as (timestamp, key group, key bytes, namespace bytes),
+        in timestamp order (bulk firing: the current key is left alone)."""
+        heap, table = self._heaps[domain], self._b.table
+        due = []
+        while heap and heap[0][0] <= up_to:
+            ts, kg, primary = heapq.heappop(heap)
+            uk = _ts_bytes(ts)
+            if table.map_get(kg, primary, uk) is None:
+                continue  # deleted, or a duplicate registration already taken
+            table.map_delete(kg, primary, uk)
+            _sid, key_bytes, ns = split_primary(primary)
+            due.append((ts, kg, key_bytes, ns))
+        if due:
+            self._b.dirty = True
+        return due
 
     def fire_then_delete(self, domain: str, up_to: int) -> Iterator[tuple[int, Any]]:
         """Spark's order (transformWithState): the timers ≤ ``up_to`` when firing begins, in timestamp order, each
