@@ -98,3 +98,18 @@ def test_a_new_root_starts_from_an_older_retained_checkpoint_of_another(tmp_path
     with LocalRunner(Count, key="user", checkpoint_root=f"{new}-2", parallelism=2) as runner:
         got = sorted((o["user"], o["count"]) for o in runner.run_batch(1, [{"user": u} for u in users]).outputs)
     assert got == sorted((u, 4 if u == "u0" else 3) for u in users)
+
+
+class Tags(Processor):
+    def process(self, key, rows, ctx):
+        yield {"user": key, "tags": {r["tag"] for r in rows}}  # a set: msgpack cannot store it
+
+
+def test_an_output_value_that_cannot_be_stored_fails_its_batch_naming_key_and_field_without_a_schema(tmp_path):
+    from spate.errors import OutputError
+
+    with LocalRunner(Tags, key="user", checkpoint_root=str(tmp_path / "c")) as runner:
+        with pytest.raises(OutputError, match=r"Tags.process for key 'ann' produced field 'tags' = \{'x'\} of type "
+                                              r"set, which outputs cannot store .*convert it \(a list for a set"):
+            runner.run_batch(0, [{"user": "ann", "tag": "x"}])
+        assert runner.next_batch_id == 0, "the batch failed before its checkpoint"

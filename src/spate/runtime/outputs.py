@@ -45,6 +45,7 @@ from spate.runtime.output_values import (
     struct_gap,
 )
 from spate.runtime.processor import Row
+from spate.serde import packb_many
 
 NO_KEY = object()  # end_batch runs for no key
 
@@ -115,12 +116,15 @@ class OutputBuffer:
     Args:
         processor: the processor (named in errors).
         schema: the output schema, or None.
+        serializer: how outputs without a schema are stored ("msgpack": each value is checked to encode, so a
+            ``set`` fails its batch naming the key and field, not a sink later).
     """
 
-    def __init__(self, processor: object, schema: pa.Schema | None) -> None:
+    def __init__(self, processor: object, schema: pa.Schema | None, serializer: str = "msgpack") -> None:
         self.processor_name = getattr(processor, "display_name", None) or type(processor).__qualname__
         self.conversion: PandasConversion = getattr(processor, "pandas_conversion", None) or PandasConversion()
         self.schema = schema
+        self._check_msgpack = schema is None and serializer == "msgpack"
         self.names = frozenset(schema.names) if schema is not None else None
         self.fields = [OutputField(f) for f in schema] if schema is not None else []
         self.rows: list[Row] = []
@@ -181,6 +185,8 @@ class OutputBuffer:
         if set(map(type, rows)) - {dict}:
             self._check_each(rows)
         if self.schema is None:
+            if self._check_msgpack:
+                self._check_encodable(rows)
             return Outputs(rows)
         names = self.names
         if not all(r.keys() == names for r in rows):
@@ -326,6 +332,19 @@ class OutputBuffer:
                 hook, key = self._origins[bisect.bisect_right(self._starts, i) - 1]
                 raise self._error(hook, key, problem)
 
+    def _check_encodable(self, rows: list[Row]) -> None:
+        """Every value of ``rows`` encodes with msgpack, or an error names the first that does not."""
+        try:
+            packb_many(rows)
+            return
+        except Exception:  # noqa: BLE001 - find the row and field
+            pass
+        for i, row in enumerate(rows):
+            problem = _unencodable(row)
+            if problem is not None:
+                hook, key = self._origins[bisect.bisect_right(self._starts, i) - 1]
+                raise self._error(hook, key, problem)
+
     def _problem(self, row: Any) -> str | None:
         if not isinstance(row, dict):
             return f"produced a {type(row).__name__} row {short_repr(row)}: a row is a dict of field name to " \
@@ -355,3 +374,20 @@ class OutputBuffer:
     def _error(self, hook: str, key: Any, problem: str) -> OutputError:
         where = f"{self.processor_name}.{hook}" + ("" if key is NO_KEY else f" for key {short_repr(key)}")
         return OutputError(f"{where} {problem}; the batch fails and its checkpoint is not taken")
+
+
+def _unencodable(row: Row) -> str | None:
+    """What in ``row`` msgpack cannot store, or None."""
+    try:
+        packb_many((row,))
+        return None
+    except Exception as e:  # noqa: BLE001
+        error: Exception = e
+    for name, value in row.items():
+        try:
+            packb_many((value,))
+        except Exception as e:  # noqa: BLE001
+            return (f"produced field {name!r} = {short_repr(value)} of type {type(value).__qualname__}, which "
+                    f"outputs cannot store ({e}): convert it (a list for a set, str for other objects) or give "
+                    "an output_schema")
+    return f"produced row {short_repr(row)}, which outputs cannot store ({error}): name fields with strings"

@@ -233,7 +233,7 @@ class Subtask:
         assert keyed is not None and ctx is not None and proc is not None
         keyed.now_ms = ctx.processing_time_ms = plan.processing_time_ms
         ctx.batch_id = plan.checkpoint_id
-        out = OutputBuffer(proc, self.config.output_schema)
+        out = OutputBuffer(proc, self.config.output_schema, self.config.output_serializer)
         if isinstance(proc, BatchProcessor):
             if initial is not None and len(initial):
                 raise ValueError("a BatchProcessor takes no initial state: bootstrap its state with a savepoint")
