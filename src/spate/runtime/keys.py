@@ -1,31 +1,36 @@
 """Checks on the keys of an in-process query, so rows are grouped exactly as their state is keyed.
 
-State is keyed by a key's encoded bytes (type and value), while rows are grouped by Python equality, which
-merges ``1``, ``True``, ``1.0`` and ``Decimal(1)``. So a key column holds one numeric type throughout a
-runner's life (as a Spark column holds one type): a bool, int, float or Decimal value in a column that held
-another of these types is refused, naming the column and the types, instead of being merged with (or split
-from) its state. Types that never compare equal (int and str, say) may share a column: they are different keys
-in grouping and in state alike. Unhashable keys (``bytearray``) and values that cannot be hashed or encoded
-(strings with lone surrogates) get the same kind of error.
+A key column holds one type throughout a runner's life, as a Spark column does, with None (null) beside it. State
+is keyed by a key's encoded bytes (type and value), while rows are grouped by Python equality, which merges
+``1``, ``True``, ``1.0`` and ``Decimal(1)``; and ``1`` beside ``"1"`` is almost always a parsing slip that
+would silently count two keys. So a value whose type differs from the type its column held before is refused,
+naming the column, both types and the conversion. Unhashable keys (``bytearray``) and values that cannot be
+hashed or encoded (strings with lone surrogates) get the same kind of error.
 """
 
 from __future__ import annotations
 
+import datetime as _datetime
 import decimal as _decimal
 from collections.abc import Sequence
 from typing import Any
 
 from spate.errors import InvalidKeyError, short_repr
 
-# Types whose values compare equal across types (1 == True == 1.0 == Decimal(1)), bool before int: subclasses
-# (numpy floats) count as the type they hash and encode as.
+# Types whose values compare equal across types (1 == True == 1.0 == Decimal(1)), bool before int.
 _NUMERIC: tuple[type, ...] = (bool, int, float, _decimal.Decimal)
+# A column's type is the first of these a value is an instance of (subclasses, such as numpy floats, count as
+# the type they hash and encode as; datetime before date), else the value's own type.
+_KINDS: tuple[type, ...] = (*_NUMERIC, str, bytes, _datetime.datetime, _datetime.date)
 _UNHASHABLE_FIX: dict[type, str] = {bytearray: "convert it with bytes(value)",
                                     memoryview: "convert it with bytes(value)"}
 
 
-def _numeric_kind(value: Any) -> type | None:
-    return next((k for k in _NUMERIC if isinstance(value, k)), None)
+def _kind(value: Any) -> type | None:
+    """The type ``value`` counts as in its key column; None for a null, which any column may hold."""
+    if value is None:
+        return None
+    return next((k for k in _KINDS if isinstance(value, k)), type(value))
 
 
 class KeyCheck:
@@ -33,8 +38,16 @@ class KeyCheck:
 
     def __init__(self, columns: Sequence[str] | None) -> None:
         self.columns = tuple(columns) if columns is not None else None
-        self._kinds: dict[int, type] = {}  # column position -> the numeric type its values have
+        self._kinds: dict[int, type] = {}  # column position -> the type its values have
         self._accepted: set[type | tuple[type, ...]] = set()  # scalar key types, tuple keys' column types
+
+    def learned(self) -> tuple[dict[int, type], set[type | tuple[type, ...]]]:
+        """What the check has learned so far, for :meth:`forget_since` when the rows it checked are refused."""
+        return dict(self._kinds), set(self._accepted)
+
+    def forget_since(self, learned: tuple[dict[int, type], set[type | tuple[type, ...]]]) -> None:
+        """Forget the column types learned after ``learned``: a refused batch fixes no column's type."""
+        self._kinds, self._accepted = dict(learned[0]), set(learned[1])
 
     def check(self, key: Any) -> None:
         """Raise :class:`InvalidKeyError` if ``key`` cannot be grouped the way its state is keyed."""
@@ -49,7 +62,7 @@ class KeyCheck:
 
     def _admit(self, key: Any, values: tuple) -> None:
         """Check a key with column types not seen before; its columns' kinds are remembered if it passes."""
-        kinds = {i: k for i, v in enumerate(values) if (k := _numeric_kind(v)) is not None}
+        kinds = {i: k for i, v in enumerate(values) if (k := _kind(v)) is not None}
         for i, v in enumerate(values):
             fix = _UNHASHABLE_FIX.get(type(v))
             if fix is not None:
@@ -58,12 +71,19 @@ class KeyCheck:
             kind = self._kinds.get(i, kinds.get(i))
             if kinds.get(i, kind) is not kind:
                 assert kind is not None  # a kind differs from the column's: the column has one
-                raise InvalidKeyError(
-                    f"{self.column(i, key)} mixes key types {kind.__name__} and {type(v).__name__} (value "
-                    f"{short_repr(v)}): Python groups equal values together (1 == True == 1.0 == Decimal(1)) but "
-                    f"state is keyed by type and value; give the column one type, e.g. convert every value with "
-                    f"{kind.__name__}(...), as a Spark column holds one type")
+                raise self._mixed(i, key, kind, v)
         self._kinds.update(kinds)
+
+    def _mixed(self, position: int, key: Any, kind: type, value: Any) -> InvalidKeyError:
+        other = _kind(value)
+        assert other is not None
+        why = ("Python groups equal values together (1 == True == 1.0 == Decimal(1)) but state is keyed by type "
+               "and value" if kind in _NUMERIC and other in _NUMERIC else
+               "values of the two types never group together (1 and '1' would count as two keys)")
+        return InvalidKeyError(
+            f"{self.column(position, key)} mixes key types {kind.__name__} and {other.__name__} (value "
+            f"{short_repr(value)}): {why}; give the column one type, e.g. convert every value with "
+            f"{kind.__name__}(...), as a Spark column holds one type")
 
     def invalid(self, key: Any, error: Exception) -> InvalidKeyError:
         """The error for a key whose hash or encoding failed with ``error``."""

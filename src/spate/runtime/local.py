@@ -115,6 +115,8 @@ class LocalRunner:
             policy decides so (``decisions`` lists what it decided, each checkpoint that rescaled records why).
         fault_injector: called at each protocol step of a batch (``"after_acks"``, ...; see
             :class:`~spate.runtime.driver.DriverLoop`); may raise, as a crash there would. For fault injection.
+        progress: a line on standard error before and after a batch that restores or rescales state (which can
+            take long); None (the default): only when standard error is a terminal.
     """
 
     def __init__(self, processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory, *, key: KeySpec,
@@ -128,7 +130,7 @@ class LocalRunner:
                  sink: Sink | TableSink | None = None, output_serializer: str = "msgpack",
                  output_schema: pa.Schema | None = None,
                  clock: Callable[[], int] | None = None, autoscale: AutoscalePolicy | None = None,
-                 fault_injector: FaultInjector | None = None) -> None:
+                 fault_injector: FaultInjector | None = None, progress: bool | None = None) -> None:
         self._factory = processor_factory(processor)
         self._key = key_extractor(key)
         self._keys = KeyCheck(key_columns(key))
@@ -148,7 +150,7 @@ class LocalRunner:
         self._driver = QueryDriver(settings, idle=IdleBatches.of(processor) if not _is_factory(processor) else None,
                                    autoscale=autoscale, deliver=self._redeliver if self._sink is not None else None,
                                    table_sink=table_sink, output_schema=output_schema,
-                                   fault_injector=fault_injector)
+                                   fault_injector=fault_injector, progress=progress)
         self.coordinator = self._driver.coordinator
         self._temp_local_dir = None
         if table == "lmdb" and local_dir is None:
@@ -297,18 +299,26 @@ class LocalRunner:
         """(key group, key, row) of every row, per subtask; keys are checked (see :class:`KeyCheck`)."""
         p, max_p = self.parallelism, self.max_parallelism
         routed: list[list[tuple[int, Any, Row]]] = [[] for _ in range(p)]
-        for row in rows:
-            try:
-                key = self._key(row)
-            except Exception as e:  # a row without the column, or the user's key function failing
-                raise self._no_key(row, e) from e
-            self._keys.check(key)
-            try:
-                kg = self._hash(key) % max_p
-            except (TypeError, ValueError) as e:
-                raise self._keys.invalid(key, e) from e
-            routed[kg * p // max_p].append((kg, key, row))
+        learned = self._keys.learned()
+        try:
+            for row in rows:
+                kg, key = self._key_group_of(row)
+                routed[kg * p // max_p].append((kg, key, row))
+        except SpateError:
+            self._keys.forget_since(learned)  # the corrected batch may give a column another type
+            raise
         return routed
+
+    def _key_group_of(self, row: Row) -> tuple[int, Any]:
+        try:
+            key = self._key(row)
+        except Exception as e:  # a row without the column, or the user's key function failing
+            raise self._no_key(row, e) from e
+        self._keys.check(key)
+        try:
+            return self._hash(key) % self.max_parallelism, key
+        except (TypeError, ValueError) as e:
+            raise self._keys.invalid(key, e) from e
 
     def _no_key(self, row: Row, error: Exception) -> SpateError:
         columns = self._keys.columns

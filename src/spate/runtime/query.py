@@ -24,6 +24,7 @@ from spate.keygroups import check_parallelism
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision
 from spate.runtime.driver import CompletedBatch, Deliver, DriverLoop, FaultInjector, RunSubtasks
 from spate.runtime.idle import IdleBatches
+from spate.runtime.recovery_progress import RecoveryProgress
 from spate.runtime.settings import SpateSettings
 from spate.runtime.table_commit import TableCommitter
 from spate.sinks.table_sink import TableSink
@@ -57,13 +58,16 @@ class QueryDriver:
         table_sink: an exactly-once table sink instead (:mod:`spate.sinks`), opened here for ``output_schema``:
             delivering a checkpoint commits its data files to the table.
         fault_injector: called at each protocol step of a batch (:class:`DriverLoop`); may raise.
+        progress: say on standard error when a batch restores or rescales state (:class:`RecoveryProgress`);
+            None: only on a terminal.
     """
 
     def __init__(self, settings: SpateSettings, *, idle: IdleBatches | None = None,
                  autoscale: AutoscalePolicy | None = None, deliver: Deliver | None = None,
                  table_sink: TableSink | None = None, output_schema: Any = None,
-                 fault_injector: FaultInjector | None = None) -> None:
+                 fault_injector: FaultInjector | None = None, progress: bool | None = None) -> None:
         self._settings = settings
+        self._recovery = RecoveryProgress(progress)
         self.coordinator: Coordinator = settings.coordinator()
         self.coordinator.start()
         self._idle = idle or IdleBatches()
@@ -168,13 +172,16 @@ class QueryDriver:
         """Batch ``batch_id`` = checkpoint ``batch_id``, at the parallelism after :meth:`apply_rescale`. With a
         table sink, a failed batch's staged data files are deleted (before its retry)."""
         try:
-            return self._loop.run_batch(batch_id, run_subtasks, processing_time_ms, deliver, on_complete)
+            done = self._loop.run_batch(batch_id, self._recovery.watch(batch_id, run_subtasks), processing_time_ms,
+                                        deliver, on_complete)
         except FencedError:
             raise  # another driver owns the root now: its files are not ours to sweep
         except BaseException:
             if self.committer is not None:
                 self._swept = False  # swept before the next batch, once the failure is behind (a sink may be down)
             raise
+        self._recovery.after(done.checkpoint)
+        return done
 
     def savepoint(self, target_uri: str | None = None) -> str:
         """A self-contained copy of the latest checkpoint; see :meth:`Coordinator.savepoint`."""

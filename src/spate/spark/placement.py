@@ -135,6 +135,9 @@ class Placement:
 
 def alive_executors(sc: Any) -> set[str] | None:
     """The ids of the application's live executors (the driver excluded), or None if Spark does not say."""
+    master = str(getattr(sc, "master", ""))
+    if master == "local" or master.startswith("local["):  # one process, no executors: asking makes Spark warn
+        return set()
     try:
         ids = sc._jsc.sc().getExecutorIds()  # noqa: SLF001 - Spark's own list, through the gateway
         return {str(ids.apply(i)) for i in range(ids.size())}

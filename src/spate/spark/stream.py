@@ -75,6 +75,9 @@ class StatefulStream:
             (``spark.sql.streaming.noDataMicroBatches.enabled=false``); before 4.2, opt in (there
             ``Trigger.AvailableNow`` then runs as one batch). It changes the sources of
             Spark's checkpoint, so a root keeps the setting it started with.
+        progress: a line on the driver's standard error before and after a batch that restores or rescales
+            state (which can take long); None (the default): only when standard error is a terminal. Always
+            logged at INFO (``spate.runtime.recovery_progress``).
 
     :meth:`rescale` changes the parallelism of the running query from its next batch on (no restart).
     """
@@ -83,7 +86,7 @@ class StatefulStream:
                  processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory, output_schema: Any,
                  settings: SpateSettings | None = None, initial_state: Any = None,
                  autoscale: AutoscalePolicy | None = None, idle_batches: bool | None = None,
-                 **overrides: Any) -> None:
+                 progress: bool | None = None, **overrides: Any) -> None:
         from pyspark.sql.types import StructType, _parse_datatype_string
 
         if not df.isStreaming:
@@ -99,6 +102,7 @@ class StatefulStream:
         if idle_batches is None:
             idle_batches = uses_timers(processor) and AVAILABLE_NOW and no_data_batches_enabled(self.spark)
         self.idle_batches = idle_batches
+        self.progress = progress
         self._idle = IdleBatches.of(processor) if isinstance(processor, (Processor, type)) else IdleBatches()
         self._wake: WakeFile | None = None
         self.initial_state = initial_state_of(initial_state, self.key_columns)
@@ -182,7 +186,8 @@ class StatefulStream:
         previous = self._driver  # a start after close(): its parallelism (in s) and a rescale not applied yet go on
         self._driver = driver = QueryDriver(s, idle=self._idle, autoscale=self._autoscale_policy,
                                             deliver=self._deliver if self.sink is not None else None,
-                                            table_sink=self.table_sink, output_schema=self.arrow_output_schema)
+                                            table_sink=self.table_sink, output_schema=self.arrow_output_schema,
+                                            progress=self.progress)
         if previous is not None and previous.requested_rescale is not None:
             driver.request_rescale(*previous.requested_rescale)
         self.figures.start_from(driver.latest)
