@@ -118,6 +118,14 @@ def _or_unknown(count: int | None) -> int:
     return -1 if count is None else count
 
 
+def _drain_listener_bus(spark: Any, timeout_s: float) -> None:
+    """Wait until Spark's listener bus delivered the events queued so far (bounded by ``timeout_s``)."""
+    try:
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(timeout_s * 1000))  # noqa: SLF001
+    except Exception as e:  # noqa: BLE001 - the session stopped, a timeout, or another Spark version
+        log.debug("Spark's listener bus not drained: %s", e)
+
+
 class BatchFigures:
     """The figures of a stream's latest ``keep`` batches, by batch id (what the progress listener looks up)."""
 
@@ -178,12 +186,14 @@ class ProgressListener(StreamingQueryListener):
         self._early: list[tuple[str, Any, Any]] = []  # (method, query id, event) before attach
         self._lock = threading.Lock()
         self._spark: Any = None
+        self._session: Any = None
         self._unregistering: threading.Thread | None = None  # started from Spark's listener thread, joined on close
 
     def register(self, spark: Any) -> None:
         """Listen to ``spark``'s streaming queries (before the query starts, so its first events come)."""
         with self._lock:
             self._spark, self._query_id, self._attached, self._early = spark, None, False, []
+        self._session = spark  # kept after unregistering, to drain Spark's listener bus on close
         spark.streams.addListener(self)
 
     def attach(self, query_id: Any) -> None:
@@ -205,11 +215,16 @@ class ProgressListener(StreamingQueryListener):
                 log.debug("progress listener not removed: %s", e)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop listening, and wait for an unregistration the query's end started."""
+        """Stop listening, wait for an unregistration the query's end started, and for the events Spark had
+        already queued: one the JVM sends this listener once the script's Python has exited is a py4j error
+        trace on the user's terminal."""
+        spark = self._session
         self.unregister()
         thread = self._unregistering
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
+        if spark is not None:
+            _drain_listener_bus(spark, timeout_s)
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802
         self._on("onQueryStarted", event.id, event)
