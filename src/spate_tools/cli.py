@@ -222,7 +222,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         from spate_tools.bench.spark import bench_spark
 
-        bench = partial(bench_spark, profile=args.profile)
+        bench = partial(bench_spark, profile=args.profile, out_dir=args.out)
     elif args.name == "cluster":
         from spate_tools.bench.cluster import bench_cluster
 

@@ -18,6 +18,9 @@ def test_bench_spark_quick_json_shape(tmp_path):
                            str(tmp_path)], capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(done.stdout)
+    finished = [json.loads(line) for line in (tmp_path / "spark-results.jsonl").read_text().splitlines()]
+    assert [(r["variant"], r["cardinality"]) for r in finished] == [
+        (r["variant"], r["cardinality"]) for r in data["results"]]  # each kept as it finished, in order
     by = {(r["variant"], r["cardinality"]) for r in data["results"]}
     assert by == {(v, c) for v in ("floor", "spate", "spate-empty", "spate-batch", "spate-adapter",
                                    "spate-adapter-row", "transformWithState", "transformWithStateInPandas",

@@ -29,6 +29,7 @@ JVM stays), so Python workers and Spark's bookkeeping start empty; Spark listens
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -511,10 +512,12 @@ def run_variant(case: Case, variant: str, inputs: Inputs, workdir: str, profile:
 
 
 # -- the bench -------------------------------------------------------------------------------------------------
-def bench_spark(quick: bool, profile: bool = False) -> tuple[list[dict[str, Any]], str]:
-    """Run every variant on every case; (results, the printed tables)."""
+def bench_spark(quick: bool, profile: bool = False, out_dir: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Run every variant on every case; (results, the printed tables). With ``out_dir``, each variant's figures
+    are also appended to ``<out_dir>/spark-results.jsonl`` as it finishes: a run stopped half-way keeps them."""
     workdir = tempfile.mkdtemp(prefix="spate-bench-spark-")
     results: list[dict[str, Any]] = []
+    partial = _partial_results(out_dir)
     _start_jvm()
     try:
         steps = [(case, v) for i, case in enumerate(cases(quick)) for v in VARIANTS
@@ -524,6 +527,9 @@ def bench_spark(quick: bool, profile: bool = False) -> tuple[list[dict[str, Any]
             if case.name not in inputs:
                 inputs[case.name] = write_inputs(case, workdir)
             results.append(run_variant(case, variant, inputs[case.name], workdir, profile))
+            if partial is not None:
+                with open(partial, "a") as f:
+                    f.write(json.dumps(results[-1]) + "\n")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     add_ratios(results)
@@ -531,6 +537,16 @@ def bench_spark(quick: bool, profile: bool = False) -> tuple[list[dict[str, Any]
     if profile:
         tables.append(profile_tables(results))
     return results, "\n\n".join(tables)
+
+
+def _partial_results(out_dir: str | None) -> str | None:
+    """The file each variant's figures are appended to (emptied first), or None without ``out_dir``."""
+    if out_dir is None:
+        return None
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "spark-results.jsonl")
+    open(path, "w").close()
+    return path
 
 
 # -- ratios and tables -----------------------------------------------------------------------------------------
