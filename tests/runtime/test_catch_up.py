@@ -43,7 +43,7 @@ from spate.state.overlay import SharedReaders
 from spate_tools.campaigns.fuzz import checkpointed
 
 MAXP = 16
-KEYS = ["a", "b", "c", "d", "e", "f", 1, 2, (3, "x")]
+KEYS = ["a", "b", "c", "d", "e", "f", "1", "2", "3x"]  # a key column holds one type
 # no timer-driven materialization; by log length only (every 3 change sets: catch-up distances of 1-2
 # batches find their change sets listed, longer ones a materialization in between)
 CHANGELOG = ChangelogConfig(materialization_interval_ms=10**9, materialize_after_change_sets=3,

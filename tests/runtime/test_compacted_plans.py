@@ -56,7 +56,7 @@ def test_fixed_scenarios_with_named_logs(named_plans: list[int]) -> None:
 def test_restarts_at_the_same_parallelism_list_the_named_log(named_plans: list[int]) -> None:
     """Restarts that keep the parallelism: the heap table restores, an lmdb copy is caught up or reused, each
     from a plan whose log is named, and a crash after the acks leaves a live state no checkpoint has."""
-    raw = [[(k, op, x) for k in ("a", 1, (2, "y"), "ü") for op, x in (("vput", b), ("ladd", b), ("mput", b),
+    raw = [[(k, op, x) for k in ("a", "b", "c", "ü") for op, x in (("vput", b), ("ladd", b), ("mput", b),
                                                                        ("mdel", b + 1), ("timer", b))]
            for b in range(9)]
     model_scenario(raw, [(2, "heap", 3, None, True, "off"), (2, "heap", 5, "after_acks", True, "off"),
