@@ -50,6 +50,8 @@ def test_readme_example_runs(capsys):
     assert out == ["0 [{'user': 'ann', 'total': 1}, {'user': 'bob', 'total': 1}]",
                    "1 [{'user': 'ann', 'total': 2}]",
                    "2 [{'user': 'bob', 'total': 2}, {'user': 'cy', 'total': 1}]"]
+    shown = re.search(r"```text\n(.*?)```", README.read_text(), re.S)
+    assert shown is not None and shown.group(1).splitlines() == out  # what the README says it prints
 
 
 @pytest.mark.spark
