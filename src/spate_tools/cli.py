@@ -27,6 +27,7 @@ from spate.checkpoint.inspect import (
     verify_root_files,
 )
 from spate.checkpoint.metadata import CheckpointMetadata
+from spate.checkpoint.savepoint import take_savepoint
 from spate.errors import SpateError
 from spate.fs import CheckpointStorage
 from spate.report import format_table, human_bytes
@@ -173,6 +174,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    """Copy a retained checkpoint (the way back to an older one, or off a root whose latest is corrupt) into a
+    self-contained savepoint, after checking every byte of it; print how a new query restores from it."""
+    storage = open_root(args.root)
+    meta, problem = _listed(storage, args.checkpoint)
+    if meta is None:
+        print(f"spate: error: checkpoint {args.checkpoint} of {args.root} cannot be read: {problem}; `spate "
+              f"checkpoints list {args.root}` shows the ones that can", file=sys.stderr)
+        return 1
+    problems = verify_checkpoint(storage, meta)
+    if problems:
+        print(f"spate: error: checkpoint {args.checkpoint} does not verify, so no savepoint of it was written: "
+              f"{'; '.join(problems)}; take one of an older checkpoint", file=sys.stderr)
+        return 1
+    try:
+        target = take_savepoint(storage, meta, args.to)
+    except (SpateError, ValueError) as e:
+        print(f"spate: error: {describe_error(e)}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json({"root": args.root, "checkpoint": args.checkpoint, "savepoint": target})
+        return 0
+    print(f"savepoint of checkpoint {args.checkpoint} of {args.root}: {target}\n"
+          f"restart from it in a new root: LocalRunner(..., checkpoint_root=NEW_ROOT, restore_from={target!r}) "
+          f"or StatefulStream(..., checkpoint_root=NEW_ROOT, restore_from={target!r})")
+    return 0
+
+
 def _verify_one(storage: CheckpointStorage, checkpoint_id: int) -> dict[str, Any]:
     try:
         meta = load_checkpoint(storage, checkpoint_id)
@@ -274,6 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--checkpoint", type=int, default=None, help="checkpoint id (default: latest)")
         sp.add_argument("--json", action="store_true", help="print one JSON object")
         sp.set_defaults(func=fn)
+    save = cps.add_parser("savepoint", help="copy a retained checkpoint (e.g. an older one) into a self-contained "
+                                            "savepoint a new query restores from (restore_from=)")
+    save.add_argument("root", help="checkpoint root (path or URI)")
+    save.add_argument("--checkpoint", type=int, required=True, help="the retained checkpoint's id")
+    save.add_argument("--to", required=True, help="the savepoint's directory (path or URI), outside the root")
+    save.add_argument("--json", action="store_true", help="print one JSON object")
+    save.set_defaults(func=cmd_savepoint)
 
     st = sub.add_parser("state", help="read state from a checkpoint")
     sts = st.add_subparsers(dest="action", required=True)

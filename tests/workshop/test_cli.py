@@ -10,6 +10,8 @@ import re
 import pytest
 
 from spate import Coordinator, LocalRunner, Processor, ValueStateDescriptor
+from spate.checkpoint.inspect import keyed_state_entries, load_checkpoint
+from spate.fs import CheckpointStorage
 from spate_tools.cli import main
 
 PICKLED = ValueStateDescriptor("blob", serializer="pickle")
@@ -208,3 +210,25 @@ def test_spark_demo_quick_verifies(spark, tmp_path, capsys):
     r = summary["rescale"]
     assert r["to_parallelism"] == 4 and sorted(r["subtasks_restored"] + r["subtasks_from_local_copies"]) == [0, 1, 2, 3]
     assert summary["chart"] and os.path.exists(summary["chart"])
+
+
+def test_savepoint_of_an_older_checkpoint_when_the_latest_is_corrupt(root, tmp_path, capsys):
+    """The way back as the README tells it: the latest _metadata is corrupt, so a restart on the root fails;
+    `spate checkpoints savepoint ROOT --checkpoint 0 --to DIR` copies checkpoint 0, checked, and a new query
+    restores from it with the state of checkpoint 0."""
+    with open(os.path.join(root, "chk-1", "_metadata"), "r+b") as f:
+        f.seek(40)
+        f.write(b"\xff\xfe")
+    target = str(tmp_path / "back" / "sp-0")
+    code, out = run(capsys, "checkpoints", "savepoint", root, "--checkpoint", "0", "--to", target)
+    assert code == 0 and f"restore_from={target!r}" in out, out
+    assert main(["checkpoints", "savepoint", root, "--checkpoint", "1", "--to", str(tmp_path / "sp-1")]) == 1
+    assert "checkpoint 1 of" in capsys.readouterr().err and not os.path.exists(tmp_path / "sp-1")
+    assert main(["checkpoints", "savepoint", root, "--checkpoint", "0", "--to", os.path.join(root, "x")]) == 1
+    assert "inside the checkpoint root" in capsys.readouterr().err
+    new_root = str(tmp_path / "new")
+    with LocalRunner(Job, key="k", checkpoint_root=new_root, restore_from=target, allow_pickle=True) as r:
+        r.run_batch(1, [{"k": "a"}])  # batch 1 again, from checkpoint 0's state
+    counts = {e.key: e.value for e in keyed_state_entries(CheckpointStorage(new_root),
+                                                         load_checkpoint(CheckpointStorage(new_root)), "count")}
+    assert counts == {"a": 3, "b": 1}  # checkpoint 0 had a: 2, b: 1 (batch 1's "c" is not in it)
