@@ -1,10 +1,14 @@
-"""The README's and docs/' examples run as written: the complete local example, the Spark one, and every
-other ```python block of the README and of docs/ (each run by a test that names the block by a marker)."""
+"""The README's and docs/' examples run as written: the complete local example, the Spark one, every other
+```python block of the README and of docs/ (each run by a test that names the block by a marker), the README's
+commands, and the outputs the docs say the examples print."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +32,7 @@ RUN_BY = {
 
 def python_blocks() -> list[tuple[str, str]]:
     """(document, code) of every ```python block of the README and of docs/."""
-    return [(doc.name, code) for doc in DOCS for code in re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)]
+    return [(doc.name, code) for doc in DOCS for lang, code in fenced_blocks(doc) if lang == "python"]
 
 
 def python_block(containing: str) -> str:
@@ -38,14 +42,48 @@ def python_block(containing: str) -> str:
     return found[0]
 
 
+def fenced_blocks(doc: Path) -> list[tuple[str, str]]:
+    """(language, code) of every fenced block of ``doc``, in order."""
+    blocks, lang, code = [], None, []
+    for line in doc.read_text().splitlines(keepends=True):
+        if line.startswith("```"):
+            if lang is None:
+                lang, code = line[3:].strip(), []
+            else:
+                blocks.append((lang, "".join(code)))
+                lang = None
+        elif lang is not None:
+            code.append(line)
+    return blocks
+
+
+def plain_block(containing: str, doc: Path = README) -> str:
+    """The one ``` block without a language (commands, outputs) of ``doc`` that contains ``containing``."""
+    found = [code for lang, code in fenced_blocks(doc) if not lang and containing in code]
+    assert len(found) == 1, f"{len(found)} plain blocks of {doc.name} contain {containing!r}"
+    return found[0]
+
+
+def commands(block: str) -> list[str]:
+    """The commands of a block of shell lines, without their comments (lines of comment only continue one)."""
+    return [line.split(" #")[0].strip() for line in block.splitlines() if line.strip() and
+            not line.strip().startswith("#")]
+
+
 def run_block(code: str, module_name: str) -> None:
     # a module name that is not importable: Spark's cloudpickle ships the example's classes by value
     exec(compile(code, "README.md", "exec"), {"__name__": module_name})  # noqa: S102
 
 
-def test_readme_example_runs(capsys):
+def run_readme_example(capsys) -> tuple[str, list[str]]:
+    """Run the README's complete example: (the root it printed, the lines its sink printed)."""
     run_block(python_block("LocalRunner(Clicks"), "readme_example")
     root, *out = capsys.readouterr().out.splitlines()
+    return root, out
+
+
+def test_readme_example_runs(capsys):
+    root, out = run_readme_example(capsys)
     assert os.path.isdir(root) and os.listdir(root)  # the root the CLI section inspects
     assert out == ["0 [{'user': 'ann', 'total': 1}, {'user': 'bob', 'total': 1}]",
                    "1 [{'user': 'ann', 'total': 2}]",
@@ -81,8 +119,44 @@ def test_readme_batch_processor_example_runs(capsys):
 
 def test_readme_rescale_example_runs(capsys):
     run_block(python_block("runner.rescale(4)"), "readme_rescale_example")
-    assert capsys.readouterr().out.splitlines() == [
-        "4 2 [2, 2, 4]", "['rescaled', 'rescaled', 'rescaled', 'rescaled']", "[(1, 2), (2, 4)]"]
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["4 2 [2, 2, 4]", "['rescaled', 'rescaled', 'rescaled', 'rescaled']", "[(1, 2), (2, 4)]"]
+    assert plain_block("['rescaled', ", REPO / "docs" / "guide.md").splitlines() == out  # what the guide shows
+
+
+def test_readme_cli_commands_run_as_written_on_the_examples_root(capsys, tmp_path):
+    """The README's CLI block, each line as written (``ROOT`` being the root the complete example printed), from
+    a directory whose ``.venv`` is this virtual environment: each exits 0 and prints what its comment says."""
+    root, _ = run_readme_example(capsys)
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "bin").symlink_to(Path(sys.executable).parent)
+    lines = commands(plain_block(".venv/bin/spate checkpoints list ROOT"))
+    assert [shlex.split(c)[1:3] for c in lines] == [["checkpoints", "list"], ["checkpoints", "show"],
+                                                    ["checkpoints", "verify"], ["state", "dump"], ["bench", "state"]]
+    printed = {}
+    for line in lines:
+        argv = [root if word == "ROOT" else word for word in shlex.split(line)]
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{line}: {done.stderr}"
+        printed[" ".join(argv[1:3])] = done.stdout
+    assert re.search(r"^\s*2\b", printed["checkpoints list"], re.M)  # the latest checkpoint, batch 2
+    assert "restored" in printed["checkpoints show"] or "reused" in printed["checkpoints show"]
+    assert "cy" in printed["state dump"] and "/a" in printed["state dump"]
+    assert "spate bench state" in printed["bench state"] and list((tmp_path / "bench-out").glob("*.png"))
+
+
+def test_readme_make_targets_do_what_their_comments_say():
+    """``make demo``, ``make test`` and ``make smoke`` exist and run what the README says (``make -n``: the
+    commands, not run)."""
+    lines = commands(plain_block("make demo"))
+    assert [c.split() for c in lines] == [["make", "demo"], ["make", "test"], ["make", "smoke"]]
+    says = {"demo": ["spate demo"], "test": ["ruff check", "mypy src", "pytest"],
+            "smoke": ["pyspark==", "pytest"]}
+    for line in lines:
+        target = line.split()[1]
+        done = subprocess.run(["make", "-n", "-C", str(REPO), target], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert all(s in done.stdout for s in says[target]), (target, done.stdout)
 
 
 def test_readme_idle_batch_example_runs(capsys):
