@@ -678,7 +678,7 @@ def profile_tables(results: list[dict[str, Any]]) -> str:
     for case in dict.fromkeys(r["cardinality"] for r in results):
         profiled = {r["variant"]: r["profile"] for r in results if r["cardinality"] == case and "profile" in r}
         out.append(phase_table(f"profile, {case}: ms per batch (p50 over the steady batches); worker: spate's "
-                               "per-phase timings (summed over subtasks)",
+                               "per-phase timings (each phase: its slowest subtask)",
                                {v: p["phases"] for v, p in profiled.items()}))
         out.append(jobs_table(f"profile, {case}: the Spark jobs of a batch and their stages (p50)",
                               {v: p["jobs"] for v, p in profiled.items()}))
