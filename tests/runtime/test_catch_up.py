@@ -203,7 +203,7 @@ class _Reads:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.change_sets: list[tuple[str, int]] = []
         self.snapshots: list[str] = []
-        read_change_set, read_key_groups = changelog_restore.read_change_set, changelog_restore.read_key_groups
+        read_change_set, read_frames = changelog_restore.read_change_set, changelog_restore.read_key_group_frames
 
         def reading_change_set(storage, handle, context="", only=None):
             if (handle.log_id, handle.sqn) not in self.change_sets:  # read ahead by threads, maybe in parts
@@ -212,10 +212,10 @@ class _Reads:
 
         def reading_key_groups(storage, handle, context="", only=None):
             self.snapshots.append(handle.path)
-            return read_key_groups(storage, handle, context, only)
+            return read_frames(storage, handle, context, only)
 
         monkeypatch.setattr(changelog_restore, "read_change_set", reading_change_set)
-        monkeypatch.setattr(changelog_restore, "read_key_groups", reading_key_groups)
+        monkeypatch.setattr(changelog_restore, "read_key_group_frames", reading_key_groups)
 
     def clear(self) -> None:
         self.change_sets.clear()

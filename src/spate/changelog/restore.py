@@ -26,7 +26,9 @@ import functools
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import chain
+from dataclasses import dataclass
+from itertools import chain, compress, repeat
+from operator import is_not
 from typing import TypeVar
 
 from spate.changelog.changeset import DELETE, PUT, replay
@@ -34,8 +36,10 @@ from spate.changelog.format import read_change_set
 from spate.changelog.table import ChangelogTable
 from spate.fs import CheckpointStorage
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
-from spate.snapshot.keyed import gc_paused, map_sids, read_key_groups, sid_remap
+from spate.snapshot.keyed import gc_paused, map_sids, read_key_group_frames, remapped, sid_remap
 from spate.state.keyed import KeyedStateBackend
+from spate.state.layout import U16
+from spate.state.lmdb_digest import MASK64, key_group_digest
 from spate.state.table import StateTable
 
 T = TypeVar("T")
@@ -94,45 +98,65 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
                         ops.setdefault(kg, set()).update(kinds)
                 else:
                     remap, maps = snapshots[n]
-                    for kg, flat in groups:
-                        if remap:
-                            flat[0::2] = [remap.get(k[:2], k[:2]) + k[2:] for k in flat[0::2]]
+                    for kg, flat, digest in groups:
+                        frame = MaterializedFrame(remapped(flat, remap), maps, None if remap else digest)
                         logged = log.pop(kg, None) if last_frame[kg] == n else None
                         if logged is None:
-                            table.restore_key_group(kg, flat, maps)
+                            table.restore_key_group(kg, frame.flat, maps, frame.digest)
                         else:
-                            apply_logged(table, kg, logged, ops.pop(kg), flat, maps)
+                            apply_logged(table, kg, logged, ops.pop(kg), frame)
         finally:
             fetched.close()  # cancels the reads not under way yet
     backend.table.commit()
 
 
-def apply_logged(table: StateTable, kg: int, logged: Logged, ops: set[int], flat: list[bytes] | None = None,
-                 maps: frozenset[bytes] = frozenset()) -> None:
+@dataclass(frozen=True)
+class MaterializedFrame:
+    """A key group's entries as a materialized snapshot holds them: ``flat`` (state ids already this
+    backend's), the state ids of map states and timers ``maps``, and the digest the frame carried (None: not
+    known, or no longer valid after mapping state ids)."""
+
+    flat: list[bytes]
+    maps: frozenset[bytes] = frozenset()
+    digest: int | None = None
+
+
+def apply_logged(table: StateTable, kg: int, logged: Logged, ops: set[int],
+                 frame: MaterializedFrame | None = None) -> None:
     """Apply key group ``kg``'s change-set records ``logged`` (in log order; ``ops``: the operations in them) to
-    ``table``, after its materialized entries ``flat`` (their map state ids ``maps``) if it has any; folded where
-    that is exact (module doc)."""
+    ``table``, after its materialized ``frame`` if it has one; folded where that is exact (module doc)."""
     if not ops <= FOLDABLE:
-        if flat is not None:
-            table.restore_key_group(kg, flat, maps)
+        if frame is not None:
+            table.restore_key_group(kg, frame.flat, frame.maps, frame.digest)
         for records, remap in logged:
             replay(table, kg, records, remap)
         return
     puts, deleted = fold(logged)
-    if flat is not None and not deleted:  # one write of the key group: its frame updated by the log
-        merged = dict(zip(flat[0::2], flat[1::2], strict=True))
+    if frame is not None and not deleted:  # one write of the key group: its frame updated by the log
+        merged = dict(zip(frame.flat[0::2], frame.flat[1::2], strict=True))
         grows = len(merged)
+        digest = None if frame.digest is None else _merged_digest(kg, frame.digest, merged, puts)
         merged.update(puts)
         # new keys went to the end: in key order again, lmdb writes the key group page by page
         items = sorted(merged.items()) if len(merged) > grows else merged.items()
-        table.restore_key_group(kg, list(chain.from_iterable(items)), maps)
+        table.restore_key_group(kg, list(chain.from_iterable(items)), frame.maps, digest)
         return
-    if flat is not None:
-        table.restore_key_group(kg, flat, maps)
+    if frame is not None:
+        table.restore_key_group(kg, frame.flat, frame.maps, frame.digest)
     for key in deleted:
         table.delete(kg, key)
     if puts:
         table.restore_key_group(kg, list(chain.from_iterable(puts.items())), frozenset())
+
+
+def _merged_digest(kg: int, digest: int, entries: dict[bytes, bytes], puts: dict[bytes, bytes]) -> int:
+    """The digest of key group ``kg``'s ``entries`` (whose digest is ``digest``) once ``puts`` are applied:
+    the replaced entries' hashes taken out, the puts' added, each hashed once (in C loops)."""
+    prefix, keys = U16.pack(kg), list(puts)
+    olds = list(map(entries.get, keys))
+    present = list(map(is_not, olds, repeat(None)))
+    replaced = key_group_digest(prefix, list(compress(keys, present)), list(compress(olds, present)))  # type: ignore[arg-type]
+    return (digest - replaced + key_group_digest(prefix, keys, list(puts.values()))) & MASK64
 
 
 def fold(logged: Logged) -> tuple[dict[bytes, bytes], list[bytes]]:
@@ -164,8 +188,8 @@ def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offse
 
 
 def _key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, part: Offsets,
-                context: str) -> list[tuple[int, list[bytes]]]:
-    return list(read_key_groups(storage, handle, context, part))
+                context: str) -> list[tuple[int, list[bytes], int | None]]:
+    return list(read_key_group_frames(storage, handle, context, part))
 
 
 def _split(owned: range, parts: int) -> list[range]:

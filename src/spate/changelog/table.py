@@ -88,5 +88,6 @@ class ChangelogTable(WrappedTable):
         self.writer.active.map_delete(kg, primary, user_key)
         self.writer.after_append()
 
-    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
-        self.inner.restore_key_group(kg, flat, map_sids)  # restored state is in the base, not a change
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes],
+                          digest: int | None = None) -> None:
+        self.inner.restore_key_group(kg, flat, map_sids, digest)  # restored state is in the base, not a change

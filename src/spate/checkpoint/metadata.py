@@ -24,8 +24,9 @@ from spate.snapshot.outputs import OutputsHandle
 # (``rows``, ``staged``, ``recovery``, ...) instead of statistics an older reader would misread; 4: a subtask's
 # log since the materialization partly in change-set lists (``changelog_lists``) an older reader would not read;
 # 5: a subtask's data file staged for a table sink (``sink_file``), which an older reader would not commit;
-# 6: staged outputs as a Parquet file of their own (serializer ``"parquet"``), which an older reader cannot read
-METADATA_FORMAT_VERSION = 6
+# 6: staged outputs as a Parquet file of their own (serializer ``"parquet"``), which an older reader cannot read;
+# 7: key-group frames carry their key group's digest as a third field, which an older reader cannot unpack
+METADATA_FORMAT_VERSION = 7
 
 
 @dataclass

@@ -16,6 +16,7 @@ from spate.snapshot.handles import KeyGroupsHandle
 from spate.state.descriptors import MAP
 from spate.state.keyed import KeyedStateBackend, StateMeta
 from spate.state.layout import U16, primary_length
+from spate.state.lmdb_digest import key_group_digest
 from spate.state.table import StateTable, TableView
 from spate.state.timers import RESERVED_SIDS
 
@@ -55,7 +56,8 @@ def write_key_groups(view: TableView, key_groups: range, metas: list[StateMeta],
         if filters and flat:
             flat = _drop_expired(kg, flat, filters, dropped)
         if flat:
-            fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat], use_bin_type=True), compress)
+            digest = key_group_digest(U16.pack(kg), flat[0::2], flat[1::2])
+            fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat, digest], use_bin_type=True), compress)
             frames.append(fr)
             offsets[kg] = (pos, len(fr))
             pos += len(fr)
@@ -114,20 +116,38 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, context
     """Yield (key group, [flat key, value, flat key, value, ...]) for every key group of ``handle`` (or only
     those of ``only``, a part of its offsets), verifying each frame's checksum. One ranged read fetches their
     span of the file."""
+    for kg, flat, _digest in read_key_group_frames(storage, handle, context, only):
+        yield kg, flat
+
+
+def read_key_group_frames(storage: CheckpointStorage, handle: KeyGroupsHandle, context: str = "",
+                          only: Mapping[int, tuple[int, int]] | None = None,
+                          ) -> Iterator[tuple[int, list[bytes], int | None]]:
+    """As :func:`read_key_groups`, each key group with the digest its frame carries
+    (:func:`~spate.state.lmdb_digest.key_group_digest`; None in frames written before spate carried it)."""
     offsets = handle.offsets if only is None else only
     if not offsets:
         return
     where, frames = read_span_frames(storage, handle.path, offsets, FrameKind.KEY_GROUP, context,
                                      handle.file_offset)
     for fr in frames:
-        kg, flat = msgpack.unpackb(fr.payload, raw=False)
+        kg, flat, digest = _key_group_payload(fr.payload, where, fr.offset)
         if handle.offsets.get(kg, (None,))[0] != fr.offset:
             if handle.start <= kg <= handle.end:
                 raise CorruptFileError(f"{where}: key group {kg} found at offset {fr.offset}, where the "
                                        "checkpoint metadata does not expect it")
             continue
         if only is None or kg in only:
-            yield kg, flat
+            yield kg, flat, digest
+
+
+def _key_group_payload(payload: bytes, where: str, offset: int) -> tuple[int, list[bytes], int | None]:
+    """``[kg, flat, digest]``, or ``[kg, flat]`` as written before the digest was carried."""
+    fields = msgpack.unpackb(payload, raw=False)
+    if not isinstance(fields, list) or len(fields) not in (2, 3):
+        raise CorruptFileError(f"{where} at offset {offset}: a key-group frame that is not [key group, entries] "
+                               "or [key group, entries, digest] (written by a newer spate? upgrade spate)")
+    return fields[0], fields[1], fields[2] if len(fields) == 3 else None
 
 
 def sid_remap(backend: KeyedStateBackend, states: tuple[dict, ...]) -> dict[bytes, bytes]:
@@ -151,22 +171,34 @@ def map_sids(backend: KeyedStateBackend, states: tuple[dict, ...]) -> frozenset[
 def restore_keyed_snapshot(backend: KeyedStateBackend, storage: CheckpointStorage,
                            handle: KeyGroupsHandle, context: str = "") -> int:
     """Insert the entries of ``handle`` that fall in the backend's key groups; returns entries restored."""
-    return restore_key_groups(backend, handle.states, read_key_groups(storage, handle, context))
+    return _restore_digested(backend, handle.states, read_key_group_frames(storage, handle, context))
 
 
 def restore_key_groups(backend: KeyedStateBackend, states: tuple[dict, ...],
                        groups: Iterable[tuple[int, list[bytes]]]) -> int:
     """Insert ``groups`` ((key group, flat entries) written by a table whose state registry is ``states``) that
     fall in the backend's key groups, its state ids mapped to the backend's; returns entries restored."""
+    return _restore_digested(backend, states, ((kg, flat, None) for kg, flat in groups))
+
+
+def _restore_digested(backend: KeyedStateBackend, states: tuple[dict, ...],
+                      groups: Iterable[tuple[int, list[bytes], int | None]]) -> int:
+    """:func:`restore_key_groups` of key groups with the digest their frame carried (None: not known)."""
     remap = sid_remap(backend, states)
     maps = map_sids(backend, states)
     table, owned, count = backend.table, backend.key_groups, 0
     with gc_paused():
-        for kg, flat in groups:
+        for kg, flat, digest in groups:
             if kg not in owned:
                 continue
-            if remap:
-                flat[0::2] = [remap.get(k[:2], k[:2]) + k[2:] for k in flat[0::2]]
-            table.restore_key_group(kg, flat, maps)
+            table.restore_key_group(kg, remapped(flat, remap), maps, None if remap else digest)
             count += len(flat) // 2
     return count
+
+
+def remapped(flat: list[bytes], remap: dict[bytes, bytes]) -> list[bytes]:
+    """``flat`` with its keys' state ids mapped by ``remap`` (in place; a digest of the entries no longer
+    holds where it is not empty)."""
+    if remap:
+        flat[0::2] = [remap.get(k[:2], k[:2]) + k[2:] for k in flat[0::2]]
+    return flat

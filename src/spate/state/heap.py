@@ -106,7 +106,8 @@ class HeapTable(StateTable):
     def key_group_flat(self, kg: int) -> list[bytes]:
         return _flatten(self._values.get(kg, {}), self._maps.get(kg, {}))
 
-    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes],
+                          digest: int | None = None) -> None:
         keys, values = flat[0::2], flat[1::2]
         if not map_sids:
             self._values.setdefault(kg, {}).update(zip(keys, values, strict=True))

@@ -17,7 +17,7 @@ import lmdb
 
 from spate.errors import SpateError
 from spate.state.layout import META_PREFIX, primary_length
-from spate.state.lmdb_digest import DIGEST_KEY, MASK64, updated_digest
+from spate.state.lmdb_digest import DIGEST_KEY, MASK64, replaced_digest
 from spate.state.lmdb_dir import held_for_reading, last_used, move_table, remove_if_unused
 from spate.state.lmdb_readonly import ReadOnlyTable
 from spate.state.lmdb_scan import KG_PREFIXES, count_entries, flat_key_group, scan_prefix
@@ -124,28 +124,41 @@ class LmdbTable(LmdbWriter, StateTable):
             return flat_key_group(txn, kg)
 
     # -- bulk: a key group restored, a prefix dropped ------------------------------------------------------------
-    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes],
+                          digest: int | None = None) -> None:
+        """Put a key group's entries in one bulk write of their own transaction. ``digest``: their share of the
+        table digest (:func:`~spate.state.lmdb_digest.key_group_digest`, carried by the snapshot), added as is
+        when the key group was empty; else the entries are hashed (in C loops). No Python loop per entry."""
         prefix = KG_PREFIXES[kg]
-        items = [(prefix + k, v) for k, v in zip(flat[0::2], flat[1::2], strict=True)]
+        keys, values = list(map(prefix.__add__, flat[0::2])), flat[1::2]
         self.commit()
         while True:
             try:
                 with self._env_begin(write=True) as txn:
-                    cur = txn.cursor()
-                    empty = not cur.set_range(prefix) or not bytes(cur.key()).startswith(prefix)
-                    digest = updated_digest(txn, self._digest, items, replaces_nothing=empty)
-                    txn.cursor().putmulti(items)
-                    if digest is None:
+                    self._digest = self._restored_digest(txn, prefix, keys, values, digest)
+                    txn.cursor().putmulti(zip(keys, values, strict=True))
+                    if self._digest is None:
                         txn.delete(DIGEST_KEY)  # recomputed at the next commit
                     else:
-                        txn.put(DIGEST_KEY, str(digest).encode())
-                self._digest = self._committed_digest = digest
+                        txn.put(DIGEST_KEY, str(self._digest).encode())
+                self._committed_digest = self._digest
                 return
             except lmdb.MapFullError:
+                self._digest = self._committed_digest
                 self._resize(self.env.info()["map_size"] * 2)
             except lmdb.BadValsizeError as e:
+                self._digest = self._committed_digest
                 raise SpateError(f"a restored state key is too large for the lmdb table (limit {MAX_LMDB_KEY} "
                                  "bytes); restore into the heap table") from e
+
+    def _restored_digest(self, txn: lmdb.Transaction, prefix: bytes, keys: list[bytes], values: list[bytes],
+                         carried: int | None) -> int | None:
+        if self._digest is None:
+            return None
+        empty = not _holds_prefix(txn, prefix)
+        if carried is not None and empty:
+            return (self._digest + carried) & MASK64
+        return replaced_digest(txn, self._digest, keys, values, replaces_nothing=empty)
 
     def has_prefix(self, prefix: bytes) -> bool:
         """Whether some entry's key starts with ``prefix``."""
@@ -232,4 +245,10 @@ class LmdbTable(LmdbWriter, StateTable):
     def approx_bytes(self) -> int:
         info, stat = self.env.info(), self.env.stat()
         return (info["last_pgno"] + 1) * stat["psize"]
+
+
+
+def _holds_prefix(txn: lmdb.Transaction, prefix: bytes) -> bool:
+    cur = txn.cursor()
+    return bool(cur.set_range(prefix)) and bytes(cur.key()).startswith(prefix)
 

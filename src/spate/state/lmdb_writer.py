@@ -58,7 +58,8 @@ class LmdbWriter:
         self._views_closed = threading.Condition()
         self._ops: list[tuple[bytes, bytes | None]] = []  # writes of the open transaction, for replay
         with self.env.begin() as txn:
-            self._committed_digest = parse_digest(txn.get(DIGEST_KEY))
+            empty = self.env.stat()["entries"] == 0  # a new table: its digest is known (0), not to be computed
+            self._committed_digest = 0 if empty else parse_digest(txn.get(DIGEST_KEY))
         self._digest = self._committed_digest  # of the open transaction; None = unknown (recomputed at commit)
 
     # -- transaction handling -------------------------------------------------------------------------

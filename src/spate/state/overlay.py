@@ -217,8 +217,9 @@ class OverlayTable(StateTable):
             with self._views_lock:
                 self._views -= 1
 
-    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
-        self.inner.restore_key_group(kg, flat, map_sids)
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes],
+                          digest: int | None = None) -> None:
+        self.inner.restore_key_group(kg, flat, map_sids, digest)
         if self._tombstones and self._base(kg) is not None:
             prefix = TOMBSTONE_PREFIX + U16.pack(kg)
             for key in flat[0::2]:

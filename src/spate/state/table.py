@@ -87,9 +87,12 @@ class StateTable(ABC):
         return contextlib.nullcontext(self)
 
     @abstractmethod
-    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes],
+                          digest: int | None = None) -> None:
         """Insert the entries of a snapshot's key group (``flat`` as from :meth:`key_group_flat`);
-        keys whose state-id prefix is in ``map_sids`` are map entries or timers."""
+        keys whose state-id prefix is in ``map_sids`` are map entries or timers. ``digest``: the entries'
+        integrity digest as the snapshot carries it (a table that keeps a digest adds it instead of hashing
+        them; None: not known)."""
 
     @abstractmethod
     def get_meta(self, name: str) -> bytes | None: ...
@@ -169,8 +172,9 @@ class WrappedTable(StateTable):
     def consistent_view(self) -> AbstractContextManager[TableView]:
         return self.inner.consistent_view()
 
-    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes]) -> None:
-        self.inner.restore_key_group(kg, flat, map_sids)
+    def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes],
+                          digest: int | None = None) -> None:
+        self.inner.restore_key_group(kg, flat, map_sids, digest)
 
     def get_meta(self, name: str) -> bytes | None:
         return self.inner.get_meta(name)

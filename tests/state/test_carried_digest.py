@@ -1,0 +1,137 @@
+"""A key group's digest travels with it in a keyed snapshot: a restore into an lmdb table adds it instead of
+hashing every entry, and the table's recorded digest must still be exactly what re-reading every entry gives,
+whatever the path (a frame restored whole, merged with a changelog, with state ids mapped, from a frame written
+before digests were carried, over entries already there). The documented ``.kg`` example is real bytes."""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from spate.changelog.changeset import DELETE, PUT
+from spate.changelog.restore import MaterializedFrame, apply_logged
+from spate.frames import FrameKind, frame, iter_frames
+from spate.fs import CheckpointStorage
+from spate.segments import WholeFileWriter
+from spate.snapshot.keyed import read_key_group_frames, restore_keyed_snapshot, write_keyed_snapshot
+from spate.state.descriptors import MapStateDescriptor, ValueStateDescriptor
+from spate.state.keyed import KeyedStateBackend
+from spate.state.layout import U16
+from spate.state.lmdb_digest import key_group_digest
+from spate.state.lmdb_table import LmdbTable
+
+
+def _filled(path: str, keys: int, seed: int = 5) -> KeyedStateBackend:
+    backend = KeyedStateBackend(LmdbTable(path), 16, range(16))
+    value, m = backend.get_state(ValueStateDescriptor("v")), backend.get_state(MapStateDescriptor("m"))
+    rng = random.Random(seed)
+    for k in range(keys):
+        backend.set_current_key(k)
+        value.update(rng.randbytes(rng.randrange(1, 40)))
+        if k % 3 == 0:
+            m.put(k % 5, f"x{k}")
+    backend.table.commit()
+    return backend
+
+
+def _snapshot(tmp_path, backend: KeyedStateBackend):
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    handle = write_keyed_snapshot(backend, WholeFileWriter(storage, "shared", ".kg"))
+    assert handle is not None
+    return storage, handle
+
+
+def test_frames_carry_the_digest_of_their_entries_as_the_table_stores_them(tmp_path):
+    backend = _filled(str(tmp_path / "a"), 200)
+    storage, handle = _snapshot(tmp_path, backend)
+    frames = list(read_key_group_frames(storage, handle))
+    assert len(frames) == len(handle.offsets) > 1
+    for kg, flat, digest in frames:
+        table_keys = [U16.pack(kg) + k for k in flat[0::2]]
+        expected = sum(zlib.crc32(v, zlib.crc32(k)) + 1 for k, v in zip(table_keys, flat[1::2], strict=True)) % 2**64
+        assert digest == expected
+
+
+@pytest.mark.parametrize("reorder_states", [False, True], ids=["same-state-ids", "state-ids-mapped"])
+def test_a_restore_that_adds_carried_digests_verifies(tmp_path, reorder_states):
+    """The restored table's recorded digest equals the full re-read; with state ids mapped (the restoring
+    backend registered its states in another order) the carried digest no longer holds and is not used."""
+    source = _filled(str(tmp_path / "a"), 300)
+    storage, handle = _snapshot(tmp_path, source)
+    target = KeyedStateBackend(LmdbTable(str(tmp_path / "b")), 16, range(16))
+    if reorder_states:
+        target.get_state(MapStateDescriptor("m"))
+        target.get_state(ValueStateDescriptor("v"))
+    assert restore_keyed_snapshot(target, storage, handle) > 300
+    target.table.commit()
+    assert target.table.verify() is None
+    assert target.table.entry_count() == source.table.entry_count()
+
+
+def test_a_frame_without_digest_from_before_version_7_is_read_and_hashed(tmp_path):
+    source = _filled(str(tmp_path / "a"), 100)
+    storage, handle = _snapshot(tmp_path, source)
+    raw = storage.read(handle.path)
+    old = b"".join(frame(FrameKind.KEY_GROUP, msgpack.packb(msgpack.unpackb(f.payload)[:2], use_bin_type=True))
+                   for f in iter_frames(raw, "kg"))
+    offsets, pos = {}, 0
+    for f in iter_frames(old, "old"):
+        kg = msgpack.unpackb(f.payload)[0]
+        offsets[kg] = (pos, f.length)
+        pos += f.length
+    storage.write("shared/old.kg", old)
+    old_handle = type(handle)("shared/old.kg", handle.start, handle.end, offsets, pos, handle.states)
+    assert {d for _kg, _flat, d in read_key_group_frames(storage, old_handle)} == {None}
+    target = KeyedStateBackend(LmdbTable(str(tmp_path / "b")), 16, range(16))
+    restore_keyed_snapshot(target, storage, old_handle)
+    target.table.commit()
+    assert target.table.verify() is None
+
+
+@pytest.mark.parametrize("with_deletes", [False, True])
+def test_a_frame_merged_with_its_log_keeps_an_exact_digest(tmp_path, with_deletes):
+    """The log's puts replace some entries and add others; the digest is the carried one adjusted by the
+    replaced and the put entries only, and must equal a full re-read."""
+    table = LmdbTable(str(tmp_path / "t"))
+    kg, rng = 3, random.Random(7)
+    entries = {U16.pack(0) + bytes([i, i]): rng.randbytes(20) for i in range(50)}
+    flat = [x for kv in sorted(entries.items()) for x in kv]
+    digest = key_group_digest(U16.pack(kg), flat[0::2], flat[1::2])
+    records: list = []
+    for i in range(40, 70):  # 10 replaced, 20 new
+        records += [PUT, U16.pack(0) + bytes([i, i]), rng.randbytes(9)]
+    if with_deletes:
+        records += [DELETE, U16.pack(0) + bytes([1, 1]), b""]
+    ops = set(records[0::3])
+    apply_logged(table, kg, [(records, {})], ops, MaterializedFrame(flat, frozenset(), digest))
+    table.commit()
+    assert table.verify() is None
+    assert table.entry_count() == 70 - (1 if with_deletes else 0)
+
+
+def test_a_carried_digest_is_not_trusted_over_entries_already_there(tmp_path):
+    """Restoring a key group into a table that holds some of its keys hashes what it replaces."""
+    table = LmdbTable(str(tmp_path / "t"))
+    flat = [U16.pack(0) + b"k1", b"a", U16.pack(0) + b"k2", b"b"]
+    table.restore_key_group(2, flat[:2], frozenset(), key_group_digest(U16.pack(2), flat[0:1], flat[1:2]))
+    table.restore_key_group(2, [flat[0], b"changed", *flat[2:]], frozenset(),
+                            key_group_digest(U16.pack(2), flat[0::2], [b"changed", b"b"]))
+    table.commit()
+    assert table.verify() is None and table.entry_count() == 2
+
+
+def test_documented_key_group_frame_is_real_bytes():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
+    section = text[text.index("## Keyed snapshot files"):text.index("## Operator state files")]
+    (block,) = re.findall(r"```\n([0-9a-f |]+)\n```", section)
+    data = bytes.fromhex(block.replace(" ", "").replace("|", ""))
+    (only,) = iter_frames(data, "doc")
+    kg, flat, digest = msgpack.unpackb(only.payload)
+    assert (kg, flat) == (6, [bytes.fromhex("00000002a1640000"), b"\x01"])
+    assert digest == key_group_digest(U16.pack(6), flat[0::2], flat[1::2]) == 2773845573
+    assert frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat, digest], use_bin_type=True)) == data
