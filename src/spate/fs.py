@@ -22,6 +22,7 @@ import posixpath
 import stat
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,9 +110,20 @@ class CheckpointStorage(ABC):
     # -- writing ---------------------------------------------------------------------------------------------
     def write(self, rel: str, data: bytes) -> None:
         """Write a new file (callers use random names; no atomicity needed)."""
+        self.write_parts(rel, (data,))
+
+    def write_parts(self, rel: str, parts: Iterable[bytes]) -> int:
+        """Write a new file from ``parts`` as they come, never holding it whole; returns its size."""
+        size = 0
         with self.open_new(rel) as out:
-            out.write(data)
-        self.counts.add(rel, written=len(data))
+            for part in parts:
+                view = memoryview(part)
+                while view:  # an unbuffered local file may take part of a write
+                    n = out.write(view)
+                    view = view[n if n is not None else len(view):]
+                size += len(part)
+        self.counts.add(rel, written=size)
+        return size
 
     def open_new(self, rel: str) -> Any:
         """A stream writing the new file ``rel`` (the caller closes it); ``open_files_readable`` tells whether

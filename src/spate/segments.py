@@ -7,6 +7,7 @@ file merging, the coordinator), so none of them depends on a higher one to name 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,9 +35,12 @@ class FileRef:
 
 
 class SegmentWriter(Protocol):
-    """Writes logical files; ``discard`` gives up one that no checkpoint will reference."""
+    """Writes logical files; ``discard`` gives up one that no checkpoint will reference. ``write_parts``
+    writes one logical file from its parts as they come (a large snapshot is never whole in memory)."""
 
     def write(self, data: bytes) -> FileRef: ...
+
+    def write_parts(self, parts: Iterable[bytes]) -> FileRef: ...
 
     def discard(self, ref: FileRef) -> None: ...
 
@@ -55,6 +59,12 @@ class WholeFileWriter:
         with naming_disk_full(self.storage.path(path), self.checkpoint_id):
             self.storage.write(path, data)
         return FileRef(path, 0, len(data))
+
+    def write_parts(self, parts: Iterable[bytes]) -> FileRef:
+        path = data_file(self.directory, self.suffix)
+        with naming_disk_full(self.storage.path(path), self.checkpoint_id):
+            size = self.storage.write_parts(path, parts)
+        return FileRef(path, 0, size)
 
     def discard(self, ref: FileRef) -> None:
         self.storage.delete(ref.path)

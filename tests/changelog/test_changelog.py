@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -357,12 +357,12 @@ class FirstWriteFails(LocalStorage):
     gate: threading.Event
     writes = 0
 
-    def write(self, rel: str, data: bytes) -> None:
+    def write_parts(self, rel: str, parts: Iterable[bytes]) -> int:  # every write of a file goes through it
         self.writes += 1
         if self.writes == 1:
             self.gate.wait(5)
             raise OSError("first materialization fails")
-        super().write(rel, data)
+        return super().write_parts(rel, parts)
 
 
 class GatedStorage(LocalStorage):
@@ -370,10 +370,10 @@ class GatedStorage(LocalStorage):
 
     gate: threading.Event
 
-    def write(self, rel: str, data: bytes) -> None:
+    def write_parts(self, rel: str, parts: Iterable[bytes]) -> int:  # every write of a file goes through it
         if rel.endswith(".kg"):
             self.gate.wait(10)
-        super().write(rel, data)
+        return super().write_parts(rel, parts)
 
 
 def test_seed_state_change_lifecycle(tmp_path):

@@ -463,7 +463,7 @@ def test_disk_full_names_the_file_and_the_checkpoint(tmp_path, monkeypatch, merg
     with LocalRunner(Count, key="k", checkpoint_root=root, file_merging=merging, changelog=config) as runner:
         runner.run(source, until=1)
         with monkeypatch.context() as fault:
-            fault.setattr(PhysicalFile if merging else CheckpointStorage, "append" if merging else "write",
+            fault.setattr(PhysicalFile if merging else CheckpointStorage, "append" if merging else "write_parts",
                           fail_with_enospc)
             with pytest.raises(DiskFullError) as err:
                 runner.run_batch(1, source[1])

@@ -76,6 +76,13 @@ class PhysicalFile:
         self._counts.add(self.path, written=len(data))
         return offset
 
+    def append_parts(self, parts: Iterable[bytes]) -> tuple[int, int]:
+        """Append ``parts`` one after the other: (offset of the first, their total size)."""
+        offset = self.size
+        for part in parts:
+            self.append(part)
+        return offset, self.size - offset
+
     def close(self) -> None:
         with self.lock:
             if not self.closed:
@@ -167,8 +174,12 @@ class PooledWriter:
         return self.manager.pool(self.directory, cp, self.kind)
 
     def write(self, data: bytes) -> FileRef:
+        return self.write_parts((data,))
+
+    def write_parts(self, parts: Iterable[bytes]) -> FileRef:
+        """One logical file from ``parts`` as they come, appended to one physical file."""
         if self.alone:
-            return self._write_alone(data)
+            return self._write_alone(parts)
         while True:
             pool = self.pool
             f = pool.take(self.checkpoint_id)
@@ -180,22 +191,22 @@ class PooledWriter:
                         continue  # closed meanwhile (object stores close files at acknowledgement)
                     try:
                         with naming_disk_full(self.manager.storage.path(f.path), self.checkpoint_id):
-                            offset = f.append(data)
+                            offset, size = f.append_parts(parts)
                     except BaseException:
                         f.revoked = True  # part of the data may be in the file: never append after it
                         raise
                     with self.manager.lock:
                         f.held[offset] = None
-                    return FileRef(f.path, offset, len(data))
+                    return FileRef(f.path, offset, size)
             finally:
                 pool.give_back(f)
 
-    def _write_alone(self, data: bytes) -> FileRef:
+    def _write_alone(self, parts: Iterable[bytes]) -> FileRef:
         f = self.manager.new_file(self.directory, self.checkpoint_id)
         try:
             with f.lock:
                 with naming_disk_full(self.manager.storage.path(f.path), self.checkpoint_id):
-                    offset = f.append(data)
+                    offset, size = f.append_parts(parts)
                 with self.manager.lock:
                     f.held[offset] = None
         except BaseException:
@@ -203,7 +214,7 @@ class PooledWriter:
             raise
         finally:
             f.close()
-        return FileRef(f.path, offset, len(data))
+        return FileRef(f.path, offset, size)
 
     def discard(self, ref: FileRef) -> None:
         """No checkpoint will reference ``ref``: its bytes are waste until the coordinator deletes the file."""

@@ -3,6 +3,7 @@ its worker's merged files, which are reported to the coordinator with the ack.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from spate.checkpoint.protocol import SubtaskPlan
@@ -30,7 +31,10 @@ class RecordingWriter:
         self.out, self.written = out, written
 
     def write(self, data: bytes) -> FileRef:
-        ref = self.out.write(data)
+        return self.write_parts((data,))
+
+    def write_parts(self, parts: Iterable[bytes]) -> FileRef:
+        ref = self.out.write_parts(parts)
         self.written.append(ref)
         return ref
 

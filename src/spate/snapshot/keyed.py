@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import chain
 
 import msgpack
 
@@ -46,25 +47,30 @@ def write_key_groups(view: TableView, key_groups: range, metas: list[StateMeta],
                      compress: bool = False, expired: list[tuple[int, bytes, bytes | None]] | None = None,
                      ) -> KeyGroupsHandle | None:
     """Write the key groups of ``view`` as a keyed snapshot file (works from any thread for a view that is
-    consistent); expired data is left out and, if ``expired`` is given, noted there."""
-    frames: list[bytes] = []
+    consistent); expired data is left out and, if ``expired`` is given, noted there. The frames are written
+    as they are made: the snapshot is never whole in memory."""
     offsets: dict[int, tuple[int, int]] = {}
     dropped: list[tuple[int, bytes, bytes | None]] = [] if expired is None else expired
-    pos = 0
-    for kg in key_groups:
-        flat = view.key_group_flat(kg)
-        if filters and flat:
-            flat = _drop_expired(kg, flat, filters, dropped)
-        if flat:
-            digest = key_group_digest(U16.pack(kg), flat[0::2], flat[1::2])
-            fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat, digest], use_bin_type=True), compress)
-            frames.append(fr)
-            offsets[kg] = (pos, len(fr))
-            pos += len(fr)
-    if not frames:
+
+    def frames() -> Iterator[bytes]:
+        pos = 0
+        for kg in key_groups:
+            flat = view.key_group_flat(kg)
+            if filters and flat:
+                flat = _drop_expired(kg, flat, filters, dropped)
+            if flat:
+                digest = key_group_digest(U16.pack(kg), flat[0::2], flat[1::2])
+                fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat, digest], use_bin_type=True), compress)
+                offsets[kg] = (pos, len(fr))
+                pos += len(fr)
+                yield fr
+
+    made = frames()
+    first = next(made, None)
+    if first is None:
         return None
-    ref = out.write(b"".join(frames))
-    return KeyGroupsHandle(ref.path, key_groups.start, key_groups.stop - 1, offsets, pos,
+    ref = out.write_parts(chain((first,), made))
+    return KeyGroupsHandle(ref.path, key_groups.start, key_groups.stop - 1, offsets, ref.length,
                            tuple(m.to_dict() for m in metas), ref.offset)
 
 

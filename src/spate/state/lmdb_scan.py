@@ -4,16 +4,32 @@ number of state entries."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import islice, takewhile
+from operator import itemgetter
 
 import lmdb
 
 from spate.state.layout import U16
 
 KG_PREFIXES = tuple(U16.pack(kg) for kg in range(1 << 15))  # key-group prefixes, precomputed
+_AFTER_PREFIX = itemgetter(slice(2, None))  # a table key without its key-group prefix
 
 
 def flat_key_group(txn: lmdb.Transaction, kg: int) -> list[bytes]:
-    return [x for k, v in scan_prefix(txn, KG_PREFIXES[kg]) for x in (k[2:], v)]
+    """[flat key, value, ...] of key group ``kg`` (keys without the 2-byte prefix), read by the cursor in C
+    loops: the keys up to the next key group's prefix, then as many values from the same place."""
+    cur = txn.cursor()  # buffers=False: keys and values are bytes
+    if not cur.set_range(KG_PREFIXES[kg]):
+        return []
+    end = KG_PREFIXES[kg + 1] if kg + 1 < len(KG_PREFIXES) else b"\x80\x00"
+    keys = list(takewhile(end.__gt__, cur.iternext(keys=True, values=False)))
+    if not keys:
+        return []
+    cur.set_range(KG_PREFIXES[kg])
+    flat: list[bytes] = [b""] * (2 * len(keys))
+    flat[0::2] = map(_AFTER_PREFIX, keys)
+    flat[1::2] = islice(cur.iternext(keys=False, values=True), len(keys))
+    return flat
 
 
 def count_entries(txn: lmdb.Transaction, env: lmdb.Environment) -> int:
