@@ -18,7 +18,7 @@ from spate import (
 from spate.checkpoint.ackinfo import CAUGHT_UP, RecoveryInfo
 from spate.checkpoint.protocol import SubtaskAck
 from spate.keygroups import compile_key_hasher
-from spate.runtime import restore
+from spate.runtime.recovery import recovered
 from spate.runtime.services import WorkerServices
 from spate.runtime.subtask import Subtask, SubtaskConfig, processor_factory
 
@@ -117,7 +117,7 @@ def test_files_local_state_carries_are_checked_again_after_the_check_failed(tmp_
         r.run_batch(0, [{"k": "x"}])
         r.run_batch(1, [{"k": "x"}])
     checks = []
-    real = restore.verify_handles
+    real = recovered.verify_handles
 
     def unreachable_once(*args, **kwargs):  # fault injection: the first check cannot read storage
         checks.append(args[1])
@@ -125,7 +125,7 @@ def test_files_local_state_carries_are_checked_again_after_the_check_failed(tmp_
             raise OSError("storage unreachable")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(restore, "verify_handles", unreachable_once)
+    monkeypatch.setattr(recovered, "verify_handles", unreachable_once)
     with LocalRunner(C, **settings) as r:
         with pytest.raises(OSError, match="unreachable"):
             r.run_batch(2, [{"k": "x"}])

@@ -33,7 +33,7 @@ from spate.errors import FencedError
 from spate.fs import CheckpointStorage
 from spate.keygroups import compile_key_hasher, key_group_range
 from spate.runtime.localstate import local_state_dir
-from spate.runtime.recovery import LINEAGE_META
+from spate.runtime.recovery.trust import LINEAGE_META
 from spate.runtime.services import WorkerServices
 from spate.runtime.subtask import BatchOutput, Subtask, SubtaskConfig, processor_factory
 from spate.state.heap import HeapTable

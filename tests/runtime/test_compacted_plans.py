@@ -21,7 +21,7 @@ from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.protocol import ChangelogRef, SubtaskPlan
 from spate.errors import CheckpointError
 from spate.fs import CheckpointStorage
-from spate.runtime.recovery import listed
+from spate.runtime.recovery.trust import listed
 from spate.runtime.subtask import Subtask
 
 from model_job import ModelJob  # isort: skip

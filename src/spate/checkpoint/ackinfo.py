@@ -19,7 +19,7 @@ RECOVERY_KINDS = (NEW, REUSED, CAUGHT_UP, RESTORED, RESCALED)
 @dataclass(kw_only=True)
 class RecoveryInfo:
     """How a subtask's state got to its plan's base checkpoint: the part of :class:`AckInfo` the subtask's
-    recovery produces (:class:`spate.runtime.restore.StateRecovery`).
+    recovery produces (:func:`spate.runtime.recovery.recover`).
 
     Attributes:
         recovery: one of :data:`RECOVERY_KINDS` (:data:`UNKNOWN` only in metadata of version < 3).

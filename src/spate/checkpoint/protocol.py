@@ -52,7 +52,7 @@ class ChangelogRef:
     """A plan's log since the materialization named instead of listed: how many change sets, and the
     fingerprint of their identities (:func:`~spate.snapshot.lineage.changelog_digest`). A subtask whose live
     state has exactly this log needs nothing more; any other lists it from the base checkpoint's metadata
-    first (:func:`spate.runtime.recovery.listed`), so a serialized plan does not grow with the log."""
+    first (:func:`spate.runtime.recovery.trust.listed`), so a serialized plan does not grow with the log."""
 
     length: int
     digest: str

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias, overload
 
 import numpy as np
@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from spate.keygroups import normalize_key
 from spate.runtime.fired_timers import FiredTimers
-from spate.runtime.processor import Context, Row, to_epoch_ms
+from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
 from spate.serde import encode_keys
 
 KeyedRow = tuple[int, Any, Row]  # (key group, key, row)
@@ -357,6 +357,10 @@ def uses_timers(processor: Any) -> bool:
     :class:`BatchProcessor` that overrides :meth:`~BatchProcessor.on_timers`."""
     cls = processor if isinstance(processor, type) else type(processor)
     return not issubclass(cls, BatchProcessor) or cls.on_timers is not BatchProcessor.on_timers
+
+
+AnyProcessor: TypeAlias = Processor | BatchProcessor  # what a subtask runs: per key, or the whole batch at once
+ProcessorFactory: TypeAlias = Callable[[], AnyProcessor]  # a new processor for each subtask's live state
 
 
 __all__ = ["BatchProcessor", "FiredTimers", "KeyRows", "KeyedBatch", "uses_timers"]

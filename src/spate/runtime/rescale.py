@@ -1,9 +1,10 @@
 """An online rescale on local disk: a new subtask's lmdb state built from the local copies the old subtasks left
-on this machine, without copying them, reading checkpoint storage only for key groups no usable copy holds.
+on this machine, without copying them, reading checkpoint storage only for key groups no usable copy holds (the
+recovery ladder's ``rescaled`` rung, :mod:`spate.runtime.recovery.local_rescale`).
 
 When the parallelism changes between two batches of a running query, the old subtasks' lmdb tables are still on
-the workers' disks, tagged with the base checkpoint and its lineage (:mod:`spate.runtime.recovery`). The plan
-names, per new subtask, the old subtasks whose key groups it takes over, largest overlap first, with the
+the workers' disks, tagged with the base checkpoint and its lineage (:mod:`spate.runtime.recovery.trust`). The
+plan names, per new subtask, the old subtasks whose key groups it takes over, largest overlap first, with the
 fingerprint of the lineage each copy must carry and how many new subtasks take over some of its key groups
 (:class:`~spate.checkpoint.protocol.RescaleSource`). Per source, in that order:
 

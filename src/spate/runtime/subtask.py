@@ -1,10 +1,11 @@
 """One subtask's batch: bring its state to the plan's base, process the batch, snapshot, acknowledge.
 
 Transport-agnostic: the in-process runner calls it directly; the Spark transport calls it inside a Python
-worker. Live state is tagged with the checkpoint it reflects and exactly which state that is
-(:mod:`spate.runtime.recovery`); it is reused when that is the plan's base, and otherwise the recovery ladder
-brings the state there (:class:`spate.runtime.restore.StateRecovery`: a local copy caught up, the old subtasks'
-local copies at a rescale, or checkpoint storage). Snapshots write through :mod:`spate.runtime.snapshot_files`.
+worker. The subtask holds one :class:`~spate.runtime.recovery.live.LiveState` (its backends, the processor open
+on them, the checkpoint they reflect and how they got to the plan's base); before the batch the recovery ladder
+(:func:`spate.runtime.recovery.recover`) brings it to the plan's base: reused as it is, a local copy caught up,
+the old subtasks' local copies at a rescale, or checkpoint storage. Snapshots write through
+:mod:`spate.runtime.snapshot_files`.
 """
 
 from __future__ import annotations
@@ -12,24 +13,22 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from spate.changelog.state import ChangelogKeyedState
-from spate.checkpoint.ackinfo import RESCALED, REUSED, RecoveryInfo
+from spate.checkpoint.ackinfo import RecoveryInfo
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.errors import short_repr
-from spate.runtime.batch import BatchProcessor, KeyedBatch, KeyedRow
+from spate.runtime.batch import AnyProcessor, BatchProcessor, KeyedBatch, KeyedRow, ProcessorFactory
 from spate.runtime.fired_timers import FiredTimers
 from spate.runtime.outputs import NO_KEY, OutputBuffer, Outputs
 from spate.runtime.processor import Context, Processor, Row
 from spate.runtime.profile import PhaseClock, table_seconds
-from spate.runtime.recovery import Lineage, listed, live_at_base, mark_dirty, write_tag
-from spate.runtime.restore import RecoveredState, StateRecovery
+from spate.runtime.recovery import LiveState, StateOwner, recover
 from spate.runtime.services import WorkerServices
-from spate.runtime.snapshot_files import Relocator, SnapshotFiles
+from spate.runtime.snapshot_files import SnapshotFiles
 from spate.runtime.subtask_config import TABLE_KINDS, SubtaskConfig, check_services  # noqa: F401  (re-exported)
-from spate.runtime.tables import table_under
 from spate.segments import FileRef, SegmentWriter
 from spate.serde import resolve_serializer
 from spate.sinks.table_sink import SinkFile
@@ -37,14 +36,8 @@ from spate.snapshot.keyed import write_keyed_snapshot
 from spate.snapshot.operator import write_operator_snapshot
 from spate.snapshot.outputs import PARQUET, OutputsHandle, write_outputs, write_outputs_parquet
 from spate.state.keyed import KeyedStateBackend
-from spate.state.lmdb_table import LmdbTable
 from spate.state.operator import OperatorStateBackend
-from spate.state.overlay import OverlayTable
-from spate.state.table import StateTable
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
-
-AnyProcessor = Processor | BatchProcessor
-ProcessorFactory = Callable[[], AnyProcessor]
 
 
 def _floored(watermark_ms: int | None, floor_ms: int | None) -> int | None:
@@ -74,11 +67,28 @@ class BatchOutput:
         return self.outputs.rows
 
 
+@dataclass
+class _Snapshot:
+    """A batch's snapshot once started: what its ack needs when it is durable."""
+
+    keyed_handles: list = field(default_factory=list)  # without the changelog: written, or the base's reused
+    clog_finish: Callable[[], tuple[list, list, dict]] | None = None  # with it: waits, gives (keyed, log, stats)
+    op_handle: Any = None
+    staged: OutputsHandle | None = None
+    own: list[FileRef] = field(default_factory=list)  # files of their own among the staged outputs
+    sink_file: SinkFile | None = None  # a table sink's data file
+    written: list[FileRef] = field(default_factory=list)  # whole files (without file merging)
+    reuse: bool = False  # the keyed handles are the base's, named again
+    start_ms: float = 0.0
+
+
 class Subtask:
     """Subtask ``index`` of ``parallelism``: owns the key groups ``key_group_range(maxP, P, index)``.
 
     ``services`` are its worker's services for the checkpoint root (storage, file merging, changelog uploads
-    and materializations), made for ``config``; the worker owns and closes them, the subtask only uses them."""
+    and materializations), made for ``config``; the worker owns and closes them, the subtask only uses them.
+    Its state is one :class:`~spate.runtime.recovery.live.LiveState` (``live``); ``keyed``, ``operator``,
+    ``clog``, ``processor``, ``ctx`` and ``recovery`` are its parts."""
 
     def __init__(self, index: int, parallelism: int, factory: ProcessorFactory, config: SubtaskConfig,
                  services: WorkerServices) -> None:
@@ -87,18 +97,33 @@ class Subtask:
         self.factory = factory
         self.config = config
         self.services = services
-        self.keyed: KeyedStateBackend | None = None
-        self.operator: OperatorStateBackend | None = None
-        self.processor: AnyProcessor | None = None
-        self.ctx: Context | None = None
-        self._tag: int | None = None  # checkpoint the live state reflects; None = unknown/dirty
-        self._lineage: Lineage | None = None  # exactly which state that is (see spate.runtime.recovery)
-        self._handles: tuple[int, list] | None = None  # (checkpoint, keyed handles) equal to the live state
-        self.recovery = RecoveryInfo()  # how the state of the current batch got to its plan's base
-        self._recovery_stats: dict[str, int] = {}  # and the figures of that for the ack's stats
-        self.clog: ChangelogKeyedState | None = None
-        self._state_recovery = StateRecovery(index, parallelism, config, services)
+        self.live = LiveState(StateOwner(index, parallelism, config, services, factory))
         self._files = SnapshotFiles(index, parallelism, services)
+
+    @property
+    def keyed(self) -> KeyedStateBackend | None:
+        return self.live.keyed
+
+    @property
+    def operator(self) -> OperatorStateBackend | None:
+        return self.live.operator
+
+    @property
+    def clog(self) -> ChangelogKeyedState | None:
+        return self.live.clog
+
+    @property
+    def processor(self) -> AnyProcessor | None:
+        return self.live.processor
+
+    @property
+    def ctx(self) -> Context | None:
+        return self.live.ctx
+
+    @property
+    def recovery(self) -> RecoveryInfo:
+        """How the state of the current batch got to its plan's base."""
+        return self.live.info
 
     # -- the batch ------------------------------------------------------------------------------------
     def run(self, plan: SubtaskPlan, batch: KeyedBatch | Sequence[KeyedRow],
@@ -117,13 +142,13 @@ class Subtask:
         clock = PhaseClock()
         self._prepare(plan)
         clock.lap("prepare_ms")
-        table_s = table_seconds(self._table())
+        table_s = table_seconds(self.live.table)
         try:
             out = self._process(plan, self._without_late_rows(plan, batch), clock, initial)
         except Exception as e:
             e.add_note(self._where(plan))  # shown under the error, on Spark too (Python tracebacks print notes)
             raise
-        clock.phases["table_ms"] = (table_seconds(self._table()) - table_s) * 1000
+        clock.phases["table_ms"] = (table_seconds(self.live.table) - table_s) * 1000
         finish = self._snapshot(plan, batch, out)
         clock.lap("snapshot_start_ms")
 
@@ -145,72 +170,16 @@ class Subtask:
                              f"{self.services.uri}")
 
     def _prepare(self, plan: SubtaskPlan) -> None:
-        """Bring the state to the plan's base: the live state if it is there, else what the recovery ladder
-        brings (:mod:`spate.runtime.restore`)."""
+        """Bring the live state to the plan's base (:func:`spate.runtime.recovery.recover`) and start the batch
+        on it."""
         self._files.begin(plan)
-        lmdb = self._lmdb()
-        if lmdb is not None:
-            lmdb.lock()
-        self.recovery = RecoveryInfo(recovery=REUSED)
-        self._recovery_stats = {}
-        if self.keyed is not None and live_at_base(self._tag, self._lineage, lmdb, plan):
-            if self.clog is not None and plan.base_checkpoint_id is not None:
-                self.clog.checkpoint_completed(plan.base_checkpoint_id)
-        else:
-            # an lmdb copy stays for the ladder to find (e.g. another process moved it on: it catches up)
-            self._drop_live_state(plan, destroy=lmdb is None)
-            if plan.changelog_ref is not None:  # the ladder needs the handles of the log the plan names
-                plan = listed(plan, self.services.storage_of(plan.base_uri))  # type: ignore[arg-type]
-            self._install(plan, self._state_recovery.recover(plan))
-        assert self.keyed is not None
-        if self.clog is not None:
-            self.clog.begin(plan.checkpoint_id)
-        mark_dirty(self.keyed.table)
-        self._tag = None  # from here on the live state equals no checkpoint until the next snapshot
-
-    def _drop_live_state(self, plan: SubtaskPlan, destroy: bool) -> None:
-        if self.clog is not None and plan.base_checkpoint_id is not None:
-            # checkpoints this subtask took after the base were aborted: let close() delete their changes
-            self.clog.abandon_after(plan.base_checkpoint_id)
-        if self.keyed is not None:
-            self.close(destroy=destroy)
-
-    def _install(self, plan: SubtaskPlan, state: RecoveredState) -> None:
-        """Take over the recovered state and open a new processor on it."""
-        self.keyed, self.operator, self.clog = state.keyed, state.operator, state.clog
-        self._tag, self._lineage, self._handles = state.tag, state.lineage, state.handles
-        self.recovery, self._recovery_stats = state.info, state.stats
-        self.ctx = Context(self.keyed, self.operator, self.index, self.parallelism, plan.max_parallelism)
-        try:
-            self.processor = self.factory()
-            self.processor.open(self.ctx)
-            self.keyed.dirty = False  # the recovered handles (if any) still describe the state
-            # after open(): a materialization it triggers includes the states open() registers. Inside the try:
-            # state whose carried files were not checked must never count as being at the base
-            self._state_recovery.check_carried(plan, state)
-        except BaseException:
-            self._close_after_failed_install(state)
-            raise
-
-    def _close_after_failed_install(self, state: RecoveredState) -> None:
-        if self.processor is not None:
-            self.processor.close()
-        state.discard()
-        self.keyed = self.operator = self.processor = self.ctx = self.clog = None
-        self._tag, self._handles, self._lineage = None, None, None
-
-    def _table(self) -> StateTable | None:
-        return self.keyed.table if self.keyed is not None else None
-
-    def _lmdb(self) -> LmdbTable | None:
-        return table_under(self._table(), LmdbTable)
+        self.live = recover(plan, self.live)
+        self.live.begin(plan)
 
     def release_local_state(self) -> None:
         """Between batches: let another process (another Spark Python worker) take this subtask's lmdb state;
         the next batch here takes it back, or reopens it if someone else moved it on."""
-        lmdb = self._lmdb()
-        if lmdb is not None:
-            lmdb.unlock()
+        self.live.release()
 
     def _where(self, plan: SubtaskPlan) -> str:
         """Where processing failed: the processor, the batch, the subtask and the key it was processing."""
@@ -292,31 +261,30 @@ class Subtask:
 
     def _snapshot(self, plan: SubtaskPlan, batch: KeyedBatch, out: Outputs) -> Callable[[], SubtaskAck]:
         """Start writing the batch's snapshot; the returned function waits until it is durable and acks."""
-        keyed, operator = self.keyed, self.operator
+        live = self.live
+        keyed, operator, clog = live.keyed, live.operator, live.clog
         assert keyed is not None and operator is not None
         started = time.perf_counter()
         keyed_out, op_out, staged_out = self._files.writers(plan)
-        written: list[FileRef] = []  # whole files (without file merging)
+        snap = _Snapshot()
         fix = self._files.relocator(plan, keyed_out)
-        reuse = self._may_reuse_handles(plan, fix)
-        clog_finish = None
-        keyed_handles: list = []
-        if self.clog is not None and not self.config.sticky:
-            self.clog.materialize_if_due(keyed, plan.processing_time_ms, plan.checkpoint_id)
-        if self.clog is not None:
-            clog_finish = self.clog.start_snapshot(plan.checkpoint_id, keyed, fix)
-        elif reuse:
-            keyed_handles = self._handles[1]  # type: ignore[index]
+        snap.reuse = live.may_reuse_handles(plan, fix)
+        if clog is not None and not self.config.sticky:
+            clog.materialize_if_due(keyed, plan.processing_time_ms, plan.checkpoint_id)
+        if clog is not None:
+            snap.clog_finish = clog.start_snapshot(plan.checkpoint_id, keyed, fix)
+        elif snap.reuse:
+            snap.keyed_handles = live.handles[1]  # type: ignore[index]
         else:
             handle = write_keyed_snapshot(keyed, keyed_out, self.config.compress)
-            keyed_handles = [handle] if handle else []
-            written += [h.segment for h in keyed_handles]
-        op_handle = write_operator_snapshot(operator, op_out)
-        staged, own, sink_file = self._stage_outputs(plan, out, staged_out)
-        written += [h.segment for h in (op_handle, staged) if h is not None and h.segment not in own]
-        start_ms = (time.perf_counter() - started) * 1000
-        return lambda: self._acknowledge(plan, batch, start_ms, keyed_handles, clog_finish, op_handle, staged,
-                                         written, reuse, sink_file, own)
+            snap.keyed_handles = [handle] if handle else []
+            snap.written += [h.segment for h in snap.keyed_handles]
+        snap.op_handle = write_operator_snapshot(operator, op_out)
+        snap.staged, snap.own, snap.sink_file = self._stage_outputs(plan, out, staged_out)
+        snap.written += [h.segment for h in (snap.op_handle, snap.staged)
+                         if h is not None and h.segment not in snap.own]
+        snap.start_ms = (time.perf_counter() - started) * 1000
+        return lambda: self._acknowledge(plan, batch, snap)
 
     def _stage_outputs(self, plan: SubtaskPlan, out: Outputs, staged_out: SegmentWriter
                        ) -> tuple[OutputsHandle | None, list[FileRef], SinkFile | None]:
@@ -333,71 +301,38 @@ class Subtask:
         rows = out.table if out.table is not None else out.rows
         return write_outputs(rows, staged_out, resolve_serializer(self.config.output_serializer)), [], None
 
-    def _may_reuse_handles(self, plan: SubtaskPlan, fix: Relocator | None) -> bool:
-        """Whether the keyed handles of the base still describe the state, so the snapshot may name them again.
-        Only what the coordinator recorded for this subtask in the base checkpoint: an attempt whose ack was
-        rejected must not reuse its (deleted) files."""
-        keyed, handles = self.keyed, self._handles
-        assert keyed is not None
-        return (self.clog is None and handles is not None and handles[0] == plan.base_checkpoint_id
-                and handles[1] == plan.keyed and not keyed.dirty and not keyed.has_ttl_state()
-                and (fix is None or not any(fix.needed(h) for h in plan.keyed)))
-
-    def _acknowledge(self, plan: SubtaskPlan, batch: KeyedBatch, start_ms: float,
-                     keyed_handles: list, clog_finish: Callable[[], tuple[list, list, dict]] | None,
-                     op_handle: Any, staged: Any, written: list[FileRef], reuse: bool,
-                     sink_file: SinkFile | None = None, own: list[FileRef] | None = None) -> SubtaskAck:
+    def _acknowledge(self, plan: SubtaskPlan, batch: KeyedBatch, snap: _Snapshot) -> SubtaskAck:
         """Once everything is durable: tag the live state with the checkpoint and build the ack."""
-        keyed = self.keyed
+        live = self.live
+        keyed, clog = live.keyed, live.clog
         assert keyed is not None
         started = time.perf_counter()
+        keyed_handles = snap.keyed_handles
         changelog: list = []
         clog_stats: dict = {}
-        if clog_finish is not None:
-            keyed_handles, changelog, clog_stats = clog_finish()
+        if snap.clog_finish is not None:
+            keyed_handles, changelog, clog_stats = snap.clog_finish()
+        op_handle, staged = snap.op_handle, snap.staged
         named = [h.segment for h in (*keyed_handles, *changelog, *(x for x in (op_handle, staged) if x))]
-        files = self._files.report(plan, named, written, own)
-        self._tag_live_state(plan, keyed_handles, changelog)
+        files = self._files.report(plan, named, snap.written, snap.own)
+        live.tag_as(plan, keyed_handles, changelog)
         finish_ms = (time.perf_counter() - started) * 1000
-        stats = {"snapshot_ms": round(start_ms + finish_ms, 3), "snapshot_start_ms": round(start_ms, 3),
-                 "keyed_bytes": sum(h.state_bytes for h in keyed_handles), "snapshot_reused": reuse,
-                 "operator_bytes": op_handle.size if op_handle else 0, **self._recovery_stats}
-        stats.update(self._after_snapshot(plan, keyed))
+        stats = {"snapshot_ms": round(snap.start_ms + finish_ms, 3), "snapshot_start_ms": round(snap.start_ms, 3),
+                 "keyed_bytes": sum(h.state_bytes for h in keyed_handles), "snapshot_reused": snap.reuse,
+                 "operator_bytes": op_handle.size if op_handle else 0, **live.stats}
+        stats.update(live.after_snapshot())
         stats.update(clog_stats)
         rows = keyed.table.entry_count()
         if rows is not None:
             stats["state_rows"] = rows
-        if self.clog is not None and self.config.sticky and self.clog.maybe_materialize(keyed, plan.processing_time_ms):
+        if clog is not None and self.config.sticky and clog.maybe_materialize(keyed, plan.processing_time_ms):
             stats["materialization_started"] = True
         timers = keyed.timers
         return SubtaskAck(plan.checkpoint_id, self.index, plan.epoch, keyed_handles, changelog, op_handle, staged,
                           files, self._max_event_time(batch), stats, self._files.worker,
-                          rows=batch.num_rows, staged=self.config.stage_outputs, **self.recovery.recovery_info(),
+                          rows=batch.num_rows, staged=self.config.stage_outputs, **live.info.recovery_info(),
                           next_processing_timer_ms=timers.earliest(PROCESSING_TIME),
-                          next_event_timer_ms=timers.earliest(EVENT_TIME), sink_file=sink_file)
-
-    def _tag_live_state(self, plan: SubtaskPlan, keyed_handles: list, changelog: list) -> None:
-        """The live state is the checkpoint's now, exactly as the ack describes it."""
-        keyed = self.keyed
-        assert keyed is not None
-        self._lineage = Lineage.of(plan.key_groups, keyed_handles, changelog)
-        write_tag(keyed.table, plan.checkpoint_id, self._lineage)
-        keyed.dirty = False
-        self._tag = plan.checkpoint_id
-        self._handles = (plan.checkpoint_id, keyed_handles)
-
-    def _after_snapshot(self, plan: SubtaskPlan, keyed: KeyedStateBackend) -> dict[str, int]:
-        """With an lmdb table: trust it in this process (it wrote it), and fold some of a rescaled table's bases
-        into it, but not in the rescaling batch (it has enough to do). Returns the stats of that."""
-        lmdb = self._lmdb()
-        if lmdb is None:
-            return {}
-        self.services.trusted_local.add(lmdb.path)
-        overlay = table_under(keyed.table, OverlayTable)
-        if overlay is None or self.recovery.recovery == RESCALED:
-            return {}
-        folded = overlay.fold(self.config.fold_per_batch)
-        return {"folded_entries": folded} if folded else {}
+                          next_event_timer_ms=timers.earliest(EVENT_TIME), sink_file=snap.sink_file)
 
     def _max_event_time(self, batch: KeyedBatch) -> int | None:
         col = self.config.event_time_column
@@ -406,15 +341,4 @@ class Subtask:
     def close(self, destroy: bool = False) -> None:
         """Close the processor and the table (``destroy`` also deletes local state)."""
         self._files.give_up_unsynced()
-        if self.processor is not None:
-            self.processor.close()
-        if self.clog is not None:
-            self.clog.close()
-            self.clog = None
-        if self.keyed is not None:
-            if destroy:
-                self.keyed.table.destroy()
-            else:
-                self.keyed.table.close()
-        self.keyed = self.operator = self.processor = self.ctx = None
-        self._tag, self._handles, self._lineage = None, None, None
+        self.live.close(destroy=destroy)

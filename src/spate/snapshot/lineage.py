@@ -1,5 +1,5 @@
 """Which state a subtask's local table holds, exactly: its key-group range and the identities of the handles its
-last accepted ack listed (see :mod:`spate.runtime.recovery` for how a copy is trusted by it). Here, below the
+last accepted ack listed (see :mod:`spate.runtime.recovery.trust` for how a copy is trusted by it). Here, below the
 coordinator, so that a plan can name the lineage a local copy of the base must have (an online rescale builds
 new subtasks' state from the old subtasks' local copies)."""
 

@@ -54,7 +54,7 @@ from spate.fs import CheckpointStorage
 from spate.layout import METADATA_FILE
 from spate.report import format_table
 from spate.runtime.local import LocalRunner
-from spate.runtime.restore import StateRecovery
+from spate.runtime.recovery import storage as recovery_storage
 from spate.runtime.subtask import Subtask
 from spate.sinks import DeltaSink, IcebergSink, ParquetSink, TableSink
 from spate_tools.campaigns import driver_races
@@ -187,7 +187,7 @@ class FaultInjector:
 
     def install(self) -> None:
         self._wrap(RootCleanup, "remove_orphans", before="takeover")
-        self._wrap(StateRecovery, "restore", after="restore")
+        self._wrap(recovery_storage, "restore", after="restore")
         self._wrap(Subtask, "_process", after="process")
         self._wrap(PooledWriter, "write", after="segment")
         self._wrap(BatchingUploadScheduler, "_completed", before="upload")

@@ -1,4 +1,4 @@
-"""How a subtask's state gets to the base checkpoint of its plan: reused, caught up, restored, or new.
+"""When a subtask's state can be trusted to be (or to lead to) the base checkpoint of its plan.
 
 A subtask's lmdb table outlives the process that wrote it (on Spark the Python workers of an executor share its
 local disk, and a subtask comes back to an executor after running elsewhere). When a checkpoint's state is
@@ -17,9 +17,10 @@ rejected duplicate ack or of a fenced driver's batch are in no completed checkpo
 lineage (state written by an older spate), a materialization or a re-written file since k — means a full
 restore. At a new parallelism the old subtasks' copies are used as :mod:`spate.runtime.rescale` describes.
 
-Here are the tag (:func:`read_tag`, :func:`write_tag`, :func:`mark_dirty`) and the rules that trust it
-(:func:`live_at_base`, :func:`catch_up_start`); :class:`spate.runtime.restore.StateRecovery` is the ladder that
-uses them.
+Here are the tag (:func:`read_tag`, :func:`write_tag`, :func:`mark_dirty`), the rules that trust it
+(:func:`live_at_base`, :func:`catch_up_start`), a named log listed (:func:`listed`) and what a rung reports
+(:func:`recovery_kind`, :func:`bytes_to_read`, :func:`full_restore`); the rungs of the recovery ladder
+(:func:`spate.runtime.recovery.recover`) use them.
 """
 
 from __future__ import annotations
