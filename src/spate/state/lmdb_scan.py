@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import islice, takewhile
 from operator import itemgetter
+from typing import cast
 
 import lmdb
 
@@ -22,13 +23,13 @@ def flat_key_group(txn: lmdb.Transaction, kg: int) -> list[bytes]:
     if not cur.set_range(KG_PREFIXES[kg]):
         return []
     end = KG_PREFIXES[kg + 1] if kg + 1 < len(KG_PREFIXES) else b"\x80\x00"
-    keys = list(takewhile(end.__gt__, cur.iternext(keys=True, values=False)))
+    keys = list(takewhile(end.__gt__, cast("Iterator[bytes]", cur.iternext(keys=True, values=False))))
     if not keys:
         return []
     cur.set_range(KG_PREFIXES[kg])
     flat: list[bytes] = [b""] * (2 * len(keys))
     flat[0::2] = map(_AFTER_PREFIX, keys)
-    flat[1::2] = islice(cur.iternext(keys=False, values=True), len(keys))
+    flat[1::2] = islice(cast("Iterator[bytes]", cur.iternext(keys=False, values=True)), len(keys))
     return flat
 
 
