@@ -45,6 +45,7 @@ from spate.state.table import StateTable
 T = TypeVar("T")
 READ_THREADS = 3  # storage reads release the GIL; decoding does not, so a few are enough
 READ_AHEAD_BYTES = 32 << 20  # stored bytes read ahead of what is being applied (bounds the memory it takes)
+MIN_IN_FLIGHT = 2  # reads under way whatever their size
 CHUNK_BYTES = 4 << 20  # a materialized snapshot is fetched in ranged reads of about this many bytes
 PART_LOG_BYTES = 16 << 20  # the key groups are restored in parts of about this much log (at most MAX_PARTS),
 MIN_READ_BYTES = 256 << 10  # as long as a part of a change set is about this long (object stores: few requests)
@@ -225,12 +226,13 @@ def _chunks(offsets: Offsets) -> Iterator[Offsets]:
 def _read_ahead(pool: ThreadPoolExecutor, reads: Iterable[tuple[int, Callable[[], T]]],
                 budget: int) -> Generator[T, None, None]:
     """The results of ``reads`` ((bytes, read)) in order, each started as soon as the reads before it that
-    are not consumed yet come to less than ``budget`` bytes."""
+    are not consumed yet come to less than ``budget`` bytes, or are fewer than :data:`MIN_IN_FLIGHT` (a read
+    larger than the budget, one key group of a large state, still overlaps the apply of the one before)."""
     pending: deque[tuple[int, Future[T]]] = deque()
     outstanding = 0
     try:
         for size, read in reads:
-            while pending and outstanding + size > budget:
+            while len(pending) >= MIN_IN_FLIGHT and outstanding + size > budget:
                 done, future = pending.popleft()
                 outstanding -= done
                 yield future.result()
