@@ -268,6 +268,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from spate_tools.bench.rescale import bench_rescale
 
         bench = partial(bench_rescale, out_dir=args.out)
+    elif args.name == "scale":  # writes its own chart (batch and checkpoint times over the run) beside the plot
+        from functools import partial
+
+        from spate_tools.bench.scale import bench_scale
+
+        bench = partial(bench_scale, out_dir=args.out)
     return run_bench(args.name, quick=args.quick, as_json=args.json, out_dir=args.out, bench=bench)
 
 
@@ -325,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write PNG plots, --json)")
     bench.add_argument("name", choices=["state", "changelog", "filemerging", "bigstate", "spark", "cluster", "blog",
-                                                "rescale"],
-                       help="which benchmark (cluster: starts a standalone Spark cluster on 127.0.0.1)")
+                                                "rescale", "scale"],
+                       help="which benchmark (cluster: starts a standalone Spark cluster on 127.0.0.1; scale: 1 GB "
+                            "and 10 GB of lmdb state, needs about 65 GB of free disk)")
     bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
     bench.add_argument("--json", action="store_true", help='print {"bench": NAME, "results": [...]}')
     bench.add_argument("--out", default="bench-out", help="directory for PNG plots (default bench-out)")
