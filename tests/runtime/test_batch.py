@@ -439,3 +439,29 @@ def test_adapter_outputs_go_to_arrow_as_columns_and_a_wrong_column_names_its_key
     with LocalRunner(wrong, key="k", checkpoint_root=str(tmp_path / "d"), output_schema=SCHEMA) as runner, \
             pytest.raises(OutputError, match=problem):
         runner.run_batch(0, [{"k": "a"}])
+
+
+class _OverwriteAll(BatchProcessor):
+    """Puts every key of the batch in bulk, even when the batch has no keys."""
+
+    def open(self, ctx):
+        self.value = ctx.bulk_state(ValueStateDescriptor("v"))
+
+    def process_batch(self, batch, ctx):
+        self.value.put_many(batch, [ctx.batch_id] * len(batch))
+
+
+@pytest.mark.parametrize("table", ["heap", "lmdb"])
+def test_an_empty_bulk_write_leaves_the_snapshot_to_reuse(tmp_path, table):
+    """A batch without keys writes nothing: its checkpoint names the base's keyed files again, also right after
+    a restore (where the full variant would otherwise write the whole state once more)."""
+    root = str(tmp_path / "c")
+    opts = {"key": "k", "checkpoint_root": root, "table": table, "local_dir": str(tmp_path / "l1")}
+    with LocalRunner(_OverwriteAll, **opts) as runner:
+        runner.run_batch(0, [{"k": i} for i in range(50)])
+        assert runner.run_batch(1, []).checkpoint.subtasks[0].stats["snapshot_reused"]
+    with LocalRunner(_OverwriteAll, **{**opts, "local_dir": str(tmp_path / "l2")}) as runner:
+        st = runner.run_batch(2, []).checkpoint.subtasks[0]
+        assert st.recovery == "restored" and st.stats["snapshot_reused"]
+        st = runner.run_batch(3, [{"k": 1}]).checkpoint.subtasks[0]
+        assert not st.stats["snapshot_reused"]

@@ -81,6 +81,7 @@ class BulkValueState(BulkState):
     def put_many(self, keys: Keys, values: Sequence[Any]) -> None:
         """Set the value of each key; a ``None`` value clears that key's."""
         kgs, primaries = self._primaries(keys)
+        touched = bool(primaries)
         values = plain_values(values)
         if len(values) != len(primaries):
             raise ValueError(f"put_many on state {self.name!r}: {len(values)} values for {len(primaries)} keys")
@@ -95,7 +96,7 @@ class BulkValueState(BulkState):
         if expiry:
             data = [expiry + d for d in data]
         self._table.put_many(list(zip(kgs, primaries, data, strict=True)))
-        self._b.dirty = True
+        self._b.dirty |= touched  # an empty call changes nothing
 
     def _encode(self, values: Sequence[Any]) -> list[bytes]:
         """The values serialized (msgpack in bulk), or an error naming the first value that is not."""
@@ -136,7 +137,7 @@ class BulkListState(BulkState):
         for kg, primary, data in zip(kgs, primaries, encoded, strict=True):
             if data:
                 append(kg, primary, data)
-        self._b.dirty = True
+        self._b.dirty |= bool(primaries)  # an empty call changes nothing
 
     def update_many(self, keys: Keys, lists: Sequence[Any]) -> None:
         """Replace each key's list with its one of ``lists`` (an empty one clears it)."""
@@ -153,7 +154,7 @@ class BulkListState(BulkState):
                 if not data:
                     self._table.delete(kg, primary)
             self._table.put_many([(kg, p, d) for kg, p, d in zip(kgs, primaries, encoded, strict=True) if d])
-        self._b.dirty = True
+        self._b.dirty |= bool(primaries)  # an empty call changes nothing
 
     def clear_many(self, keys: Keys) -> None:
         """Remove each key's list."""

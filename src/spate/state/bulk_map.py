@@ -47,7 +47,7 @@ class BulkMapState(BulkState):
         for kg, primary, mapping in zip(kgs, primaries, mappings, strict=True):
             for user_key, value in mapping.items():
                 put(kg, primary, encode_key(user_key), dumps(value))
-        self._b.dirty = True
+        self._b.dirty |= bool(primaries)  # an empty call changes nothing
 
     def update_many(self, keys: Keys, mappings: Sequence[Mapping[Any, Any]]) -> None:
         """Replace each key's map with its one of ``mappings`` (an empty one clears it); a key given twice ends
@@ -60,7 +60,7 @@ class BulkMapState(BulkState):
             delete(kg, primary)
             for user_key, data in entries:
                 put(kg, primary, user_key, data)
-        self._b.dirty = True
+        self._b.dirty |= bool(primaries)  # an empty call changes nothing
 
     def clear_many(self, keys: Keys) -> None:
         """Remove each key's map."""
@@ -68,7 +68,7 @@ class BulkMapState(BulkState):
         delete = self._table.delete
         for kg, primary in zip(kgs, primaries, strict=True):
             delete(kg, primary)
-        self._b.dirty = True
+        self._b.dirty |= bool(primaries)  # an empty call changes nothing
 
     # -- single entries ------------------------------------------------------------------------------------
     def get_entries(self, keys: Keys, user_keys: Sequence[Any], default: Any = None) -> list[Any]:
@@ -93,7 +93,7 @@ class BulkMapState(BulkState):
         put, dumps = self._table.map_put, self._state._dumps
         for kg, primary, uk, value in zip(kgs, primaries, user_keys, values, strict=True):
             put(kg, primary, uk, dumps(value))
-        self._b.dirty = True
+        self._b.dirty |= bool(primaries)  # an empty call changes nothing
 
     def remove_entries(self, keys: Keys, user_keys: Sequence[Any]) -> None:
         """Remove user key ``user_keys[i]`` from the map of ``keys[i]`` (no error where there is none)."""
@@ -102,7 +102,7 @@ class BulkMapState(BulkState):
         delete = self._table.map_delete
         for kg, primary, uk in zip(kgs, primaries, user_keys, strict=True):
             delete(kg, primary, uk)
-        self._b.dirty = True
+        self._b.dirty |= bool(primaries)  # an empty call changes nothing
 
     # -- arguments -----------------------------------------------------------------------------------------
     def _user_keys(self, user_keys: Sequence[Any], op: str, n: int) -> list[bytes]:
