@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +29,7 @@ _HEADER = struct.Struct(">4sHBBQI")  # magic, format version, kind, flags, paylo
 _FIELDS = struct.Struct(">4sHBBQ")  # the header without its crc32: what a version-2 crc covers before the payload
 _CRC = struct.Struct(">I")
 FRAME_HEADER_SIZE = _HEADER.size
+SPAN_READ_BYTES = 16 << 20  # bytes of frames fetched by one ranged read (object stores: few requests)
 _FLAG_ZSTD = 1
 
 
@@ -76,22 +77,41 @@ def iter_frames(data: bytes, where: str, base_offset: int = 0) -> Iterator[Frame
 
 def read_span_frames(storage: RangeReader, path: str, offsets: Mapping[int, tuple[int, int]], kind: int,
                      context: str = "", file_offset: int = 0) -> tuple[str, Iterator[Frame]]:
-    """The frames between the first and last of ``offsets`` (key group → (offset, length) within the logical
-    file at ``file_offset`` of ``path``), fetched with one ranged read, each verified and of ``kind``.
-    Frame offsets are relative to the logical file. Returns (where, frames)."""
-    first, last = offsets[min(offsets)], offsets[max(offsets)]
-    offset, length = first[0], last[0] + last[1] - first[0]
-    data = storage.read_range(path, file_offset + offset, length, context)
+    """The frames of ``offsets`` (key group → (offset, length) within the logical file at ``file_offset`` of
+    ``path``), each verified and of ``kind``, fetched as they are consumed by ranged reads of about
+    :data:`SPAN_READ_BYTES` (one frame at least): few requests, and never a large file whole in memory. A read
+    covers the frames between those it was made for too. Frame offsets are relative to the logical file.
+    Returns (where, frames)."""
     segment = f" segment at {file_offset}" if file_offset else ""
     where = f"{storage.path(path)}{segment}{f' ({context})' if context else ''}"
 
     def frames() -> Iterator[Frame]:
-        for fr in iter_frames(data, where, offset):
-            if fr.kind != kind:
-                raise CorruptFileError(f"{where}: frame at offset {fr.offset} has kind {fr.kind}, expected {kind}")
-            yield fr
+        for offset, length in _span_reads(offsets.values()):
+            data = storage.read_range(path, file_offset + offset, length, context)
+            for fr in iter_frames(data, where, offset):
+                if fr.kind != kind:
+                    raise CorruptFileError(f"{where}: frame at offset {fr.offset} has kind {fr.kind}, expected "
+                                           f"{kind}")
+                yield fr
 
     return where, frames()
+
+
+def _span_reads(frames: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, length) of the reads that fetch ``frames`` ((offset, length) each), in file order: contiguous
+    runs of about :data:`SPAN_READ_BYTES`."""
+    reads: list[tuple[int, int]] = []
+    start = end = -1
+    for offset, length in sorted(frames):
+        if start >= 0 and offset + length - start <= SPAN_READ_BYTES:
+            end = max(end, offset + length)
+            continue
+        if start >= 0:
+            reads.append((start, end - start))
+        start, end = offset, offset + length
+    if start >= 0:
+        reads.append((start, end - start))
+    return reads
 
 
 def read_single_frame(data: bytes, where: str, expected_kind: int | None = None) -> bytes:

@@ -8,7 +8,8 @@ import decimal
 import pytest
 
 from spate.errors import CorruptFileError, MissingFileError, SerializationError
-from spate.frames import FrameKind, frame, iter_frames, read_single_frame
+import spate.frames as frames_module
+from spate.frames import FrameKind, frame, iter_frames, read_single_frame, read_span_frames
 from spate.fs import CheckpointStorage, validate_relative_path
 from spate.serde import MSGPACK, decode_key, encode_key, serializer_by_name
 
@@ -89,3 +90,26 @@ def test_pickle_needs_opt_in():
 def test_unsupported_key_is_a_type_error():
     with pytest.raises(TypeError, match="unsupported key"):
         encode_key(object())
+
+
+def test_a_span_of_frames_is_read_in_bounded_ranged_reads(tmp_path, monkeypatch):
+    """A large logical file (a big keyed snapshot) is never read whole: its frames come from ranged reads of
+    about SPAN_READ_BYTES, one frame at least, made as the frames are consumed."""
+    storage = CheckpointStorage(str(tmp_path))
+    payloads = [bytes([i]) * (100 + 37 * i) for i in range(40)]
+    data, offsets, pos = b"", {}, 0
+    for i, p in enumerate(payloads):
+        fr = frame(FrameKind.KEY_GROUP, p)
+        offsets[i] = (pos, len(fr))
+        data, pos = data + fr, pos + len(fr)
+    storage.write("f.kg", b"x" * 7 + data)
+    monkeypatch.setattr(frames_module, "SPAN_READ_BYTES", 1000)
+    reads: list[int] = []
+    read_range = storage.read_range
+    monkeypatch.setattr(storage, "read_range", lambda rel, o, n, c="": reads.append(n) or read_range(rel, o, n, c))
+    wanted = {k: v for k, v in offsets.items() if k % 3}  # frames between those wanted are read, not returned
+    _where, got = read_span_frames(storage, "f.kg", wanted, FrameKind.KEY_GROUP, file_offset=7)
+    assert not reads, "nothing is read before the frames are consumed"
+    got_payloads = [f.payload for f in got]
+    assert set(got_payloads) >= {payloads[k] for k in wanted}
+    assert len(reads) > 3 and max(reads) <= max(1000, max(n for _o, n in offsets.values()))
