@@ -7,8 +7,8 @@ import decimal
 
 import pytest
 
-from spate.errors import CorruptFileError, MissingFileError, SerializationError
 import spate.frames as frames_module
+from spate.errors import CorruptFileError, MissingFileError, SerializationError
 from spate.frames import FrameKind, frame, iter_frames, read_single_frame, read_span_frames
 from spate.fs import CheckpointStorage, validate_relative_path
 from spate.serde import MSGPACK, decode_key, encode_key, serializer_by_name
