@@ -114,6 +114,22 @@ def _span_reads(frames: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return reads
 
 
+def contiguous_reads(frame_starts: Iterable[int], end: int) -> list[tuple[int, int]]:
+    """(offset, length) of reads that cover every byte from the first of ``frame_starts`` to ``end``, cut at
+    frame starts into reads of about :data:`SPAN_READ_BYTES` (one frame at least): a span copied as it is."""
+    reads: list[tuple[int, int]] = []
+    start = -1
+    for at in sorted(frame_starts):
+        if start < 0:
+            start = at
+        elif at - start >= SPAN_READ_BYTES:
+            reads.append((start, at - start))
+            start = at
+    if start >= 0:
+        reads.append((start, end - start))
+    return reads
+
+
 def read_single_frame(data: bytes, where: str, expected_kind: int | None = None) -> bytes:
     """Verify that ``data`` is exactly one frame (of ``expected_kind``) and return its payload."""
     if len(data) < FRAME_HEADER_SIZE:

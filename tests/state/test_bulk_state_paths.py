@@ -1,7 +1,10 @@
-"""A key group's digest travels with it in a keyed snapshot: a restore into an lmdb table adds it instead of
+"""The bulk state paths move whole key groups without touching each entry in Python.
+
+A key group's digest travels with it in a keyed snapshot: a restore into an lmdb table adds it instead of
 hashing every entry, and the table's recorded digest must still be exactly what re-reading every entry gives,
 whatever the path (a frame restored whole, merged with a changelog, with state ids mapped, from a frame written
-before digests were carried, over entries already there). The documented ``.kg`` example is real bytes."""
+before digests were carried, over entries already there). A relocated snapshot is copied in bounded parts. The
+documented ``.kg`` example is real bytes."""
 
 from __future__ import annotations
 
@@ -135,3 +138,23 @@ def test_documented_key_group_frame_is_real_bytes():
     assert (kg, flat) == (6, [bytes.fromhex("00000002a1640000"), b"\x01"])
     assert digest == key_group_digest(U16.pack(6), flat[0::2], flat[1::2]) == 2773845573
     assert frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat, digest], use_bin_type=True)) == data
+
+
+def test_a_relocated_snapshot_is_copied_in_parts_and_reads_the_same(tmp_path, monkeypatch):
+    """Re-writing a handle (a rescaled subtask taking ownership of state in another subtask's directory) copies
+    its span in reads of about SPAN_READ_BYTES, key groups between its own included, and the copy reads back
+    the same entries with the same digests."""
+    import spate.frames as frames_module
+    from spate.snapshot.relocate import relocate
+
+    source = _filled(str(tmp_path / "a"), 400)
+    storage, handle = _snapshot(tmp_path, source)
+    narrowed = type(handle)(handle.path, 4, 11, {kg: at for kg, at in handle.offsets.items() if 4 <= kg <= 11},
+                            handle.size, handle.states, handle.file_offset)
+    monkeypatch.setattr(frames_module, "SPAN_READ_BYTES", 600)
+    reads: list[int] = []
+    read_range = storage.read_range
+    monkeypatch.setattr(storage, "read_range", lambda rel, o, n, c="": reads.append(n) or read_range(rel, o, n, c))
+    copy = relocate(storage, narrowed, WholeFileWriter(storage, "shared/b", ".kg"))
+    assert len(reads) > 2, "copied in parts"
+    assert list(read_key_group_frames(storage, copy)) == list(read_key_group_frames(storage, narrowed))
