@@ -245,6 +245,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.profile and args.name != "spark":
         print("--profile is for `spate bench spark`", file=sys.stderr)
         return 2
+    if (args.large or args.state_gb is not None) and (args.name != "cluster" or args.quick or not args.large):
+        print("--large (and --state-gb, which needs it) is for `spate bench cluster`, without --quick",
+              file=sys.stderr)
+        return 2
     bench: BenchFn | None = None
     if args.name == "spark":  # only the CLI reaches into spate.spark
         from functools import partial
@@ -252,6 +256,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from spate_tools.bench.spark import bench_spark
 
         bench = partial(bench_spark, profile=args.profile, out_dir=args.out)
+    elif args.name == "cluster" and args.large:  # the large-state case only, at --state-gb (default 4)
+        from functools import partial
+
+        from spate_tools.bench.cluster_large import bench_cluster_large
+
+        state_gb = 4.0 if args.state_gb is None else args.state_gb
+        bench = partial(bench_cluster_large, state_gb=state_gb, out_dir=args.out)
     elif args.name == "cluster":
         from spate_tools.bench.cluster import bench_cluster
 
@@ -340,6 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", action="store_true",
                        help="spark only: a per-batch time breakdown (Spark's jobs and stages, read from its UI "
                             "on 127.0.0.1; spate's worker phases)")
+    bench.add_argument("--large", action="store_true",
+                       help="cluster only: run the large-state case instead (4 GB of lmdb state over 2 workers, an "
+                            "executor killed, its subtask's restore against the OS copying the same bytes; needs 7x "
+                            "the state free on --out's disk)")
+    bench.add_argument("--state-gb", type=float, default=None,
+                       help="with --large: the state's size in GB (default 4)")
     bench.set_defaults(func=cmd_bench)
 
     demo = sub.add_parser("demo", help="run the demo job on Spark: checkpoints, a stop, a rescale 2 → 4, "

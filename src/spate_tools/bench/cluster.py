@@ -16,6 +16,9 @@ until every subtask again runs on its local state), ``batch_ms_p50_cluster`` vs 
 
 A second row (``plans``, in-process, no Spark) measures growth: the plan bytes per task and the checkpoint
 metadata bytes at parallelism 50 over 200 batches (``--quick``: 60), changelog and file merging on.
+
+``spate bench cluster --large`` runs the large-state case instead (:mod:`spate_tools.bench.cluster_large`):
+4 GB of state over the 2 workers, an executor killed, its subtask's restore against the OS copying its bytes.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from spate.spark.stream import StatefulStream
 from spate.spark.stream_metrics import BatchMetrics
 from spate.state.descriptors import ValueStateDescriptor
 from spate_tools.spark_demo import write_batches
-from spate_tools.standalone import StandaloneCluster
+from spate_tools.standalone import ExecutorProcess, StandaloneCluster
 
 INPUT_SCHEMA = "k string, v string"
 PARALLELISM = 4
@@ -100,12 +103,13 @@ class _KillOnce:
     def __init__(self, cluster: StandaloneCluster, spark: Any, at: int) -> None:
         self.cluster, self.app_id, self.at = cluster, spark.sparkContext.applicationId, at
         self.killed: str | None = None
+        self.victim: ExecutorProcess | None = None
 
     def __call__(self, _outputs: Any, batch_id: int) -> None:
         if batch_id == self.at and self.killed is None:
             victim = self.cluster.executors(self.app_id)[0]
             self.cluster.kill_executor(victim)
-            self.killed = victim.executor_id
+            self.killed, self.victim = victim.executor_id, victim
 
 
 def _spate(spark: Any, cluster: StandaloneCluster, source: str, root: str, kill_at: int) -> tuple[Any, Any, Any]:
