@@ -95,13 +95,15 @@ class Setup:
 
     sizes_gb: tuple[float, ...]
     batches: int  # measured batches (at least)
+    full_batches: int | None = None  # measured batches with the changelog off (each checkpoint writes the whole
+    # state: at 10 GB about a minute each); None: ``batches``
     updates: int = 50_000  # random existing keys per batch
     new_keys: int = 2_500  # new keys per batch
     min_materializations: int = 1  # changelog: go on until this many materializations completed ...
     max_batches: int = 400  # ... but no further than this many batches
 
 
-FULL = Setup(sizes_gb=(1, 10), batches=40)
+FULL = Setup(sizes_gb=(1, 10), batches=40, full_batches=12)
 QUICK = Setup(sizes_gb=(0.2, 1), batches=20)
 
 
@@ -410,7 +412,8 @@ def measure(run: Run, rng: np.random.Generator, versions: np.ndarray | None) -> 
             done = sum(x["materialization_ms"] is not None for x in samples)
             _status(f"{run.label}: batch {i + 1} ({s.batches} at least), {done} materialization(s) completed, "
                     f"{time.perf_counter() - started:.0f} s")
-            if i + 1 >= s.batches and (not changelog or done >= s.min_materializations):
+            wanted = s.batches if changelog else (s.full_batches or s.batches)
+            if i + 1 >= wanted and (not changelog or done >= s.min_materializations):
                 break
         _status(None)
         assert last is not None
@@ -599,8 +602,8 @@ def bench_scale(quick: bool, out_dir: str = "bench-out", sizes_gb: Sequence[floa
     ``verify`` reads every restored value back."""
     base = QUICK if quick else FULL
     s = Setup(sizes_gb=tuple(sizes_gb or base.sizes_gb), batches=batches or base.batches,
-              **{k: setup.get(k, getattr(base, k)) for k in ("updates", "new_keys", "min_materializations",
-                                                              "max_batches")})
+              **{k: setup.get(k, getattr(base, k)) for k in ("full_batches", "updates", "new_keys",
+                                                              "min_materializations", "max_batches")})
     os.makedirs(out_dir, exist_ok=True)
     check_disk(out_dir, s.sizes_gb)
     check_key_groups()
@@ -689,8 +692,8 @@ def table(results: list[dict[str, Any]], s: Setup, elapsed_s: float) -> str:
              "disk peak": f"{human_bytes(r['disk_bytes_max'])} ({r['disk_per_state']:g}×)",
              "state checked": "yes" if r["state_checked"] else "NO"} for r in done]
     title = (f"spate bench scale: one subtask, lmdb, file merging across, value state of {VALUE_BYTES}-byte values; "
-             f"batches of {s.updates:,} random existing keys + {s.new_keys:,} new keys ({s.batches} at least; with "
-             f"the changelog until {s.min_materializations} materialization(s) completed, at most "
+             f"batches of {s.updates:,} random existing keys + {s.new_keys:,} new keys ({s.batches} at least, "
+             f"{s.full_batches or s.batches} with the changelog off; with the changelog until {s.min_materializations} materialization(s) completed, at most "
              f"{s.max_batches}); recovery: a new runner, empty local directory, up to its first batch's acks; "
              f"{elapsed_s / 60:.1f} min in all")
     notes = [f"p99.9 is the maximum below {MIN_CHECKPOINTS_FOR_P999:,} checkpoints; materializing: the batches "
