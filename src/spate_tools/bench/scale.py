@@ -693,7 +693,8 @@ def table(results: list[dict[str, Any]], s: Setup, elapsed_s: float) -> str:
              "state checked": "yes" if r["state_checked"] else "NO"} for r in done]
     title = (f"spate bench scale: one subtask, lmdb, file merging across, value state of {VALUE_BYTES}-byte values; "
              f"batches of {s.updates:,} random existing keys + {s.new_keys:,} new keys ({s.batches} at least, "
-             f"{s.full_batches or s.batches} with the changelog off; with the changelog until {s.min_materializations} materialization(s) completed, at most "
+             f"{s.full_batches or s.batches} with the changelog off; with the changelog until "
+             f"{s.min_materializations} materialization(s) completed, at most "
              f"{s.max_batches}); recovery: a new runner, empty local directory, up to its first batch's acks; "
              f"{elapsed_s / 60:.1f} min in all")
     notes = [f"p99.9 is the maximum below {MIN_CHECKPOINTS_FOR_P999:,} checkpoints; materializing: the batches "
