@@ -16,19 +16,10 @@ from spate.checkpoint.ackinfo import AckInfo
 from spate.checkpoint.inspect import load_checkpoint
 from spate.fs import CheckpointStorage
 from spate.spark.stream_metrics import BatchMetrics
-from spate_tools.bench.cluster_large import (
-    DISK_FACTOR,
-    Observed,
-    Overwrite,
-    Sizes,
-    compare,
-    copy_floor,
-    generate,
-    restore_segments,
-    shape_result,
-    value_of,
-    version_of,
-)
+from spate_tools.bench.cluster_large import DISK_FACTOR, restore_segments
+from spate_tools.bench.cluster_large_job import Overwrite, Sizes, compare, generate, value_of, version_of
+from spate_tools.bench.cluster_large_result import Observed, shape_result
+from spate_tools.bench.disk_floor import copy_floor
 from spate_tools.cli import main
 
 CONTRACT = ("state_gb", "keys", "load_s", "restored_subtasks", "restore_bytes", "recovery_batch_ms",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from spate.errors import SpateError
-from spate_tools.bench import run_bench, scale
+from spate_tools.bench import run_bench, scale_report, scale_watch, scale_workload
 from spate_tools.bench.scale import bench_scale
 
 CONTRACT = ("state_gb", "variant", "keys", "batch_ms_p50", "batch_ms_p99", "checkpoint_ms_p50", "checkpoint_ms_p999",
@@ -59,7 +59,7 @@ def test_goals_table():
     rows = [{"state_gb": gb, "variant": v, "batch_ms_p99": 100.0 * gb, "checkpoint_ms_p999": 10.0, "recovery_s": rec,
              "recovery_rescaled_s": 3.0, "copy_s": 1.0, "anon_rss_mb_max": 500.0}
             for gb in (1, 10) for v, rec in (("changelog", 1.5), ("full", 2.0))]
-    got = {(r["goal"], r["where"]): (r["value"], r["met"]) for r in scale.ratios(rows)}
+    got = {(r["goal"], r["where"]): (r["value"], r["met"]) for r in scale_report.ratios(rows)}
     assert got[("recovery / copy_s", "10 GB full")] == (2.0, "yes")
     assert got[("rescaled recovery / copy_s", "1 GB changelog")] == (3.0, "NO")
     assert got[("recovery changelog / full", "10 GB")] == (0.75, "yes")
@@ -74,21 +74,22 @@ def test_materialization_spans():
 
     # started after batch 1's ack, picked up by batch 4's checkpoint; another started after batch 4, never done
     samples = [sample(), sample(True), sample(), sample(), sample(True, 900.0), sample(), sample()]
-    assert scale.materialization_spans(samples) == ([(2, 4), (5, 6)], [900.0])
+    assert scale_report.materialization_spans(samples) == ([(2, 4), (5, 6)], [900.0])
 
 
 def test_key_groups_are_sparks():
-    scale.check_key_groups()  # raises if the vectorized hash differs from the library's
+    scale_workload.check_key_groups()  # raises if the vectorized hash differs from the library's
     keys = np.array([0, 1, 42, -7, 2**63 - 1], dtype=np.int64)
     from spate.keygroups import compile_key_hasher
 
     hasher = compile_key_hasher(None)
-    assert scale.key_groups(keys).tolist() == [hasher(int(k)) % 128 for k in keys]
+    assert scale_workload.key_groups(keys).tolist() == [hasher(int(k)) % 128 for k in keys]
 
 
 def test_refuses_without_disk_space(tmp_path, monkeypatch):
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(scale.shutil, "disk_usage", lambda _path: usage._replace(free=10 * scale.GB))
-    with pytest.raises(SpateError, match=rf"needs about {scale.DISK_FACTOR * 10:.1f} GB free .* has 10.0 GB free"):
+    monkeypatch.setattr(scale_watch.shutil, "disk_usage", lambda _path: usage._replace(free=10 * scale_workload.GB))
+    need_gb = scale_watch.DISK_FACTOR * 10
+    with pytest.raises(SpateError, match=rf"needs about {need_gb:.1f} GB free .* has 10.0 GB free"):
         bench_scale(False, out_dir=str(tmp_path))
     assert os.listdir(tmp_path) == []  # refused before writing anything
