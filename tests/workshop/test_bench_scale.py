@@ -93,3 +93,19 @@ def test_refuses_without_disk_space(tmp_path, monkeypatch):
     with pytest.raises(SpateError, match=rf"needs about {need_gb:.1f} GB free .* has 10.0 GB free"):
         bench_scale(False, out_dir=str(tmp_path))
     assert os.listdir(tmp_path) == []  # refused before writing anything
+
+
+def test_a_variant_that_would_fill_the_disk_stops_and_the_run_goes_on(tmp_path, monkeypatch):
+    """The measured phase stops a variant once its disk has less than the reserve free (an lmdb table growing
+    under a long materialization would otherwise fill it); its row says why and keeps the batches measured,
+    every row is handed over as soon as its variant ends, and its files are gone."""
+    monkeypatch.setattr(scale_watch, "DISK_RESERVE", shutil.disk_usage(tmp_path).free + 2**40)
+    handed: list[dict] = []
+    results, text = bench_scale(False, out_dir=str(tmp_path), sizes_gb=(0.002,), batches=3, updates=500,
+                                new_keys=50, chart=False, variants=("full", "changelog"), on_row=handed.append)
+    assert [r["variant"] for r in results] == ["full", "changelog"] and handed == results
+    for r in results:
+        assert r["error"].startswith("out of disk: less than") and "local lmdb table had grown to" in r["error"]
+        assert r["batches"] == 1 and r["batch_ms_p50"] > 0 and r["recovery_s"] is None
+    assert "out of disk" in text
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".spate-bench-scale-")] == []

@@ -54,7 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,8 +69,10 @@ from spate_tools.bench.disk_floor import copy_floor, dir_bytes
 from spate_tools.bench.scale_report import MIN_CHECKPOINTS_FOR_P999, NEAR, materialization_spans, plot_times, table
 from spate_tools.bench.scale_watch import (
     MEMORY_RESERVE,
+    OutOfDisk,
     Sampler,
     check_disk,
+    guard_disk,
     memory_guard,
     out_of_memory,
     release_memory,
@@ -204,6 +206,11 @@ def measure(run: Run, rng: np.random.Generator, versions: np.ndarray | None) -> 
             done = sum(x["materialization_ms"] is not None for x in samples)
             _status(f"{run.label}: batch {i + 1} ({s.batches} at least), {done} materialization(s) completed, "
                     f"{time.perf_counter() - started:.0f} s")
+            try:
+                guard_disk(run.workdir, f"{run.workdir}/local")
+            except OutOfDisk as e:
+                e.samples = samples  # what the variant measured before it stopped
+                raise
             wanted = s.batches if changelog else (s.full_batches or s.batches)
             if i + 1 >= wanted and (not changelog or done >= s.min_materializations):
                 break
@@ -299,12 +306,19 @@ def run_variant(run: Run, sampler: Sampler, verify: bool) -> tuple[dict[str, Any
     return row, m.samples
 
 
-def failed(run: Run, error: str) -> dict[str, Any]:
-    """The row of a variant that could not finish: its contract keys without figures, and why."""
-    return {"state_gb": run.state_gb, "variant": run.variant, "keys": run.keys,
-            **{k: None for k in ("batch_ms_p50", "batch_ms_p99", "checkpoint_ms_p50", "checkpoint_ms_p999",
-                                 "materialization_s", "checkpoint_bytes", "recovery_s", "recovery_rescaled_s",
-                                 "copy_s", "anon_rss_mb_max")}, "error": error}
+def failed(run: Run, error: str, samples: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The row of a variant that could not finish: its contract keys without figures, and why; the batches it
+    measured before it stopped, if any, give the batch and checkpoint figures."""
+    row: dict[str, Any] = {
+        "state_gb": run.state_gb, "variant": run.variant, "keys": run.keys,
+        **{k: None for k in ("batch_ms_p50", "batch_ms_p99", "checkpoint_ms_p50", "checkpoint_ms_p999",
+                             "materialization_s", "checkpoint_bytes", "recovery_s", "recovery_rescaled_s",
+                             "copy_s", "anon_rss_mb_max")}, "error": error, "batches": len(samples)}
+    if samples:
+        batch_ms, checkpoint_ms = [x["batch_ms"] for x in samples], [x["checkpoint_ms"] for x in samples]
+        row.update(batch_ms_p50=percentile(batch_ms, 50), batch_ms_p99=percentile(batch_ms, 99),
+                   checkpoint_ms_p50=percentile(checkpoint_ms, 50), checkpoint_ms_p999=max(checkpoint_ms))
+    return row
 
 
 def summarize(run: Run, m: Measured, copy_s: float, rec: dict[str, Any], rescaled: dict[str, Any],
@@ -342,10 +356,12 @@ def _r(x: float | None) -> float | None:
 # -- the benchmark -----------------------------------------------------------------------------------------------
 def bench_scale(quick: bool, out_dir: str = "bench-out", sizes_gb: Sequence[float] | None = None,
                 batches: int | None = None, verify: bool = False, chart: bool = True,
+                variants: Sequence[str] = VARIANTS, on_row: Callable[[dict[str, Any]], None] | None = None,
                 **setup: Any) -> tuple[list[dict[str, Any]], str]:
     """Rows per (state size, variant) and the table; the chart ``scale-times.png`` in ``out_dir``. ``sizes_gb``,
     ``batches`` and the other :class:`Setup` fields override the run's sizes (tests run tiny ones);
-    ``verify`` reads every restored value back."""
+    ``verify`` reads every restored value back; ``variants`` in the order they run; ``on_row`` gets each
+    row as soon as its variant finished (a long run keeps what it measured)."""
     base = QUICK if quick else FULL
     s = Setup(sizes_gb=tuple(sizes_gb or base.sizes_gb), batches=batches or base.batches,
               **{k: setup.get(k, getattr(base, k)) for k in ("full_batches", "updates", "new_keys",
@@ -354,7 +370,7 @@ def bench_scale(quick: bool, out_dir: str = "bench-out", sizes_gb: Sequence[floa
     check_disk(out_dir, s.sizes_gb)
     check_key_groups()
     workdir = tempfile.mkdtemp(prefix=".spate-bench-scale-", dir=out_dir)  # on --out's disk (not a RAM /tmp)
-    runs = [Run(gb, v, f"{workdir}/{gb:g}gb-{v}", s) for gb in s.sizes_gb for v in VARIANTS]
+    runs = [Run(gb, v, f"{workdir}/{gb:g}gb-{v}", s) for gb in s.sizes_gb for v in variants]
     results, series = [], {}
     started = time.perf_counter()
     try:
@@ -363,6 +379,8 @@ def bench_scale(quick: bool, out_dir: str = "bench-out", sizes_gb: Sequence[floa
                 check_disk(workdir, [run.state_gb])
                 try:
                     row, samples = run_variant(run, sampler, verify)
+                except OutOfDisk as e:
+                    row, samples = failed(run, str(e), e.samples), e.samples
                 except Exception as e:
                     if not out_of_memory(e):
                         raise
@@ -375,6 +393,8 @@ def bench_scale(quick: bool, out_dir: str = "bench-out", sizes_gb: Sequence[floa
                     release_memory()
                 results.append(row)
                 series[(run.state_gb, run.variant)] = samples
+                if on_row is not None:
+                    on_row(row)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     path = plot_times(series, out_dir) if chart else None

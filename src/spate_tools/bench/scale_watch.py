@@ -17,6 +17,7 @@ from spate_tools.bench.scale_workload import GB
 
 DISK_FACTOR = 6.5  # free disk needed, × the largest state size (one variant's files at a time; 6.0× measured at 1 GB)
 MEMORY_RESERVE = 2 * 1024**3  # bytes of the machine's available memory the memory guard leaves to others
+DISK_RESERVE = 8 * 1024**3  # free bytes a measured phase leaves on its disk (it stops the variant first)
 RSS_SAMPLE_S = 0.05
 DISK_SAMPLE_S = 1.0
 
@@ -132,6 +133,24 @@ def release_memory() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class OutOfDisk(SpateError):
+    """A variant stopped because its disk had less than :data:`DISK_RESERVE` free; ``samples``: the batches it
+    measured before."""
+
+    samples: list = []
+
+
+def guard_disk(workdir: str, local_dir: str) -> None:
+    """Stop the variant (:class:`OutOfDisk`) before it fills the disk of ``workdir``; the message says how large
+    the local lmdb table (``local_dir``) and the rest had grown."""
+    free = shutil.disk_usage(workdir).free
+    if free < DISK_RESERVE:
+        local = dir_bytes(local_dir)
+        raise OutOfDisk(f"out of disk: less than {DISK_RESERVE / 2**30:g} GiB left free on {workdir}'s disk; the "
+                        f"local lmdb table had grown to {local / GB:.1f} GB, the checkpoint root and the rest to "
+                        f"{(dir_bytes(workdir) - local) / GB:.1f} GB")
 
 
 def check_disk(workdir: str, sizes_gb: Sequence[float]) -> None:
