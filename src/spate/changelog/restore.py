@@ -9,7 +9,9 @@ As fast as restoring a full snapshot of the same state, by three means:
   key group whose records are all ``PUT`` / ``DELETE`` (value state, the common case) only each key's last
   change matters, so each key is written once, not once per change set;
 * merging: a key group with a materialized frame and only ``PUT`` s in the log is written to the table once,
-  the frame updated by the log, instead of once for the frame and once per change set.
+  the frame updated by the log in the frame's (sorted) order, instead of once for the frame and once per change
+  set; keys the log added since the materialization (few) follow in a second, small write, so the key group
+  is never sorted again. Its digest is the frame's, adjusted by the entries the log replaced and put.
 
 Why folding is exact: ``PUT`` and ``DELETE`` records carry primaries, which are self-delimiting
 (:func:`~spate.state.layout.primary_length`), so a record of one key never touches another's entry except
@@ -135,12 +137,12 @@ def apply_logged(table: StateTable, kg: int, logged: Logged, ops: set[int],
     puts, deleted = fold(logged)
     if frame is not None and not deleted:  # one write of the key group: its frame updated by the log
         merged = dict(zip(frame.flat[0::2], frame.flat[1::2], strict=True))
-        grows = len(merged)
+        added = {key: puts.pop(key) for key in sorted(puts.keys() - merged.keys())}  # keys new since: few
         digest = None if frame.digest is None else _merged_digest(kg, frame.digest, merged, puts)
-        merged.update(puts)
-        # new keys went to the end: in key order again, lmdb writes the key group page by page
-        items = sorted(merged.items()) if len(merged) > grows else merged.items()
-        table.restore_key_group(kg, list(chain.from_iterable(items)), frame.maps, digest)
+        merged.update(puts)  # the frame's order (its keys sorted), values as the log left them
+        table.restore_key_group(kg, list(chain.from_iterable(merged.items())), frame.maps, digest)
+        if added:
+            table.restore_key_group(kg, list(chain.from_iterable(added.items())), frozenset())
         return
     if frame is not None:
         table.restore_key_group(kg, frame.flat, frame.maps, frame.digest)
