@@ -162,8 +162,7 @@ class LmdbTable(LmdbWriter, StateTable):
 
     def has_prefix(self, prefix: bytes) -> bool:
         """Whether some entry's key starts with ``prefix``."""
-        cur = (self._txn or self._begin()).cursor()
-        return bool(cur.set_range(prefix)) and bytes(cur.key()).startswith(prefix)
+        return _holds_prefix(self._txn or self._begin(), prefix)
 
     def drop_prefix(self, prefix: bytes) -> int:
         """Delete every entry whose key starts with ``prefix`` (lmdb has no range delete: one cursor walks the
