@@ -120,7 +120,7 @@ def test_scenario_2_preemptive_persist_and_no_reupload(tmp_path):
     f1, f2 = w.persist(0), w.persist(0)
     assert len(f1.result(5)) == 2 and f2.result(5) == f1.result(5)
     assert len(s.uploads) == 2, "persist twice before completion: one upload"
-    w.confirm(0, 2)
+    w.confirm(range(0, 2))
     w.persist(0).result(5)
     assert len(s.uploads) == 2, "after confirm: no re-upload"
     change(w, 1, size=5)

@@ -11,9 +11,11 @@ import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from spate.changelog.rolling_view import RollingView, trimmed
 from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
 from spate.changelog.writer import ChangelogWriter
@@ -24,7 +26,7 @@ from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import expiry_filters, write_key_groups
 from spate.state.keyed import KeyedStateBackend
-from spate.state.table import StateTable
+from spate.state.table import StateTable, TableView
 
 log = logging.getLogger(__name__)
 Relocate = Callable[[Any], Any]
@@ -63,6 +65,7 @@ class _Materialization:
     started: float
     future: Future[KeyGroupsHandle | None]
     out: SegmentWriter
+    view: RollingView
 
 
 class ChangelogKeyedState:
@@ -91,8 +94,10 @@ class ChangelogKeyedState:
         self.materialized: list[KeyGroupsHandle] = []
         self.restored_changelog: list[ChangeSetHandle] = []
         self.materialized_to = 0
-        self._included: dict[int, tuple[int, int]] = {}  # checkpoint -> sqn range it included
-        self._with_states: dict[int, tuple[ChangeSetHandle, ChangeSetHandle]] = {}  # sqn -> (uploaded, listed)
+        # per key group, the sequence number its materialized frame was read at (absent: materialized_to)
+        self._positions: dict[int, int] = {}
+        self._included: dict[int, list[int]] = {}  # checkpoint -> sequence numbers of the change sets it lists
+        self._with_states: dict[int, tuple[ChangeSetHandle, ChangeSetHandle | None]] = {}  # sqn -> (uploaded, listed)
         self._running: _Materialization | None = None
         self._failures = 0
         self._next_due_ms: int | None = None
@@ -125,7 +130,8 @@ class ChangelogKeyedState:
         self._collect_materialization()
         started = time.perf_counter()
         future = self.writer.persist(self.materialized_to)
-        span = (self.materialized_to, self.writer.active_sqn)
+        if self._running is not None:  # a boundary: the rest of the materialization reads the table as of now
+            self._running.view.advance(self.writer.active_sqn)
         states = tuple(m.to_dict() for m in backend.state_metas)
         if fix is not None:
             self.materialized = [fix(h) for h in self.materialized]
@@ -145,24 +151,28 @@ class ChangelogKeyedState:
                 handles = self.writer.replace_uploaded([fix(h) for h in handles])
             if self.materialized == materialized:
                 self._unreferenced_materialization = None  # the ack references it: the coordinator owns it
-            self._included[checkpoint_id] = span
+            listed = [h for h in (self._listed(h, states) for h in handles) if h is not None]
+            self._included[checkpoint_id] = [h.sqn for h in listed]
             stats = self._stats((time.perf_counter() - started) * 1000, handles)
-            log = restored + [self._stated(h, states) for h in handles]
+            log = restored + listed
             self._log_since_materialization = _log_length(log)
             return materialized, log, stats
 
         return finish
 
-    def _stated(self, handle: ChangeSetHandle, states: tuple[dict[str, Any], ...]) -> ChangeSetHandle:
-        """``handle`` with the state descriptors, the same object from checkpoint to checkpoint while nothing
-        changed: checkpoints list the log since the materialization again and again, and an unchanged handle
-        keeps its encoding (and lets the coordinator recognize the log's part it already wrote down)."""
+    def _listed(self, handle: ChangeSetHandle, states: tuple[dict[str, Any], ...]) -> ChangeSetHandle | None:
+        """``handle`` as a checkpoint lists it: with the state descriptors, without the key groups the
+        materialization read after it (:func:`~spate.changelog.rolling_view.trimmed`; None if that is all of
+        them), the same object from checkpoint to checkpoint while nothing changed: checkpoints list the log
+        since the materialization again and again, and an unchanged handle keeps its encoding (and lets the
+        coordinator recognize the log's part it already wrote down)."""
         known = self._with_states.get(handle.sqn)
-        if known is not None and known[0] is handle and known[1].states == states:
+        if known is not None and known[0] is handle and (known[1] is None or known[1].states == states):
             return known[1]
-        stated = handle.with_states(states)
-        self._with_states[handle.sqn] = (handle, stated)
-        return stated
+        kept = trimmed(handle, self._positions)
+        listed = None if kept is None else kept.with_states(states)
+        self._with_states[handle.sqn] = (handle, listed)
+        return listed
 
     def _stats(self, persist_ms: float, handles: list[ChangeSetHandle]) -> dict[str, Any]:
         w = self.writer.take_stats()
@@ -184,9 +194,9 @@ class ChangelogKeyedState:
     def checkpoint_completed(self, checkpoint_id: int) -> None:
         """The coordinator completed ``checkpoint_id``: its change sets belong to it now; what lies before
         the materialization point is no longer needed by new checkpoints."""
-        span = self._included.pop(checkpoint_id, None)
-        if span is not None:
-            self.writer.confirm(*span)
+        listed = self._included.pop(checkpoint_id, None)
+        if listed is not None:
+            self.writer.confirm(listed)
         for cid in [c for c in self._included if c < checkpoint_id]:
             del self._included[cid]  # older attempts were aborted
         if not self._included:
@@ -238,9 +248,12 @@ class ChangelogKeyedState:
     def start_materialization(self, backend: KeyedStateBackend, sqn: int, referenced_by: int | None = None) -> None:
         """Materialize in the background; checkpoint ``referenced_by`` (default: the next one) references it."""
         table = backend.table
-        table.commit()
-        view_cm = table.consistent_view()
-        view = view_cm.__enter__()  # taken now, atomically with ``sqn``; read in the background
+
+        def open_view() -> AbstractContextManager[TableView]:
+            table.commit()
+            return table.consistent_view()
+
+        view = RollingView(open_view, sqn)  # opened now, atomically with ``sqn``; read in the background
         metas, filters, kgs = backend.state_metas, expiry_filters(backend), backend.key_groups
         out = self._materialized_writer(self.checkpoint_id + 1 if referenced_by is None else referenced_by)
 
@@ -248,9 +261,9 @@ class ChangelogKeyedState:
             try:
                 return write_key_groups(view, kgs, metas, filters, out)
             finally:
-                view_cm.__exit__(None, None, None)
+                view.close()
 
-        self._running = _Materialization(sqn, time.perf_counter(), self._materializers.submit(work), out)
+        self._running = _Materialization(sqn, time.perf_counter(), self._materializers.submit(work), out, view)
 
     def _collect_materialization(self, wait: bool = False) -> None:
         run = self._running
@@ -281,9 +294,11 @@ class ChangelogKeyedState:
         self._failures = 0
         self.materialized = [handle] if handle is not None else []
         self.materialized_to = run.sqn
+        self._positions = {kg: p for kg, p in run.view.positions.items() if p > run.sqn}
         self.restored_changelog = []
         self._log_since_materialization = (0, 0)
-        self._with_states = {sqn: h for sqn, h in self._with_states.items() if sqn >= run.sqn}
+        listed_alike = max(self._positions.values(), default=run.sqn)  # listed as before from here on
+        self._with_states = {sqn: h for sqn, h in self._with_states.items() if sqn >= listed_alike}
         self.last_materialization = {"materialization_ms": round((time.perf_counter() - run.started) * 1000, 3),
                                      "materialization_bytes": handle.size if handle else 0,
                                      "materialized_sqn": run.sqn}
@@ -313,10 +328,10 @@ class ChangelogKeyedState:
             with contextlib.suppress(Exception):
                 self._collect_materialization(wait=True)
         self._drop_unreferenced_materialization()
-        for span in self._included.values():
+        for listed in self._included.values():
             # a checkpoint that included these may have completed without telling us yet: keep the files
             # (if it did not, orphan cleanup removes them on the next start)
-            self.writer.confirm(*span)
+            self.writer.confirm(listed)
         self.writer.close()
         owns_scheduler, owns_materializers = self._owns_services
         if owns_scheduler:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -158,11 +159,11 @@ class ChangelogWriter:
         self._waiters = still
 
     # -- after checkpoints ------------------------------------------------------------------------------
-    def confirm(self, from_sqn: int, to_sqn: int) -> None:
-        """Change sets in ``[from_sqn, to_sqn)`` are part of a completed checkpoint: the coordinator owns their
-        files from now on."""
+    def confirm(self, sqns: Iterable[int]) -> None:
+        """Change sets ``sqns`` are part of a completed checkpoint: the coordinator owns their files from now
+        on."""
         with self._lock:
-            for sqn in range(from_sqn, to_sqn):
+            for sqn in sqns:
                 handle = self._uploaded.get(sqn)
                 if handle is not None and sqn not in self._confirmed:
                     self._confirmed.add(sqn)
