@@ -25,6 +25,7 @@ RUN_BY = {
     "class CountPerBatch(BatchProcessor)": "test_readme_batch_processor_example_runs",
     "runner.rescale(4)": "test_readme_rescale_example_runs",
     "runner.run_idle()": "test_readme_idle_batch_example_runs",
+    "class IdleAlert(Processor)": "test_guide_timer_order_example_runs",
     'DeltaSink(f"': "test_readme_table_sink_example_runs",
     "write_savepoint(": "tests/spark/test_state_frame.py::test_readme_state_frame_example_runs",
 }
@@ -166,6 +167,12 @@ def test_readme_idle_batch_example_runs(capsys):
     run_block(python_block("runner.run_idle()"), "readme_idle_example")
     assert capsys.readouterr().out.splitlines() == [
         "60000 [{'device': 'boiler', 'silent_since_ms': 0}]", "None"]
+
+
+def test_guide_timer_order_example_runs(capsys):
+    run_block(python_block("class IdleAlert(Processor)"), "guide_timer_order_example")
+    printed = plain_block("'idle_after': 1}]", REPO / "docs" / "guide.md")
+    assert capsys.readouterr().out == printed
 
 
 def test_readme_table_sink_example_runs(capsys):

@@ -173,10 +173,10 @@ def test_processing_time_windows_and_early_firings(tmp_path):
             clock[0] = t
             result = runner.run_batch(len(outputs), rows)
             outputs.append(sorted((o["window_start"], o["value"]) for o in result.outputs))
-    # early firings at 4 000 (the first row at 1 000 + 3 000, due at 4 500) and 7 500 (due at 9 000, before that
-    # batch's row); on time at 9 999 (due at 10 500); [10 000, 20 000) fires once at 20 000: its early timer
-    # (13 500) is due in the same batch, so it does not fire
-    assert outputs == [[], [], [(0, 3)], [(0, 3)], [(0, 7)], [(10_000, 8)]]
+    # early firings at 4 000 (the first row at 1 000 + 3 000, due at 4 500) and 7 500 (due at 9 000, after that
+    # batch's row: the input comes before the timers); on time at 9 999 (due at 10 500); [10 000, 20 000) fires
+    # once at 20 000: its early timer (13 500) is due in the same batch, so it does not fire
+    assert outputs == [[], [], [(0, 3)], [(0, 7)], [(0, 7)], [(10_000, 8)]]
 
 
 def test_process_function_sees_the_windows_rows(tmp_path):
@@ -208,8 +208,8 @@ def test_bad_arguments_are_clear_errors(kwargs, message):
 
 
 class ProcessingTimeModel:
-    """Processing-time windows over micro-batches at times ``now``: due timers first (early firings skipped
-    when the window completes in the same batch), then the batch's rows, all at the batch's time."""
+    """Processing-time windows over micro-batches at times ``now``: the batch's rows first, then the due timers
+    (early firings skipped when the window completes in the same batch), all at the batch's time."""
 
     def __init__(self, assigner, early):
         self.assigner, self.early = assigner, early
@@ -217,6 +217,14 @@ class ProcessingTimeModel:
 
     def batch(self, rows, now):
         out = []
+        for r in rows:
+            windows = self.windows.setdefault(r["user"], {})
+            targets = self.assigner.assign(now)
+            if self.assigner.merging:
+                targets = [self.merge(windows, targets[0], now)]
+            for w in targets:
+                entry = windows.setdefault(w, {"sum": 0, "early_at": now + self.early if self.early else None})
+                entry["sum"] += r["v"]
         for key, windows in self.windows.items():
             for w, entry in sorted(windows.items()):
                 if entry["early_at"] is not None and entry["early_at"] <= now and now < w.max_timestamp:
@@ -226,14 +234,6 @@ class ProcessingTimeModel:
                 if w.max_timestamp <= now:
                     out.append((key, w.start, w.end, entry["sum"]))
                     del windows[w]
-        for r in rows:
-            windows = self.windows.setdefault(r["user"], {})
-            targets = self.assigner.assign(now)
-            if self.assigner.merging:
-                targets = [self.merge(windows, targets[0], now)]
-            for w in targets:
-                entry = windows.setdefault(w, {"sum": 0, "early_at": now + self.early if self.early else None})
-                entry["sum"] += r["v"]
         return sorted(out)
 
     def merge(self, windows, new, now):

@@ -120,12 +120,20 @@ class Processor(ABC):
 
     One instance runs per subtask; it is re-created when the subtask restores its state.
 
-    Three class attributes choose how the runtime drives it (the defaults are Flink's; the
+    The order within a batch: ``start_batch``, the initial state's rows (first batch only), ``process`` per key
+    of the batch's input, then the processing-time timers due at ``ctx.processing_time_ms`` (the batch's
+    start, the same for every key), then the event-time timers due at the watermark, then ``end_batch``. A
+    timer the input deleted or moved does not fire: a "user went idle" timer re-armed by each event never fires
+    for a user whose events are in the batch. This is Spark's order for transformWithState, and
+    ``BatchProcessor``'s.
+
+    Class attributes choose how the runtime drives it (the defaults are Flink's where Flink has one; the
     ``StatefulProcessor`` adapter sets Spark's transformWithState semantics):
-    ``processing_timers_first`` fires due processing-time timers before the batch's input (``False``: after
-    it); ``watermark_floor_ms`` is the watermark before any event time is seen and a floor under it (Spark:
-    0); ``drop_late_rows`` drops input rows whose event time is at or below the previous batch's watermark
-    before they are grouped; ``timers_deleted_after_firing`` keeps a firing timer registered while ``on_timer``
+    ``processing_timers_first`` fires due processing-time timers before the batch's input instead (``True``:
+    a timer due at the batch's start fires even if the batch's input for its key would have moved it);
+    ``watermark_floor_ms`` is the watermark before any event time is seen and a floor under it (Spark: 0);
+    ``drop_late_rows`` drops input rows whose event time is at or below the previous batch's watermark before
+    they are grouped; ``timers_deleted_after_firing`` keeps a firing timer registered while ``on_timer``
     runs (it lists it, and may delete or re-register it) and deletes it after, and fires only the timers due
     when firing began (Spark's order; ``False``: Flink's, the timer is gone when ``on_timer`` runs and timers
     registered during firing fire in the same batch when due); ``idle_batch_on_watermark_move`` runs a batch
@@ -133,7 +141,7 @@ class Processor(ABC):
     when an event-time timer is due then, see :mod:`spate.runtime.idle`).
     """
 
-    processing_timers_first: bool = True
+    processing_timers_first: bool = False
     watermark_floor_ms: int | None = None
     drop_late_rows: bool = False
     timers_deleted_after_firing: bool = False

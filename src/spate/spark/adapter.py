@@ -74,7 +74,6 @@ class StatefulProcessorAdapter(Processor):
             (overrides ``worker_conf``'s ``spark.sql.execution.arrow.maxRecordsPerBatch``).
     """
 
-    processing_timers_first = False  # Spark processes a batch's input, then its timers
     timers_deleted_after_firing = True  # Spark deletes a timer after its handler returned
 
     def __init__(self, processor: Any, flavour: str = "pandas", time_mode: str = "None",

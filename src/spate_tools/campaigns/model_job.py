@@ -111,13 +111,13 @@ class Model:
 
     def batch(self, rows: list[dict], now: int) -> list[dict]:
         out: list[dict] = []
+        for row in rows:  # the input first, then the timers due (which the input may have deleted)
+            self.apply(row, now)
+            out.append({"i": row["i"], "k": row["k"], **self.view(row["k"], now)})
         due = sorted((ts, repr(k), k) for k, tss in self.timers.items() for ts in tss if ts <= now)
         for ts, _, k in due:
             self.timers[k].discard(ts)
             out.append({"k": k, "timer": ts})
-        for row in rows:
-            self.apply(row, now)
-            out.append({"i": row["i"], "k": row["k"], **self.view(row["k"], now)})
         return out
 
     def apply(self, row: dict, now: int) -> None:
