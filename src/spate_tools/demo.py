@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import sys
 import time
@@ -76,13 +77,18 @@ def run_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool = Fal
     results: list[BatchResult] = []
     started = time.perf_counter()
     stop_at = n_batches // 2
+    say = (lambda _text: None) if as_json else progress_line
+    say(f"spate demo: {n_batches} batches of {per_batch:,} clicks, parallelism 2 on lmdb, then a restart at 3 "
+        f"on the heap table with the changelog; checkpoint root {os.path.abspath(root)}")
     with LocalRunner(ClickCounter, key="user", checkpoint_root=root, parallelism=2, table="lmdb", local_dir=local,
                      sink=sink) as runner:
         results += runner.run(source, until=stop_at)
+    say(f"  {len(results)} batches checkpointed; stopped, restarting at parallelism 3")
     with LocalRunner(ClickCounter, key="user", checkpoint_root=root, parallelism=3, table="heap",
                      changelog=True, file_merging="across", sink=sink) as runner:
         results += runner.run(source)
     elapsed = time.perf_counter() - started
+    say(f"  {len(results)} batches checkpointed; verifying the state against an independent computation")
 
     summary = _summarize(source, results, root, last_output, elapsed, stop_at) | {"root": os.path.abspath(root)}
     if as_json:
@@ -160,17 +166,28 @@ def _print(s: dict[str, Any]) -> None:
 
 
 def next_steps(root: str) -> str:
-    """Where the demo left its checkpoints, and the commands to look at them."""
+    """Where the demo left its checkpoints, and the commands to look at them, as they run from here."""
+    spate, at = spate_command(), shlex.quote(root)
     return "\n".join([f"\ncheckpoint root: {root}", "try next:",
-                      f"  spate checkpoints list {root}",
-                      f"  spate checkpoints verify {root}",
-                      f"  spate state dump {root} --state clicks --limit 5"])
+                      f"  {spate} checkpoints list {at}",
+                      f"  {spate} checkpoints verify {at}",
+                      f"  {spate} state dump {at} --state clicks --limit 5"])
+
+
+def spate_command() -> str:
+    """The ``spate`` command as it runs from the current directory: ``spate`` when that name on ``PATH`` is this
+    environment's, else this environment's script by path (``.venv/bin/spate`` after ``make``)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "spate")
+    on_path = shutil.which("spate")
+    if not os.path.exists(script) or (on_path and os.path.samefile(on_path, script)):
+        return "spate"
+    relative = os.path.relpath(script)
+    return shlex.quote(script if relative.startswith("..") else relative)
 
 
 def progress_line(text: str) -> None:
-    """One line of progress on a terminal (standard error); nothing when it is piped."""
-    if sys.stderr.isatty():
-        print(text, file=sys.stderr, flush=True)
+    """One line of progress on standard error (the results go to standard output)."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def print_checks(s: dict[str, Any]) -> None:

@@ -60,9 +60,10 @@ def run_spark_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool
     source = generate(n_batches, per_batch, users)
     stop_at = n_batches // 2
     write_batches(source_dir, source[:stop_at])
-    if not as_json:
-        progress_line(f"spate demo: {n_batches} batches of {per_batch:,} clicks on Spark (local[2]), parallelism 2, "
-                      f"then a restart at 4; checkpoint root {os.path.abspath(root)}")
+    say = (lambda _text: None) if as_json else progress_line
+    say(f"spate demo: {n_batches} batches of {per_batch:,} clicks on Spark (local[2]), parallelism 2, then a "
+        f"restart at 4; checkpoint root {os.path.abspath(root)}")
+    say("  starting Spark (a JVM: about 10 s)")
     spark = spark_session()
     last_output: dict[str, int] = {}
 
@@ -70,15 +71,16 @@ def run_spark_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool
         rows = outputs.collect()
         for row in rows:
             last_output[row.user] = row.clicks
-        if not as_json:
-            progress_line(f"  batch {batch_id + 1}/{n_batches}: checkpoint {batch_id} complete, {len(rows):,} users "
-                          "updated")
+        say(f"  batch {batch_id + 1}/{n_batches}: checkpoint {batch_id} complete, {len(rows):,} users updated")
 
     started = time.perf_counter()
     phases: list[tuple[int, Sequence[BatchMetrics]]] = []
     for parallelism in (2, 4):
         if parallelism == 4:
             write_batches(source_dir, source[stop_at:], start=stop_at)
+            say("  stopped; restarting at parallelism 4 (state restored from local copies and the checkpoint)")
+        else:
+            say("  first batch: Spark plans the query and starts its Python workers")
         df = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(source_dir)
         stream = StatefulStream(df, "user", ClickCounter, OUTPUT_SCHEMA, checkpoint_root=root,
                                 parallelism=parallelism, table="lmdb", local_dir=f"{workdir}/local-state",
@@ -87,6 +89,7 @@ def run_spark_demo(workdir: str = "demo-out", quick: bool = False, as_json: bool
         stream.close()
         phases.append((parallelism, stream.metrics))
     elapsed = time.perf_counter() - started
+    say("  verifying the state against an independent computation")
     summary = _summarize(source, root, last_output, phases, elapsed, stop_at) | {"root": os.path.abspath(root)}
     summary["chart"] = _chart(phases, f"{workdir}/checkpoint-durations.png")
     if as_json:
