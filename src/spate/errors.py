@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import re
 from collections.abc import Iterator
 
 RESTORE_ADVICE = ("restore an older checkpoint into a new checkpoint root (restore_from='<root>/chk-<n>'; "
@@ -12,6 +13,41 @@ RESTORE_ADVICE = ("restore an older checkpoint into a new checkpoint root (resto
 
 class SpateError(Exception):
     """Base class of every error spate raises on purpose."""
+
+
+_ERROR_CLASS = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z][A-Z0-9_]*)*)\]")
+
+
+def error_class_of(message: str) -> str | None:
+    """The first Spark error class ``message`` names (``"[STREAM_FAILED] ..."`` → ``STREAM_FAILED``), or None."""
+    found = _ERROR_CLASS.search(message)
+    return found.group(1) if found else None
+
+
+class SparkErrorClass:
+    """Mixin of a :class:`SpateError` that Spark raises with an error class (its message names it,
+    ``"[CLASS] ..."``): ``getCondition()`` and ``getErrorClass()`` give the class as pyspark's
+    ``PySparkException`` does, so code that checks it on Spark works on spate; ``str()`` is the message as is."""
+
+    def _spark_message(self) -> str:
+        message = getattr(self, "_message", None)  # a PySparkException keeps its message there
+        if isinstance(message, str):
+            return message
+        args = getattr(self, "args", ())
+        return str(args[0]) if args else ""
+
+    def getCondition(self) -> str | None:  # noqa: N802 - pyspark's name
+        """Spark's error class of this error (e.g. ``STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL``)."""
+        return error_class_of(self._spark_message())
+
+    def getErrorClass(self) -> str | None:  # noqa: N802 - pyspark's name (deprecated there for getCondition)
+        return self.getCondition()
+
+    def getMessage(self) -> str:  # noqa: N802 - pyspark's name
+        return self._spark_message()
+
+    def __str__(self) -> str:
+        return self._spark_message()
 
 
 class CorruptFileError(SpateError):
@@ -36,6 +72,11 @@ class SerializationError(SpateError, TypeError):
 
 class CheckpointError(SpateError):
     """A checkpoint could not be taken, completed or found."""
+
+
+class NotARootError(CheckpointError):
+    """The folder given as a checkpoint root was never a spate root (no ``_query``, no ``_epochs/``) and holds
+    files: spate refuses it without writing or deleting anything (it would delete files it does not reference)."""
 
 
 class SettingError(SpateError, TypeError, ValueError):

@@ -21,10 +21,10 @@ from spate.checkpoint.discovery import Discovery, discover, metadata_ids, writte
 from spate.checkpoint.epochs import EpochLog, EpochState, Seal
 from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo, read_metadata
 from spate.checkpoint.savepoint import restore_source
-from spate.errors import CheckpointError, CorruptFileError, FencedError, IncompatibleStateError
+from spate.errors import CheckpointError, CorruptFileError, FencedError, IncompatibleStateError, NotARootError
 from spate.fs import CheckpointStorage
 from spate.keygroups import default_max_parallelism
-from spate.layout import METADATA_FILE, QUERY_FILE, SAVEPOINTS_DIR
+from spate.layout import EPOCHS_DIR, METADATA_FILE, QUERY_FILE, SAVEPOINTS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -112,19 +112,24 @@ class TakeOver:
 
     def _refuse_foreign_root(self) -> None:
         """A root without ``_query`` must be empty but for engine directories: spate never adopts (and then
-        cleans up) a directory holding someone else's files."""
+        cleans up) a directory holding someone else's files. One that was a spate root (it has ``_epochs/``: every
+        driver claims an epoch before anything else) but lost ``_query`` while checkpoints exist is damaged; one
+        that never was (no ``_epochs/`` either) is named as such, whatever files it holds (a ``chk-1/_metadata``
+        of another tool's, say). Nothing is written or deleted before these checks."""
         entries = self.storage.list_entries()
         if QUERY_FILE in entries:
             return
-        if metadata_ids(self.storage):
+        if EPOCHS_DIR in entries and metadata_ids(self.storage):
             raise CheckpointError(f"{self.storage.path(QUERY_FILE)} is missing but checkpoints exist; the root is "
                                   "damaged: restore it from a backup, or restore a savepoint into a new root")
         foreign = [e for e in entries if not e.startswith("_") and e != SAVEPOINTS_DIR]
         if foreign:
             shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-            raise CheckpointError(f"{self.storage.uri} is not empty and is not a spate checkpoint root (no "
-                                  f"{QUERY_FILE}; it holds {shown}); spate deletes files it does not reference "
-                                  "under its root, so give it an empty or new directory")
+            never = f"no {QUERY_FILE}, no {EPOCHS_DIR}/: spate never ran a query here" \
+                if EPOCHS_DIR not in entries else f"no {QUERY_FILE}"
+            raise NotARootError(f"{self.storage.uri} is not a spate checkpoint root ({never}) and is not empty (it "
+                                f"holds {shown}). spate deletes the files it does not reference under its root, so "
+                                "it left this folder as it was: pick an empty or new folder as checkpoint_root")
 
     def _query_file(self, savepoint: CheckpointMetadata | None, parallelism: int,
                     requested_max_parallelism: int | None) -> QueryInfo:
