@@ -15,6 +15,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 LAYER_DIRS = ("storage", "state", "sinks", "changelog", "filemerging", "checkpoint", "runtime", "spark", "cluster",
               "workshop")
 sys.path[:0] = [TESTS] + [os.path.join(TESTS, d) for d in LAYER_DIRS]
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # every JVM the tests start binds to loopback only
 
 from spark_fixture import spark  # noqa: E402,F401
 
