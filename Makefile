@@ -14,7 +14,7 @@ SMOKE_TESTS ?= tests/spark/test_spark_dropin.py tests/spark/test_spark_adapter.p
 	tests/spark/test_spark_progress.py \
 	tests/spark/test_spark_stream.py::test_counts_checkpoints_sink_and_rescale
 
-.PHONY: demo test smoke lint typecheck bench install java clean
+.PHONY: demo test fast smoke lint typecheck bench install java clean
 
 install: $(STAMP)
 
@@ -37,6 +37,13 @@ test: $(STAMP) $(JAVA_HOME_FILE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy src
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The inner loop: ruff, mypy and the tests that need no JVM (no Spark session, standalone cluster or workshop
+# benchmark and campaign), a few minutes; `make test` runs everything before a commit is pushed.
+fast: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/mypy src
+	$(PY) -m pytest -q -m "not spark" --ignore=tests/spark --ignore=tests/cluster --ignore=tests/workshop $(PYTEST_ARGS)
 
 smoke: $(STAMP) $(JAVA_HOME_FILE)
 	@for v in $(SMOKE_VERSIONS); do \
