@@ -27,7 +27,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+from pyspark.errors import PySparkValueError
 
+from spate.errors import SparkErrorClass, SpateError
 from spate.runtime.batch import KeyedBatch, KeyRows
 from spate.runtime.output_values import PandasConversion
 from spate.runtime.outputs import ColumnChunk, SparkRows
@@ -36,6 +38,26 @@ from spate.spark.python_worker import PythonWorkerConf, in_session_zone, pandas_
 from spate.spark.tws_handle import StatefulProcessorHandle, StateSchemas
 
 TIME_MODES = ("None", "ProcessingTime", "EventTime")
+
+
+class UnknownTimeModeError(SparkErrorClass, SpateError, PySparkValueError):
+    """A time mode Spark does not know: Spark's error class (``STATEFUL_PROCESSOR_UNKNOWN_TIME_MODE``) and message.
+    A ``ValueError``."""
+
+    def __init__(self, time_mode: Any) -> None:
+        PySparkValueError.__init__(
+            self, message=f"[STATEFUL_PROCESSOR_UNKNOWN_TIME_MODE] Unknown time mode {time_mode}. Accepted timeMode "
+                          f"modes are 'none', 'processingTime', 'eventTime' (spate: time_mode={time_mode!r}; "
+                          f"give one of {', '.join(map(repr, TIME_MODES))}, in any case, as on Spark)")
+
+
+def time_mode_of(time_mode: Any) -> str:
+    """``time_mode`` as spate names it (Spark reads it in any case: ``"processingtime"`` is ``"ProcessingTime"``);
+    raises :class:`UnknownTimeModeError` for any other."""
+    canonical = {m.lower(): m for m in TIME_MODES}.get(time_mode.lower()) if isinstance(time_mode, str) else None
+    if canonical is None:
+        raise UnknownTimeModeError(time_mode)
+    return canonical
 FLAVOURS = ("pandas", "row")
 
 
@@ -80,8 +102,7 @@ class StatefulProcessorAdapter(Processor):
                  worker_conf: PythonWorkerConf | None = None, max_records_per_batch: int | None = None) -> None:
         if flavour not in FLAVOURS:
             raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
-        if time_mode not in TIME_MODES:
-            raise ValueError(f"timeMode must be one of {TIME_MODES}, got {time_mode!r}")
+        time_mode = time_mode_of(time_mode)
         conf = worker_conf or PythonWorkerConf()
         if max_records_per_batch is not None:
             if not isinstance(max_records_per_batch, int) or max_records_per_batch <= 0:

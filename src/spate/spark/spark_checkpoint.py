@@ -94,6 +94,34 @@ def default_cache_dir() -> str:
     return os.path.join(os.path.expanduser("~"), ".spate", "spark-checkpoints")
 
 
+class QueryFolder:
+    """This query's driver-local folder, ``<cache>/<query id>`` (Spark's checkpoint copy for an object-store root,
+    the wake file of batches without input), and which of it and its parents this run creates. A run that fails
+    before any batch completed removes what it created (:meth:`remove_created`), so a failed first batch leaves
+    nothing in the user's home directory; a folder that existed before is never removed."""
+
+    def __init__(self, cache_dir: str | None, query_id: str) -> None:
+        self.path = os.path.abspath(os.path.join(cache_dir or default_cache_dir(), query_id))
+        self.created: list[str] = []  # the folder and its parents that do not exist yet, innermost first
+        folder = self.path
+        while not os.path.lexists(folder) and os.path.dirname(folder) != folder:
+            self.created.append(folder)
+            folder = os.path.dirname(folder)
+
+    def remove_created(self) -> None:
+        """Remove the folder if this run created it (only spate's files are in it), then each parent this run
+        created that is empty now."""
+        if not self.created:
+            return
+        _remove_tree(self.path)
+        for folder in self.created[1:]:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty (someone else's files), or gone
+                break
+        log.info("removed %s: the query failed before any batch completed", self.path)
+
+
 def hadoop_opens(root: str) -> bool:
     """Whether Spark (Hadoop) opens the checkpoint root as written: a local path, or a ``file``, ``hdfs`` or
     ``viewfs`` URI without ``?options``."""

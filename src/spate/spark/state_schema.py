@@ -44,7 +44,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spate.errors import SpateError
+from spate.errors import SparkErrorClass, SpateError
 from spate.spark.state_values import spark_internal
 
 SCHEMAS_STATE = "spark.state_schemas"
@@ -67,7 +67,7 @@ _WIDENINGS: dict[type, tuple[type, ...]] = {
 }
 
 
-class StateSchemaError(SpateError):
+class StateSchemaError(SparkErrorClass, SpateError):
     """A state's schema is not allowed, or cannot be evolved from the one in the checkpoint."""
 
 

@@ -45,13 +45,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spate.errors import SpateError
+from spate.errors import SparkErrorClass, SpateError
 
 _INT = (-(2**31), 2**31 - 1)
 _LONG = (-(2**63), 2**63 - 1)
 
 
-class StateValueError(SpateError, PySparkRuntimeError):
+class StateValueError(SparkErrorClass, SpateError, PySparkRuntimeError):
     """A value Spark's JVM refuses for a state's schema (the task fails on Spark): Spark's error class and
     message, and a ``PySparkRuntimeError`` as a processor on Spark would see the failure."""
 

@@ -30,17 +30,18 @@ from spate.runtime.processor import Processor
 from spate.runtime.query import QueryDriver
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_factory
 from spate.sinks.table_sink import TableSink
-from spate.spark.adapter import StatefulProcessorAdapter
+from spate.spark.adapter import StatefulProcessorAdapter, time_mode_of
 from spate.spark.executors import check_executor_python
 from spate.spark.placement import Placement
 from spate.spark.progress import BatchFigures, ProgressListener, SpateProgress
 from spate.spark.python_worker import PythonWorkerConf, arrow_schema
+from spate.spark.query import BatchFailure, SpateQuery
 from spate.spark.settings import SpateSettings
 from spate.spark.spark_checkpoint import (
     SPARK_CHECKPOINT_DIR,  # noqa: F401  (re-exported)
+    QueryFolder,
     SparkCheckpoint,
     check_locations,
-    default_cache_dir,
     open_spark_checkpoint,
 )
 from spate.spark.staged import staged_format, staged_outputs_frame
@@ -48,6 +49,7 @@ from spate.spark.stream_metrics import BatchMetrics, summarize
 from spate.spark.subtask_job import JobCounter, SubtaskJob, initial_state_of
 from spate.spark.ticks import AVAILABLE_NOW, TICK_COLUMN, WakeFile, no_data_batches_enabled, tick_stream
 from spate.spark.tws_handle import declared_states
+from spate.spark.worker_errors import BatchFailedError
 
 log = logging.getLogger(__name__)
 Sink = Callable[[Any, int], None]
@@ -131,7 +133,10 @@ class StatefulStream:
                                self.initial_state, self.placement)
         self._deliver_ms = 0.0  # the last sink call's
         self.staged_format = "arrow"  # how subtasks stage outputs for the sink: "parquet" where Spark reads them
-        self.query: Any = None  # the StreamingQuery, once started
+        self.query: SpateQuery | None = None  # the StreamingQuery, once started
+        self._failure: BatchFailure | None = None  # what this run's foreachBatch raised
+        self._folder: QueryFolder | None = None  # this run's driver-local folder
+        self._batches_done = 0  # batches of this run that returned to Spark
         self._autoscale_policy = autoscale
 
     @property
@@ -160,7 +165,11 @@ class StatefulStream:
         """Start the query. ``sink(outputs_df, batch_id)`` runs after each batch's checkpoint completed (at
         least once per batch id, so an idempotent sink gets exactly once); ``outputs_df`` reads the batch's
         staged outputs and is valid during the call only, like ``foreachBatch``'s own. ``trigger`` is passed to
-        ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``). Returns the ``StreamingQuery``.
+        ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``). Returns the ``StreamingQuery``, a
+        :class:`~spate.spark.query.SpateQuery`: if a batch fails, its ``awaitTermination()`` and
+        ``processAllAvailable()`` raise (and ``exception()`` returns) a
+        :class:`~spate.spark.worker_errors.BatchFailedError` whose message is spate's (the processor, key, batch
+        and what to fix), with Spark's ``StreamingQueryException`` in its ``spark_error``.
 
         ``sink`` may instead be a table sink (:class:`~spate.sinks.ParquetSink`, :class:`~spate.sinks.DeltaSink`,
         :class:`~spate.sinks.IcebergSink`): each subtask writes its outputs as a data file of the table in the
@@ -171,7 +180,8 @@ class StatefulStream:
         ``<checkpoint_root>/_spark`` for a local, ``file://`` or ``hdfs://`` root, else (``s3://`` and other
         ``pyarrow.fs`` URIs) a driver-local directory under ``spark_checkpoint_cache`` (default
         ``~/.spate/spark-checkpoints``) that spate copies to ``<checkpoint_root>/_spark`` every batch and restores
-        from it on start (:mod:`spate.spark.spark_checkpoint`).
+        from it on start (:mod:`spate.spark.spark_checkpoint`). A run that fails before any batch completed
+        removes the driver-local folder it created there.
 
         First checks the locations and that executors can import spate (:func:`check_executor_python`), before
         touching the checkpoint root."""
@@ -191,6 +201,23 @@ class StatefulStream:
         if previous is not None and previous.requested_rescale is not None:
             driver.request_rescale(*previous.requested_rescale)
         self.figures.start_from(driver.latest)
+        query_info = driver.coordinator.query
+        assert query_info is not None  # the driver started its coordinator
+        self._failure, self._batches_done, self._wake = None, 0, None
+        self._folder = QueryFolder(spark_checkpoint_cache, query_info.query_id)
+        try:
+            self.query = SpateQuery(self._start_query(sink, trigger, spark_checkpoint, query_name,
+                                                      spark_checkpoint_cache)._jsq, self._failed)
+        except BaseException:
+            self._remove_local_leftovers()
+            raise
+        self._progress.attach(self.query.id)
+        return self.query
+
+    def _start_query(self, sink: Any, trigger: dict[str, Any] | None, spark_checkpoint: str | None,
+                     query_name: str | None, spark_checkpoint_cache: str | None) -> Any:
+        driver, folder = self._driver, self._folder
+        assert driver is not None and folder is not None
         self.spark_checkpoint: SparkCheckpoint = open_spark_checkpoint(self.spark, driver.coordinator,
                                                                        spark_checkpoint, spark_checkpoint_cache)
         self._deliver_staged()
@@ -200,10 +227,7 @@ class StatefulStream:
                 log.warning("batches without input with Trigger.AvailableNow before pyspark 4.2: Spark runs the "
                             "query as one batch (a Python source cannot take part); use idle_batches=False for "
                             "this root, or another trigger")
-            query_info = driver.coordinator.query
-            assert query_info is not None  # the driver started its coordinator
-            self._wake = WakeFile(os.path.join(spark_checkpoint_cache or default_cache_dir(), query_info.query_id,
-                                               "wake.json"))
+            self._wake = WakeFile(os.path.join(folder.path, "wake.json"))
             self._write_wake()
             source = source.unionByName(tick_stream(self.spark, self._wake.path), allowMissingColumns=True)
         writer = source.writeStream.foreachBatch(self._process_batch).option(
@@ -214,13 +238,11 @@ class StatefulStream:
             writer = writer.queryName(query_name)
         self._progress.register(self.spark)
         try:
-            self.query = writer.start()
+            return writer.start()
         except BaseException:
             self._progress.attach(None)
             self._progress.unregister()
             raise
-        self._progress.attach(self.query.id)
-        return self.query
 
     def run_one_batch(self, batch_df: Any, savepoint_to: str) -> None:
         """Run the batch DataFrame ``batch_df`` as the one batch of a new query (spate's job, without a streaming
@@ -326,8 +348,27 @@ class StatefulStream:
             batch_df = batch_df.where(F.col(TICK_COLUMN).isNull()).drop(TICK_COLUMN)
         try:
             self._run_batch(batch_df, batch_id)
-        finally:
-            self._write_wake()
+        except BaseException as e:  # the query stops: remember the failure for awaitTermination, clean up
+            self._failure = BatchFailure(batch_id, e, e.__traceback__)
+            self._remove_local_leftovers()
+            if isinstance(e, BatchFailedError):  # Spark's log gets spate's message, not the driver's frames
+                raise e.with_traceback(None) from None
+            raise
+        self._batches_done += 1
+        self._write_wake()
+
+    def _failed(self) -> BatchFailure | None:
+        """What failed this run's query (for :class:`SpateQuery`); its local leftovers are removed."""
+        self._remove_local_leftovers()
+        return self._failure
+
+    def _remove_local_leftovers(self) -> None:
+        """The query stopped (or never started): the wake file goes, and the driver-local folder this run
+        created, if no batch of the run completed."""
+        if self._wake is not None:
+            self._wake.remove()
+        if self._folder is not None and self._batches_done == 0:
+            self._folder.remove_created()
 
     def _run_batch(self, batch_df: Any, batch_id: int) -> None:
         driver = self._driver
@@ -434,16 +475,22 @@ def transform_with_state(df: Any, key: str | Sequence[str], processor: Any, outp
     (a NOT NULL field) fails now. The session's settings for Spark's Python worker are read here
     (:class:`~spate.spark.python_worker.PythonWorkerConf`: its time zone, ``maxRecordsPerBatch`` and
     ``maxBytesPerBatch``, the output conversion's), so input and outputs are converted as this session's
-    ``transformWithStateInPandas`` converts them."""
+    ``transformWithStateInPandas`` converts them.
+
+    Raises, with Spark's error class in the message and ``getCondition()``:
+    :class:`~spate.spark.adapter.UnknownTimeModeError` (``time_mode`` is read in any case, as on Spark),
+    :class:`~spate.spark.tws_handle.TtlError` (a ``ValueError``: a TTL in time mode ``None``, or one that is not
+    positive), :class:`~spate.spark.state_schema.StateSchemaError` (a schema Spark refuses)."""
     if output_mode not in OUTPUT_MODES:
         raise ValueError(f"output_mode {output_mode!r} is not supported: transformWithState emits what the processor "
                          "yields, once (\"Update\" or \"Append\"); for \"Complete\" keep the full result in an "
                          "external table the sink upserts into")
+    time_mode = time_mode_of(time_mode)
     if time_mode == "EventTime" and not event_time_column:
         raise ValueError("timeMode 'EventTime' needs event_time_column (and watermark_delay_ms): the column the "
                          "watermark follows, as Spark's withWatermark")
     if event_time_column:
         overrides = {**overrides, "event_time_column": event_time_column, "watermark_delay_ms": watermark_delay_ms}
-    declared_states(processor)
+    declared_states(processor, time_mode)
     adapter = StatefulProcessorAdapter(processor, flavour, time_mode, PythonWorkerConf.of_session(df.sparkSession))
     return StatefulStream(df, key, adapter, output_schema, settings, initial_state=initial_state, **overrides)

@@ -12,9 +12,9 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.errors import PySparkRuntimeError
+from pyspark.errors import PySparkRuntimeError, PySparkValueError
 
-from spate.errors import SpateError
+from spate.errors import SparkErrorClass, SpateError
 from spate.runtime.processor import Context
 from spate.spark.state_schema import (
     SCHEMAS_STATE,
@@ -45,9 +45,10 @@ _TIMER_CALLS = {"registerTimer": ("Error register timer", "register_timer"),
                 "listTimers": ("Error listing timers", "list_timers")}
 
 
-class TimeModeError(SpateError, PySparkRuntimeError):
+class TimeModeError(SparkErrorClass, SpateError, PySparkRuntimeError):
     """A timer call in timeMode None: the ``PySparkRuntimeError`` Spark's client raises when its state server
-    refuses it (for ``listTimers`` Spark's worker loses its connection instead; the batch fails either way)."""
+    refuses it (for ``listTimers`` Spark's worker loses its connection instead; the batch fails either way).
+    ``getCondition()``: ``STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE``."""
 
     def __init__(self, call: str) -> None:
         prefix, operation = _TIMER_CALLS[call]
@@ -55,6 +56,32 @@ class TimeModeError(SpateError, PySparkRuntimeError):
             self, message=f"{prefix}: [STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE] Failed "
                           f"to perform stateful processor operation={operation} with invalid timeMode=NoTime "
                           "SQLSTATE: 42802 (timers need timeMode 'ProcessingTime' or 'EventTime')")
+
+
+class TtlError(SparkErrorClass, SpateError, PySparkValueError):
+    """A state declared with a TTL Spark refuses, with Spark's error class (``getCondition()``) and message, then
+    spate's fix: a TTL in timeMode None (``STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL``) or one that is
+    not positive (``STATEFUL_PROCESSOR_TTL_DURATION_MUST_BE_POSITIVE``). A ``ValueError``."""
+
+    def __init__(self, message: str) -> None:
+        PySparkValueError.__init__(self, message=message)
+
+
+def check_ttl(name: str, kind: str, ttl_ms: Any, time_mode: str) -> None:
+    """Refuse, as Spark does, a TTL for ``kind`` state ``name`` that cannot work in ``time_mode``."""
+    if ttl_ms is None:
+        return
+    if time_mode == "None":
+        raise TtlError(f"[STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL] Cannot use TTL for state={name} in "
+                       f"timeMode=NoTime, use TimeMode.ProcessingTime() instead. (spate: state {name!r} has a TTL, "
+                       "which needs timeMode 'ProcessingTime' (or 'EventTime'), as on Spark; TTL follows "
+                       "processing time: pass time_mode=\"ProcessingTime\" to transform_with_state, or declare "
+                       "the state without ttlDurationMs)")
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
+        operation = f"get{kind.capitalize()}State"  # the handle's call
+        raise TtlError(f"[STATEFUL_PROCESSOR_TTL_DURATION_MUST_BE_POSITIVE] TTL duration must be greater than zero "
+                       f"for State store operation={operation} on state={name}. (spate: ttlDurationMs is "
+                       f"{ttl_ms!r}; give a positive number of milliseconds, or None for no TTL)")
 
 
 class StateSchemas:
@@ -193,9 +220,7 @@ class StatefulProcessorHandle:
         self.deleted: set[str] = set()
 
     def _state(self, name: str, kind: str, schema: Any, key_schema: Any, ttl_ms: int | None) -> tuple[Any, Any]:
-        if ttl_ms is not None and self._time_mode == "None":
-            raise ValueError(f"state {name!r} has a TTL, which needs timeMode 'ProcessingTime' (or 'EventTime'), "
-                             "as on Spark; TTL follows processing time")
+        check_ttl(name, kind, ttl_ms, self._time_mode)
         record = self._schemas.declare(name, kind, schema, key_schema, ttl_ms)
         self.deleted.discard(name)
         return self._ctx.state(_DESCRIPTORS[kind](name, ttl_ms=ttl_ms)), record
@@ -272,24 +297,26 @@ class DeclaringHandle:
     """The handle ``init`` gets on the driver before the query starts (Spark's pre-init): it records and checks
     the states the processor declares, so a schema Spark would refuse fails at once, not in the first batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, time_mode: str = "None") -> None:
         self.declared: dict[str, tuple[str, Any, Any]] = {}
+        self.time_mode = time_mode
 
-    def _declare(self, name: str, kind: str, schema: Any, key_schema: Any) -> None:
+    def _declare(self, name: str, kind: str, schema: Any, key_schema: Any, ttl_ms: Any = None) -> None:
+        check_ttl(name, kind, ttl_ms, self.time_mode)
         check_nullable(name, parse_schema(schema))
         if key_schema is not None:
             parse_schema(key_schema)
         self.declared[name] = (kind, schema, key_schema)
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> None:  # noqa: N802,N803
-        self._declare(stateName, "value", schema, None)
+        self._declare(stateName, "value", schema, None, ttlDurationMs)
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> None:  # noqa: N802,N803
-        self._declare(stateName, "list", schema, None)
+        self._declare(stateName, "list", schema, None, ttlDurationMs)
 
     def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,  # noqa: N802,N803
                     ttlDurationMs: int | None = None) -> None:  # noqa: N803
-        self._declare(stateName, "map", valueSchema, userKeySchema)
+        self._declare(stateName, "map", valueSchema, userKeySchema, ttlDurationMs)
 
     def deleteIfExists(self, stateName: str) -> None:  # noqa: N802,N803
         self.declared.pop(stateName, None)
@@ -304,10 +331,11 @@ class DeclaringHandle:
         return iter(())
 
 
-def declared_states(processor: Any) -> dict[str, tuple[str, Any, Any]]:
+def declared_states(processor: Any, time_mode: str = "None") -> dict[str, tuple[str, Any, Any]]:
     """Run a copy of ``processor``'s ``init`` (and ``close``) with a :class:`DeclaringHandle`: the states it
-    declares (name → kind, value schema, map key schema), each schema parsed and checked."""
-    handle = DeclaringHandle()
+    declares (name → kind, value schema, map key schema), each schema parsed and checked, and each TTL checked
+    against ``time_mode`` (:class:`TtlError`)."""
+    handle = DeclaringHandle(time_mode)
     probe = copy.deepcopy(processor)
     probe.init(handle)
     probe.close()
@@ -315,4 +343,5 @@ def declared_states(processor: Any) -> dict[str, tuple[str, Any, Any]]:
 
 
 __all__ = ["StatefulProcessorHandle", "DeclaringHandle", "declared_states",
-           "StateSchemas", "MissingStateError", "TimeModeError", "ValueState", "ListState", "MapState"]
+           "StateSchemas", "MissingStateError", "TimeModeError", "TtlError", "check_ttl", "ValueState", "ListState",
+           "MapState"]
