@@ -29,6 +29,8 @@ RUN_BY = {
     "class IdleAlert(Processor)": "test_guide_timer_order_example_runs",
     'DeltaSink(f"': "test_readme_table_sink_example_runs",
     "write_savepoint(": "tests/spark/test_state_frame.py::test_readme_state_frame_example_runs",
+    "def build(kafka_df, checkpoint_root)":
+        "tests/spark/test_kafka_recipe.py::test_kafka_recipe_counts_each_record_once_and_resumes_from_the_root",
 }
 
 
@@ -218,6 +220,7 @@ def test_every_python_block_is_run_by_a_test():
         python_block(marker)  # exactly one block each
     tests = (REPO / "tests" / "test_readme.py").read_text() + (REPO / "tests" / "spark" / "test_state_frame.py"
                                                                 ).read_text()
+    tests += (REPO / "tests" / "spark" / "test_kafka_recipe.py").read_text()
     assert all(f"def {name.split('::')[-1]}(" in tests for name in RUN_BY.values())
 
 
