@@ -279,6 +279,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from spate_tools.bench.rescale import bench_rescale
 
         bench = partial(bench_rescale, out_dir=args.out)
+    elif args.name == "first":  # only the CLI reaches into spate.spark
+        from spate_tools.bench.first_output import bench_first
+
+        bench = bench_first
     elif args.name == "scale":  # writes its own chart (batch and checkpoint times over the run) beside the plot
         from functools import partial
 
@@ -341,8 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=cmd_dump)
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write PNG plots, --json)")
-    bench.add_argument("name", choices=["state", "changelog", "filemerging", "bigstate", "spark", "cluster", "blog",
-                                                "rescale", "scale"],
+    bench.add_argument("name", choices=["state", "changelog", "filemerging", "bigstate", "spark", "first", "cluster",
+                                        "blog", "rescale", "scale"],
                        help="which benchmark (cluster: starts a standalone Spark cluster on 127.0.0.1; scale: 1 GB "
                             "and 10 GB of lmdb state, needs about 65 GB of free disk)")
     bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
