@@ -204,6 +204,7 @@ NO_SPATE_JOB = textwrap.dedent("""
     from spate import Processor
     from spate.spark.executors import ExecutorPythonError
     from spate.spark.stream import StatefulStream
+    from spate.spark.worker_errors import BatchFailedError
 
     class Echo(Processor):
         def process(self, key, rows, ctx):
@@ -212,17 +213,29 @@ NO_SPATE_JOB = textwrap.dedent("""
     spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "1").getOrCreate())
     stream = StatefulStream(spark.readStream.format("rate").load(), "value", Echo, "value long",
-                            checkpoint_root=sys.argv[2], table="heap")
+                            checkpoint_root=sys.argv[2], table="heap", idle_batches=False)
+    query = stream.start()                          # the check runs beside the first batch
     try:
-        stream.start()
-    except ExecutorPythonError as e:
+        query.awaitTermination(180)
+    except BatchFailedError as e:
+        print("raised by:", type(e.error).__name__)
         print("ExecutorPythonError:", e)
+    print("checkpoints:", [name for name in os.listdir(sys.argv[2]) if name.startswith("chk-")])
+    with_ticks = StatefulStream(spark.readStream.format("rate").load(), "value", Echo, "value long",
+                                checkpoint_root=sys.argv[2] + "-ticks", table="heap")
+    try:
+        with_ticks.start()                          # the tick source's Python fails at start: the same error
+    except ExecutorPythonError as e:
+        print("at start:", e)
     spark.stop()
 """)
 
 
 @pytest.mark.spark
-def test_executors_without_spate_are_a_clear_error_at_start(tmp_path):
+def test_executors_without_spate_are_a_clear_error_at_the_first_batch(tmp_path):
+    """The check runs beside the first batch (not before it, which delayed every first output): the batch fails
+    with the check's error, which says what to set, and no checkpoint completes. With batches without input on,
+    the tick source's Python fails already in ``start()``, which raises the check's error."""
     bare = tmp_path / "bare-python"
     venv.EnvBuilder(with_pip=False).create(bare)
     root = tmp_path / "ckpt"
@@ -233,4 +246,5 @@ def test_executors_without_spate_are_a_clear_error_at_start(tmp_path):
     message = job.stdout.split("ExecutorPythonError:", 1)[1]
     assert "PYSPARK_PYTHON" in message and "spark.pyspark.python" in message and sys.executable in message
     assert str(bare) in message
-    assert not root.exists()  # nothing was started
+    assert "raised by: ExecutorPythonError" in job.stdout and "checkpoints: []" in job.stdout
+    assert "at start: Spark executors run Python" in job.stdout

@@ -1,19 +1,23 @@
-"""Before a stream starts: can the executors' Python run spate? One tiny Spark job imports spate there and
-reports its version, so a missing install is a clear error at ``start()``, not a Py4J trace a minute in."""
+"""Can the executors' Python run spate? One tiny Spark job imports spate there and reports its version, so a
+missing install is a clear error, not a Py4J trace a minute in: before reading state (:func:`check_executor_python`),
+or beside a stream's first batch (:class:`ExecutorCheck`), which fails with it before its checkpoint completes."""
 
 from __future__ import annotations
 
 import logging
 import re
 import sys
+import time
 import uuid
 from typing import Any
+
+from spate.errors import SpateError
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 60.0
 
 
-class ExecutorPythonError(RuntimeError):
+class ExecutorPythonError(SpateError, RuntimeError):
     """The executors' Python cannot run spate (not installed, or another version than the driver's)."""
 
 
@@ -33,42 +37,58 @@ def executor_python(spark: Any) -> str:
 def check_executor_python(spark: Any, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Raise :class:`ExecutorPythonError` unless an executor imports this version of spate. If the probe
     gets no answer within ``timeout_s`` (no executor free yet), log a warning and go on."""
-    import spate
-
-    outcome = _run_probe(spark, timeout_s)
-    if outcome is None:
-        log.warning("could not check within %.0f s that executors can import spate: going on", timeout_s)
-        return
-    if isinstance(outcome, BaseException):
-        raise ExecutorPythonError(_advice(spark, f"it cannot import spate ({_cause(outcome)})")) from outcome
-    python, version = outcome
-    if version != spate.__version__:
-        raise ExecutorPythonError(_advice(spark, f"its Python {python} has spate {version}, the driver has "
-                                                 f"{spate.__version__}"))
+    ExecutorCheck(spark, timeout_s).confirm()
 
 
-def _run_probe(spark: Any, timeout_s: float) -> tuple[str, str] | BaseException | None:
-    """The probe's answer, its error, or None if it did not finish in time (then it is cancelled)."""
-    from pyspark.util import InheritableThread
+class ExecutorCheck:
+    """The probe of :func:`check_executor_python`, started now and asked later: a stream runs it beside its first
+    batch (a job of one task, whose Python worker the batch's tasks would have started anyway) instead of
+    before it, and asks for the verdict when the batch's job is done or failed, before its checkpoint completes."""
 
-    sc = spark.sparkContext
-    group = f"spate-executor-check-{uuid.uuid4().hex}"
-    outcome: list[Any] = []
+    def __init__(self, spark: Any, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+        from pyspark.util import InheritableThread
 
-    def probe() -> None:
-        sc.setJobGroup(group, "spate: check that executors can import spate", interruptOnCancel=True)
+        self._spark, self._timeout_s = spark, timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self._group = f"spate-executor-check-{uuid.uuid4().hex}"
+        self._outcome: list[Any] = []
+        self._thread = InheritableThread(target=self._probe, daemon=True)
+        self._thread.start()
+
+    def _probe(self) -> None:
+        sc = self._spark.sparkContext
+        sc.setJobGroup(self._group, "spate: check that executors can import spate", interruptOnCancel=True)
         try:
-            outcome.append(sc.parallelize([0], 1).map(_probe).collect()[0])
+            self._outcome.append(sc.parallelize([0], 1).map(_probe).collect()[0])
         except Exception as e:  # noqa: BLE001 - every failure of the probe is reported to the user
-            outcome.append(e)
+            self._outcome.append(e)
 
-    thread = InheritableThread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        sc.cancelJobGroup(group)
+    def verdict(self) -> ExecutorPythonError | None:
+        """What the probe found wrong (waiting for it until its time is up), None if nothing or no answer in
+        time (then it is cancelled and a warning logged)."""
+        import spate
+
+        self._thread.join(max(0.0, self._deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._spark.sparkContext.cancelJobGroup(self._group)
+            log.warning("could not check within %.0f s that executors can import spate: going on", self._timeout_s)
+            return None
+        outcome = self._outcome[0]
+        if isinstance(outcome, BaseException):
+            error = ExecutorPythonError(_advice(self._spark, f"it cannot import spate ({_cause(outcome)})"))
+            error.__cause__ = outcome
+            return error
+        python, version = outcome
+        if version != spate.__version__:
+            return ExecutorPythonError(_advice(self._spark, f"its Python {python} has spate {version}, the driver "
+                                                            f"has {spate.__version__}"))
         return None
-    return outcome[0]
+
+    def confirm(self) -> None:
+        """Raise :class:`ExecutorPythonError` if the probe found the executors cannot run this spate."""
+        error = self.verdict()
+        if error is not None:
+            raise error
 
 
 def _cause(error: BaseException) -> str:

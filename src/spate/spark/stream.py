@@ -31,7 +31,7 @@ from spate.runtime.query import QueryDriver
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_factory
 from spate.sinks.table_sink import TableSink
 from spate.spark.adapter import StatefulProcessorAdapter, time_mode_of
-from spate.spark.executors import check_executor_python
+from spate.spark.executors import ExecutorCheck
 from spate.spark.placement import Placement
 from spate.spark.progress import BatchFigures, ProgressListener, SpateProgress
 from spate.spark.python_worker import PythonWorkerConf, arrow_schema
@@ -135,6 +135,7 @@ class StatefulStream:
         self.staged_format = "arrow"  # how subtasks stage outputs for the sink: "parquet" where Spark reads them
         self.query: SpateQuery | None = None  # the StreamingQuery, once started
         self._failure: BatchFailure | None = None  # what this run's foreachBatch raised
+        self._executor_check: ExecutorCheck | None = None  # until the first batch of a run asks it
         self._folder: QueryFolder | None = None  # this run's driver-local folder
         self._batches_done = 0  # batches of this run that returned to Spark
         self._autoscale_policy = autoscale
@@ -183,11 +184,14 @@ class StatefulStream:
         from it on start (:mod:`spate.spark.spark_checkpoint`). A run that fails before any batch completed
         removes the driver-local folder it created there.
 
-        First checks the locations and that executors can import spate (:func:`check_executor_python`), before
-        touching the checkpoint root."""
+        First checks the locations, before touching the checkpoint root. Whether executors can import spate
+        is checked beside the first batch (:class:`~spate.spark.executors.ExecutorCheck`, a one-task job that
+        warms up a Python worker the batch would start anyway): if they cannot, the first batch fails with an
+        :class:`~spate.spark.executors.ExecutorPythonError` that says how to fix it, before its checkpoint
+        completes."""
         s = self.settings
         check_locations(self.spark, s.checkpoint_root, spark_checkpoint, spark_checkpoint_cache)
-        check_executor_python(self.spark)
+        self._executor_check = ExecutorCheck(self.spark)
         self.table_sink = sink if isinstance(sink, TableSink) else None
         self.sink = None if self.table_sink is not None else cast("Sink | None", sink)  # not a TableSink
         self.staged_format = (staged_format(s.staged_outputs, storage_for(s.checkpoint_root),
@@ -208,6 +212,11 @@ class StatefulStream:
         try:
             self.query = SpateQuery(self._start_query(sink, trigger, spark_checkpoint, query_name,
                                                       spark_checkpoint_cache)._jsq, self._failed)
+        except Exception as e:
+            self._remove_local_leftovers()
+            if (cannot := self._executor_check.verdict()) is not None:  # e.g. the tick source's Python failed
+                raise cannot from e
+            raise
         except BaseException:
             self._remove_local_leftovers()
             raise
@@ -393,7 +402,15 @@ class StatefulStream:
             # a long log since the materialization is named, not listed: the plans stay the same size
             sent.extend(json.dumps(plan.compacted().to_dict()).encode() for plan in plans)
             fresh = plans[0].base_checkpoint_id is None  # a new query: the initial state goes in
-            acks = self._run_job(batch_df, batch_id, sent, with_initial=fresh)
+            check, self._executor_check = self._executor_check, None
+            try:
+                acks = self._run_job(batch_df, batch_id, sent, with_initial=fresh)
+            except Exception as e:
+                if check is not None and (cannot := check.verdict()) is not None:
+                    raise cannot from e
+                raise
+            if check is not None:
+                check.confirm()  # another spate there: the checkpoint does not complete
             spark.update(jobs=jobs.since(), tasks=jobs.last_stage_tasks(),
                          job_us=int((time.perf_counter() - job_started) * 1e6))
             return acks

@@ -2,17 +2,17 @@
 own ``transformWithStateInPandas``, the same ``StatefulProcessor`` on the same input.
 
 A new user's first minute: the session is up, the query starts, and the first output arrives. Each round starts a
-fresh ``local[2]`` session (new Python workers; the JVM's classes stay loaded), writes one file of input, starts
-the query with ``availableNow`` and takes the time from the ``start()`` call to the sink's first call (the
-sink collects the batch, as a user's would). Rounds alternate the variants (after one warm-up round of each,
-not counted) so that the machine's drift hits both alike. spate's time is broken down by where the driver
-spends it before the first batch: the check that executors import spate (``executor_check_s``) and the rest
-of ``start()`` (``start_s``), then the first batch up to the sink.
+fresh ``local[2]`` session (new Python workers; the JVM's classes stay loaded), writes one file of input, and
+takes the time from building the query (``StatefulStream(...)``, ``transform_with_state(...)``,
+``groupBy(k).transformWithStateInPandas(...)``) and starting it with ``availableNow`` to the sink's first call
+(the sink collects the batch, as a user's would). Rounds alternate the variants (after one warm-up round of
+each, not counted) so that the machine's drift hits both alike. ``start_s`` is the part until ``start()``
+returned; the rest is the first batch up to the sink.
 
 Variants: ``spark`` (``df.groupBy(k).transformWithStateInPandas``, RocksDB), ``spate-adapter``
 (``transform_with_state``, the same processor), ``spate`` (``StatefulStream`` with a spate ``Processor``).
 JSON keys: ``variant``, ``rounds``, ``first_output_s`` (median), ``first_output_s_min``, ``first_output_s_max``,
-``start_s``, ``executor_check_s`` (medians; spate only), ``vs_spark`` (median over Spark's median).
+``start_s`` (median), ``vs_spark`` (median over Spark's median).
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
-import spate.spark.stream as spate_stream
 from spate.report import format_table
 from spate.spark.stream import StatefulStream, transform_with_state
 from spate_tools.bench.spark import (
@@ -42,30 +40,6 @@ VARIANTS = ("spark", "spate-adapter", "spate")
 ROWS = 2_000
 KEYS = 500
 PARALLELISM = 2
-
-
-class _Timed:
-    """Wall time spent in one function of ``spate.spark.stream``, for the breakdown (the call is unchanged)."""
-
-    def __init__(self, name: str) -> None:
-        self.name, self.seconds = name, 0.0
-        self._original: Callable[..., Any] = getattr(spate_stream, name)
-
-    def __enter__(self) -> _Timed:
-        original = self._original
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - started
-
-        setattr(spate_stream, self.name, timed)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        setattr(spate_stream, self.name, self._original)
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -86,23 +60,20 @@ def one_round(variant: str, workdir: str) -> dict[str, float]:
 
     try:
         df = spark.readStream.schema(INPUT_SCHEMA).json(source)
-        with _Timed("check_executor_python") as check:
-            started = time.perf_counter()
-            if variant == "spark":
-                query = (_spark_stateful("transformWithStateInPandas", df).writeStream.foreachBatch(sink)
-                         .outputMode("update").option("checkpointLocation", ckpt).trigger(availableNow=True).start())
-                start_done, stream = time.perf_counter(), None
-            else:
-                stream = _stream(variant, df, ckpt)
-                query = stream.start(sink, trigger={"availableNow": True})
-                start_done = time.perf_counter()
-            query.awaitTermination(600)
+        started = time.perf_counter()  # the query built and started, as a user's code does
+        stream = None if variant == "spark" else _stream(variant, df, ckpt)
+        if stream is None:
+            query = (_spark_stateful("transformWithStateInPandas", df).writeStream.foreachBatch(sink)
+                     .outputMode("update").option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+        else:
+            query = stream.start(sink, trigger={"availableNow": True})
+        start_done = time.perf_counter()
+        query.awaitTermination(600)
         if stream is not None:
             stream.close()
         if not first:
             raise RuntimeError(f"{variant}: the sink got no output")
-        return {"first_output_s": first[0] - started, "start_s": start_done - started - check.seconds,
-                "executor_check_s": check.seconds}
+        return {"first_output_s": first[0] - started, "start_s": start_done - started}
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -138,7 +109,5 @@ def _summary(variant: str, runs: list[dict[str, float]]) -> dict[str, Any]:
     row: dict[str, Any] = {"variant": variant, "rounds": len(runs),
                            "first_output_s": round(statistics.median(firsts), 3),
                            "first_output_s_min": round(min(firsts), 3), "first_output_s_max": round(max(firsts), 3)}
-    if variant != "spark":
-        row["start_s"] = round(statistics.median(r["start_s"] for r in runs), 3)
-        row["executor_check_s"] = round(statistics.median(r["executor_check_s"] for r in runs), 3)
+    row["start_s"] = round(statistics.median(r["start_s"] for r in runs), 3)
     return row
