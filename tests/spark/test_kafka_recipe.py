@@ -124,43 +124,50 @@ def offsets_logged(root: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(os.path.join(root, "_spark", "offsets")) if n.isdigit())
 
 
-def test_kafka_recipe_counts_each_record_once_and_resumes_from_the_root(spark, tmp_path):
-    source, root = str(tmp_path / "topic"), str(tmp_path / "root")
+@pytest.fixture(scope="module")
+def resumed(spark, tmp_path_factory) -> dict:
+    """Two runs of the recipe on one root: batches 0-1, then (more records having arrived) batches 2-3."""
+    tmp = tmp_path_factory.mktemp("kafka")
+    source, root = str(tmp / "topic"), str(tmp / "root")
     batches = records(4)
-    want = expected(batches)
     write_batches(source, batches[:2])
     seen: dict[int, list[tuple]] = {}
     run(spark, source, root, seen)
-    assert seen == {0: want[0], 1: want[1]}
-    assert offsets_logged(root) == [0, 1] and list_complete_checkpoints(CheckpointStorage(root)) == [0, 1], \
-        "Spark's offsets and spate's checkpoints of batches 0 and 1 in the one root"
+    first = {"seen": dict(seen), "offsets": offsets_logged(root),
+             "checkpoints": list_complete_checkpoints(CheckpointStorage(root)),
+             "query": load_checkpoint(CheckpointStorage(root)).query_id}
     with open(os.path.join(root, "_spark", "offsets", "1")) as f:
-        logged = f.read().splitlines()
-    assert logged[0] == "v1" and '"logOffset":1' in logged[2], logged  # the file source's position in batch 1
-
+        first["offsets_1"] = f.read().splitlines()
     write_batches(source, batches[2:], start=2)  # more records arrive while the query is stopped
     stream = run(spark, source, root, seen)
-    assert seen == want, "after the restart: batches 2 and 3 only, counts going on from the root's state"
+    return {"source": source, "root": root, "batches": batches, "first": first, "seen": seen, "stream": stream}
+
+
+def test_kafka_recipe_counts_each_record_once_and_resumes_from_the_root(resumed):
+    want = expected(resumed["batches"])
+    first = resumed["first"]
+    assert first["seen"] == {0: want[0], 1: want[1]}
+    assert first["offsets"] == [0, 1] and first["checkpoints"] == [0, 1], \
+        "Spark's offsets and spate's checkpoints of batches 0 and 1 in the one root"
+    logged = first["offsets_1"]
+    assert logged[0] == "v1" and '"logOffset":1' in logged[2], logged  # the source's position after batch 1
+    assert resumed["seen"] == want, "after the restart: batches 2 and 3 only, counts going on from the root's state"
+    stream = resumed["stream"]
     assert [m.batch_id for m in stream.metrics] == [2, 3] and not any(m.replayed for m in stream.metrics)
-    assert load_checkpoint(CheckpointStorage(root)).checkpoint_id == 3
+    assert load_checkpoint(CheckpointStorage(resumed["root"])).checkpoint_id == 3
 
 
-def test_a_lost_root_is_a_new_query_that_reads_the_input_again(spark, tmp_path):
+def test_a_lost_root_is_a_new_query_that_reads_the_input_again(spark, resumed):
     """The doc's "A restart after the root was lost": state and offsets go together, so the next start begins at
     batch 0 with empty state, reads everything the source still has (Kafka: startingOffsets), and the sink gets
     the rebuilt outputs under batch ids it has seen."""
-    source, root = str(tmp_path / "topic"), str(tmp_path / "root")
-    batches = records(3)
-    write_batches(source, batches[:2])
-    first: dict[int, list[tuple]] = {}
-    run(spark, source, root, first)
+    root = resumed["root"]
     lost_query = load_checkpoint(CheckpointStorage(root)).query_id
-
+    assert lost_query == resumed["first"]["query"]
     shutil.rmtree(root)
-    write_batches(source, batches[2:], start=2)
     again: dict[int, list[tuple]] = {}
-    run(spark, source, root, again)
-    assert again == expected(batches), "batch ids from 0, every record counted once more from empty state"
-    assert {b: again[b] for b in first} == first, "the lost batches' outputs delivered again, the same"
+    run(spark, resumed["source"], root, again)
+    assert again == expected(resumed["batches"]), "batch ids from 0, every record counted once more from empty state"
+    assert again == resumed["seen"], "the lost batches' outputs delivered again, the same (the same files per batch)"
     assert load_checkpoint(CheckpointStorage(root)).query_id != lost_query, "a new query"
-    assert offsets_logged(root) == [0, 1, 2]
+    assert offsets_logged(root) == [0, 1, 2, 3]
