@@ -25,6 +25,7 @@ import sys
 import sysconfig
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,8 +79,9 @@ def user_env(**variables: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    """A work directory holding the packed environment, built by the doc's first commands (once)."""
+def work(tmp_path_factory) -> Iterator[Path]:
+    """A work directory holding the packed environment, built by the doc's first commands (once); the ~600 MB of
+    environments, archive and source copy are removed afterwards (the logs stay)."""
     root = tmp_path_factory.mktemp("submit")
     source = root / "spate-source"  # pip builds in the source tree: a copy keeps the checkout clean
     shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
@@ -90,7 +92,12 @@ def work(tmp_path_factory) -> Path:
     build, _ = recipe()
     run_recipe(build, work, user_env(SPATE=str(source)), BUILD_TIMEOUT_S, root / "build.log")
     assert (work / "spate-env.tar.gz").stat().st_size > 10_000_000
-    return work
+    yield work
+    for heavy in (source, work / "spate-env", work / "environment", work / "spate-env.tar.gz"):
+        if heavy.is_dir():
+            shutil.rmtree(heavy, ignore_errors=True)
+        else:
+            heavy.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
