@@ -9,11 +9,13 @@ import re
 import sys
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from spate.errors import SpateError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 PROBE_TIMEOUT_S = 60.0
 
 
@@ -89,6 +91,20 @@ class ExecutorCheck:
         error = self.verdict()
         if error is not None:
             raise error
+
+    def guard(self, work: Callable[[], T], confirm: bool = True) -> T:
+        """``work()``, whose failure becomes the probe's :class:`ExecutorPythonError` (Spark's error its cause) when
+        the probe found executors that cannot run spate; with ``confirm`` that error is raised after a success
+        too (a batch's job: before its checkpoint completes)."""
+        try:
+            result = work()
+        except Exception as e:
+            if (cannot := self.verdict()) is not None:
+                raise cannot from e
+            raise
+        if confirm:
+            self.confirm()
+        return result
 
 
 def _cause(error: BaseException) -> str:

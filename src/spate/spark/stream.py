@@ -9,6 +9,7 @@ same batch id). A batch Spark replays after checkpoint n completed is not proces
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -184,11 +185,9 @@ class StatefulStream:
         from it on start (:mod:`spate.spark.spark_checkpoint`). A run that fails before any batch completed
         removes the driver-local folder it created there.
 
-        First checks the locations, before touching the checkpoint root. Whether executors can import spate
-        is checked beside the first batch (:class:`~spate.spark.executors.ExecutorCheck`, a one-task job that
-        warms up a Python worker the batch would start anyway): if they cannot, the first batch fails with an
-        :class:`~spate.spark.executors.ExecutorPythonError` that says how to fix it, before its checkpoint
-        completes."""
+        First checks the locations, before touching the checkpoint root; whether executors can import spate is
+        checked beside the first batch, which fails with an :class:`~spate.spark.executors.ExecutorPythonError`
+        if they cannot (:class:`~spate.spark.executors.ExecutorCheck`)."""
         s = self.settings
         check_locations(self.spark, s.checkpoint_root, spark_checkpoint, spark_checkpoint_cache)
         self._executor_check = ExecutorCheck(self.spark)
@@ -205,18 +204,12 @@ class StatefulStream:
         if previous is not None and previous.requested_rescale is not None:
             driver.request_rescale(*previous.requested_rescale)
         self.figures.start_from(driver.latest)
-        query_info = driver.coordinator.query
-        assert query_info is not None  # the driver started its coordinator
+        assert driver.coordinator.query is not None  # the driver started its coordinator
         self._failure, self._batches_done, self._wake = None, 0, None
-        self._folder = QueryFolder(spark_checkpoint_cache, query_info.query_id)
-        try:
-            self.query = SpateQuery(self._start_query(sink, trigger, spark_checkpoint, query_name,
-                                                      spark_checkpoint_cache)._jsq, self._failed)
-        except Exception as e:
-            self._remove_local_leftovers()
-            if (cannot := self._executor_check.verdict()) is not None:  # e.g. the tick source's Python failed
-                raise cannot from e
-            raise
+        self._folder = QueryFolder(spark_checkpoint_cache, driver.coordinator.query.query_id)
+        try:  # the tick source's Python may fail already: then the check's error
+            self.query = SpateQuery(self._executor_check.guard(lambda: self._start_query(
+                sink, trigger, spark_checkpoint, query_name, spark_checkpoint_cache), confirm=False)._jsq, self._failed)
         except BaseException:
             self._remove_local_leftovers()
             raise
@@ -402,15 +395,9 @@ class StatefulStream:
             # a long log since the materialization is named, not listed: the plans stay the same size
             sent.extend(json.dumps(plan.compacted().to_dict()).encode() for plan in plans)
             fresh = plans[0].base_checkpoint_id is None  # a new query: the initial state goes in
-            check, self._executor_check = self._executor_check, None
-            try:
-                acks = self._run_job(batch_df, batch_id, sent, with_initial=fresh)
-            except Exception as e:
-                if check is not None and (cannot := check.verdict()) is not None:
-                    raise cannot from e
-                raise
-            if check is not None:
-                check.confirm()  # another spate there: the checkpoint does not complete
+            check, self._executor_check = self._executor_check, None  # the first batch asks the check
+            job = functools.partial(self._run_job, batch_df, batch_id, sent, with_initial=fresh)
+            acks = job() if check is None else check.guard(job)
             spark.update(jobs=jobs.since(), tasks=jobs.last_stage_tasks(),
                          job_us=int((time.perf_counter() - job_started) * 1e6))
             return acks
