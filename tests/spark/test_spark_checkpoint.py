@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 from test_s3 import s3_uri  # noqa: F401  (the moto_server on loopback, a module fixture)
-from test_spark_stream import clicks, job_outputs, reference_outputs, state, write_files
+from test_spark_stream import clicks, job_outputs, reference_outputs, run_stream, state, write_files
 
 from spate.errors import CheckpointError, FencedError
 from spate.fs import CheckpointStorage
@@ -197,6 +197,24 @@ def test_a_spark_checkpoint_behind_spates_is_refused_and_the_local_copy_kept(tmp
                                               r"offsets.*was left as it was.*spark_checkpoint=\.\.\.\), pass that"):
         new_mirror(tmp_path).open(1)
     assert os.path.exists(tmp_path / "machine-a" / "checkpoint" / "offsets" / "1")
+
+
+@pytest.mark.spark
+def test_a_local_root_whose_spark_checkpoint_was_lost_is_refused_not_skipped(spark, tmp_path):
+    """As a user met it: on a local root (Spark writes its checkpoint in <root>/_spark itself), ``_spark`` deleted
+    and a new file added; the restart skipped batch 0 as done, so the new file's rows were never counted. Now
+    the start is refused, nothing is written, and the state is as the last checkpoint left it."""
+    source, root = str(tmp_path / "in"), str(tmp_path / "root")
+    batches = clicks(3)
+    write_files(source, batches[:2])
+    run_stream(spark, source, root, 2, {})
+    before = state(root)
+    shutil.rmtree(os.path.join(root, "_spark"))
+    write_files(source, batches[2:], start=2)
+    with pytest.raises(CheckpointError, match=r"complete checkpoint 1, but Spark's own checkpoint in it .* holds no "
+                                              r"offsets.*losing their rows"):
+        run_stream(spark, source, root, 2, {})
+    assert state(root) == before and not os.path.exists(os.path.join(root, "_spark"))
 
 
 # -- on Spark, with the root on S3 (moto on loopback) ---------------------------------------------------------

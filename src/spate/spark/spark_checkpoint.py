@@ -48,8 +48,9 @@ local copy is used only when the root still holds exactly that (names and sizes:
 since) and every recorded file is still there locally, unchanged; otherwise it is replaced by the root's copy
 (downloaded into a new directory, swapped in). Files Spark wrote after the last upload are then uploaded. A
 root whose latest complete checkpoint is newer than the offsets in its Spark checkpoint (its Spark checkpoint
-was lost, or the query ran with another ``spark_checkpoint``) is refused: Spark would re-read its sources from
-an older position and spate would skip those batches as done.
+was lost, or the query ran with another ``spark_checkpoint``) is refused, mirrored or written by Spark under the
+root alike (:func:`check_not_behind`): Spark would re-read its sources from an older position and spate would
+skip those batches as done.
 
 Links are never followed (the local copy is read with ``O_NOFOLLOW``; links and dot-files, such as Hadoop's
 ``.crc`` checksums, are not mirrored).
@@ -68,7 +69,7 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +186,36 @@ class SparkCheckpoint:
             self.mirror.sync()
 
 
+def check_not_behind(latest_checkpoint_id: int | None, offsets: list[int], where: str, note: str = "") -> None:
+    """Refuse a root whose Spark checkpoint (at ``where``, holding the batches ``offsets``) is older than spate's
+    latest complete checkpoint: Spark would re-read its sources from an older position and spate would skip
+    those batches as done."""
+    newest = max(offsets, default=None)
+    if latest_checkpoint_id is None or (newest is not None and newest >= latest_checkpoint_id):
+        return
+    found = "holds no offsets" if newest is None else f"ends at batch {newest}"
+    raise CheckpointError(
+        f"the checkpoint root has complete checkpoint {latest_checkpoint_id}, but Spark's own checkpoint in it "
+        f"({_redact(where)}) {found}{note}: Spark would read its sources again "
+        "from an older position and spate would skip those batches as done, losing their rows. If this query "
+        "ran with start(spark_checkpoint=...), pass that location again; otherwise put Spark's checkpoint back "
+        "into <checkpoint_root>/_spark (from a backup), or start the query on a new checkpoint root")
+
+
+def _offsets(files: Iterable[str]) -> list[int]:
+    """The batch numbers of the ``offsets/<n>`` entries among ``files`` (paths relative to Spark's checkpoint)."""
+    return [int(m.group(1)) for rel in files
+            if rel.startswith("offsets/") and (m := _ENTRY.fullmatch(rel[len("offsets/"):]))]
+
+
+def _offsets_in(spark_dir: CheckpointStorage) -> list[int]:
+    """The offsets entries Spark wrote in its checkpoint directory ``spark_dir`` (none if it does not exist)."""
+    try:
+        return _offsets(f.path for f in spark_dir.stat_files())
+    except FileNotFoundError:
+        return []
+
+
 def open_spark_checkpoint(spark: Any, coordinator: Any, spark_checkpoint: str | None = None,
                           cache_dir: str | None = None) -> SparkCheckpoint:
     """Spark's checkpoint for a stream whose coordinator has started (it knows the query id, the fencing epoch
@@ -193,13 +224,15 @@ def open_spark_checkpoint(spark: Any, coordinator: Any, spark_checkpoint: str | 
     storage: CheckpointStorage = coordinator.storage
     if spark_checkpoint is not None:
         return SparkCheckpoint(spark_checkpoint)
-    if hadoop_opens(storage.uri):
+    latest = coordinator.latest
+    if hadoop_opens(storage.uri):  # Spark writes it under the root: refused as the mirror's if it is behind
+        spark_dir = storage.sub(SPARK_CHECKPOINT_DIR)
+        check_not_behind(latest.checkpoint_id if latest is not None else None, _offsets_in(spark_dir), spark_dir.uri)
         return SparkCheckpoint(join_uri(storage.uri, SPARK_CHECKPOINT_DIR))
     query = coordinator.query
     mirror = SparkCheckpointMirror(storage.sub(SPARK_CHECKPOINT_DIR),
                                    os.path.join(cache_dir or default_cache_dir(), query.query_id),
                                    fence=lambda: coordinator.epochs.check(query.epoch))
-    latest = coordinator.latest
     mirror.open(latest.checkpoint_id if latest is not None else None)
     return SparkCheckpoint(Path(mirror.local_checkpoint).resolve().as_uri(), mirror)
 
@@ -297,22 +330,9 @@ class SparkCheckpointMirror:
 
     def _check_not_behind(self, latest_checkpoint_id: int | None, remote: dict[str, int]) -> None:
         """Refuse a root whose Spark checkpoint is older than spate's latest complete checkpoint."""
-        if latest_checkpoint_id is None:
-            return
-        offsets = [int(m.group(1)) for rel in remote
-                   if rel.startswith("offsets/") and (m := _ENTRY.fullmatch(rel[len("offsets/"):]))]
-        newest = max(offsets, default=None)
-        if newest is not None and newest >= latest_checkpoint_id:
-            return
-        found = "holds no offsets" if newest is None else f"ends at batch {newest}"
         local = (f"; this machine's copy of it, {self.local_checkpoint}, was left as it was (copy it there if it "
                  "is the newest)" if os.path.isdir(self.local_checkpoint) else "")
-        raise CheckpointError(
-            f"the checkpoint root has complete checkpoint {latest_checkpoint_id}, but Spark's own checkpoint in it "
-            f"({_redact(self.remote.uri)}) {found}{local}: Spark would read its sources again "
-            "from an older position and spate would skip those batches as done, losing their rows. If this query "
-            "ran with start(spark_checkpoint=...), pass that location again; otherwise put Spark's checkpoint back "
-            "into <checkpoint_root>/_spark (from a backup), or start the query on a new checkpoint root")
+        check_not_behind(latest_checkpoint_id, _offsets(remote), self.remote.uri, local)
 
     # -- every batch --------------------------------------------------------------------------------------
     def sync(self) -> None:
