@@ -182,3 +182,29 @@ def test_a_view_in_use_is_closed_by_its_last_reader_and_a_closed_view_refuses_re
     assert opened == ["a", "b"], "nothing opens after the end"
     with pytest.raises(RuntimeError):
         view.key_group_flat(2)
+
+
+def test_a_view_that_cannot_be_renewed_fails_the_materialization_instead_of_hanging_it():
+    class Table:
+        def key_group_flat(self, kg: int) -> list[bytes]:
+            return []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    opens = iter([Table()])
+
+    def open_view():
+        try:
+            return next(opens)
+        except StopIteration:
+            raise OSError("the table cannot be committed") from None
+
+    view = RollingView(open_view, 0)
+    with pytest.raises(OSError):
+        view.advance(3)
+    with pytest.raises(RuntimeError, match="closed materialization view"):
+        view.key_group_flat(0)  # the background read fails at once, and the materialization with it

@@ -82,7 +82,13 @@ class RollingView:
                 old.retired = True  # closed by its last reader (lmdb's map may wait for it to grow)
         if close_old and old is not None:
             old.close()
-        newer = _Opened(self._open_view(), position)
+        try:
+            newer = _Opened(self._open_view(), position)
+        except BaseException:
+            with self._changed:  # no view to read from: the materialization fails instead of waiting for one
+                self._finished = True
+                self._changed.notify_all()
+            raise
         with self._changed:
             publish = not self._finished
             if publish:

@@ -110,6 +110,7 @@ class ChangelogKeyedState:
         """Record what the state was restored from: it is part of every checkpoint until the next
         materialization (the new log starts at sequence number 0)."""
         self.materialized, self.restored_changelog = list(materialized), list(changelog)
+        self._positions = {}  # the restored handles are listed as they were
         self._log_since_materialization = _log_length(changelog)  # a long restored log materializes soon
 
     # -- checkpoints ------------------------------------------------------------------------------------
