@@ -7,16 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 METRICS = ("checkpoint_ms_p50", "checkpoint_ms_p90", "checkpoint_ms_p99", "checkpoint_ms_p999")
 
 
 def test_bench_blog_quick_json(tmp_path):
-    started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "spate_tools.cli", "bench", "blog", "--quick", "--json", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
-    elapsed = time.perf_counter() - started
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["bench"] == "blog"
@@ -30,7 +27,6 @@ def test_bench_blog_quick_json(tmp_path):
     assert by[("value", "changelog")]["rows"] == by[("value", "full")]["rows"]
     for name in ("blog.png", "blog-durations.png", "blog-sizes.png"):
         assert os.path.getsize(tmp_path / name) > 0
-    assert elapsed < 60
 
 
 def _check_sane(r: dict) -> None:
