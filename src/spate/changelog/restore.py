@@ -10,8 +10,9 @@ As fast as restoring a full snapshot of the same state, by three means:
   change matters, so each key is written once, not once per change set;
 * merging: a key group with a materialized frame and only ``PUT`` s in the log is written to the table once,
   the frame updated by the log in the frame's (sorted) order, instead of once for the frame and once per change
-  set; keys the log added since the materialization (few) follow in a second, small write, so the key group
-  is never sorted again. Its digest is the frame's, adjusted by the entries the log replaced and put.
+  set; keys the log added since the materialization (few) follow the frame's, sorted, in the same write (one
+  transaction, one commit), so the key group is never sorted again. Its digest is the frame's, adjusted by the
+  entries the log replaced and put.
 
 Why folding is exact: ``PUT`` and ``DELETE`` records carry primaries, which are self-delimiting
 (:func:`~spate.state.layout.primary_length`), so a record of one key never touches another's entry except
@@ -29,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from operator import is_not
 from typing import TypeVar
 
@@ -137,19 +138,26 @@ def apply_logged(table: StateTable, kg: int, logged: Logged, ops: set[int],
     puts, deleted = fold(logged)
     if frame is not None and not deleted:  # one write of the key group: its frame updated by the log
         merged = dict(zip(frame.flat[0::2], frame.flat[1::2], strict=True))
-        added = {key: puts.pop(key) for key in sorted(puts.keys() - merged.keys())}  # keys new since: few
         digest = None if frame.digest is None else _merged_digest(kg, frame.digest, merged, puts)
-        merged.update(puts)  # the frame's order (its keys sorted), values as the log left them
-        table.restore_key_group(kg, list(chain.from_iterable(merged.items())), frame.maps, digest)
-        if added:
-            table.restore_key_group(kg, list(chain.from_iterable(added.items())), frozenset())
+        added = sorted(puts.keys() - merged.keys())  # keys new since the materialization: few
+        merged.update(puts)  # the frame's order (its keys sorted), values as the log left them ...
+        merged.update([(key, merged.pop(key)) for key in added])  # ... then the new keys, sorted: one write
+        table.restore_key_group(kg, _flat(merged), frame.maps, digest)
         return
     if frame is not None:
         table.restore_key_group(kg, frame.flat, frame.maps, frame.digest)
     for key in deleted:
         table.delete(kg, key)
     if puts:
-        table.restore_key_group(kg, list(chain.from_iterable(puts.items())), frozenset())
+        table.restore_key_group(kg, _flat(puts), frozenset())
+
+
+def _flat(entries: dict[bytes, bytes]) -> list[bytes]:
+    """``[key, value, key, value, ...]`` of ``entries``, in their order (slice assignment: no tuple per entry)."""
+    flat: list[bytes] = [b""] * (2 * len(entries))
+    flat[0::2] = entries.keys()
+    flat[1::2] = entries.values()
+    return flat
 
 
 def _merged_digest(kg: int, digest: int, entries: dict[bytes, bytes], puts: dict[bytes, bytes]) -> int:
