@@ -1,7 +1,7 @@
 """The stream on a real Spark standalone cluster on 127.0.0.1: a master and 2 workers (1 core, 1 GB each), each
 worker with its own work dir and local dirs, started from the pyspark package and stopped by PID
 (:class:`spate_tools.standalone.StandaloneCluster`). Each scenario runs the Spark driver in its own process
-(tests/spark_job.py, bounded in time): lmdb state on the executors' own local disks, changelog on, outputs and
+(tests/helpers/spark_job.py, bounded in time): lmdb state on the executors' own local disks, changelog on, outputs and
 state compared with a single-process run of the same processor (LocalRunner)."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from test_s3 import s3_uri  # noqa: F401  (the moto_server on loopback, a module fixture)
 from test_spark_stream import clicks, job_outputs, reference_outputs, state, write_files
 from test_spark_table_sinks import expected_rows, table_rows
 
@@ -29,7 +28,7 @@ from spate_tools.cli import main as cli
 from spate_tools.standalone import QUICK_JVM_OPTIONS, StandaloneCluster
 
 pytestmark = pytest.mark.spark
-JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_job.py")  # tests/
+JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "spark_job.py")
 DRIVER_TIMEOUT_S = 240
 SETTINGS = {"table": "lmdb", "changelog": True, "file_merging": "across",
             "local_dir": None}  # lmdb state on each executor's own local disk (its worker's SPARK_LOCAL_DIRS)
@@ -45,7 +44,7 @@ def cluster():
 
 def drive(cluster: StandaloneCluster, source: str, root: str, out: str, parallelism: int, fault: str = "",
           spark_checkpoint: str | None = None, tick: Callable[[], None] | None = None, extra: tuple = ()) -> dict:
-    """Run tests/spark_job.py as a driver of ``cluster`` (its own process, at most DRIVER_TIMEOUT_S), calling
+    """Run tests/helpers/spark_job.py as a driver of ``cluster`` (its own process, at most DRIVER_TIMEOUT_S), calling
     ``tick`` every 0.1 s while it runs. Returns the job's summary, plus ``local``: per worker, the subtasks
     whose lmdb state was seen on that worker's local disk during the run (Spark removes an application's
     executor-local dirs when it ends)."""
@@ -202,7 +201,7 @@ def test_online_rescale_on_the_cluster(cluster, tmp_path):
         assert {st["recovery"] for st in subtasks} <= {"rescaled", "restored"}, subtasks
 
 
-def test_checkpoint_root_on_s3(cluster, s3_uri, tmp_path, monkeypatch):  # noqa: F811
+def test_checkpoint_root_on_s3(cluster, s3_uri, tmp_path, monkeypatch):
     source, out = str(tmp_path / "in"), str(tmp_path / "out")
     root = s3_uri("standalone")
     batches = BATCHES[:4]

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from model_job import OPS, Model, ModelJob
 
+from model_job import OPS, Model, ModelJob
 from spate import Processor, ValueStateDescriptor
 from spate.changelog import restore as changelog_restore
 from spate.changelog.restore import restore_keyed_state

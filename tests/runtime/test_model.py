@@ -12,8 +12,8 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_job import OPS, Model, ModelJob
 
+from model_job import OPS, Model, ModelJob
 from spate import LocalRunner, load_checkpoint, operator_state_elements
 from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import UploadConfig

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from model_job import OPS, ModelJob
 from test_model import (
     CHANGELOG,
     CRASH_STEPS,
@@ -30,6 +29,7 @@ from test_model import (
     rows_of,
 )
 
+from model_job import OPS, ModelJob
 from spate import LocalRunner, Processor, load_checkpoint, operator_state_elements
 from spate.checkpoint.ackinfo import RESCALED
 from spate.errors import IncompatibleStateError

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from test_readme import python_block
 
 pytestmark = pytest.mark.spark

@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 import pytest
-from spark_fixture import spark  # noqa: F401
 
 from spate.keygroups import compile_key_hasher, key_group, key_groups, spark_hash
 
@@ -213,7 +212,7 @@ def _make_rows(local_utc: bool) -> list[tuple[Any, ...]]:
     return rows
 
 
-def test_hash_matches_spark_for_every_type(spark: Any) -> None:  # noqa: F811
+def test_hash_matches_spark_for_every_type(spark: Any) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
@@ -255,7 +254,7 @@ def test_hash_matches_spark_for_every_type(spark: Any) -> None:  # noqa: F811
     assert not failures, f"{len(failures)} mismatches, first: {failures[:5]}"
 
 
-def test_inferred_multi_column_keys_match_spark(spark: Any) -> None:  # noqa: F811
+def test_inferred_multi_column_keys_match_spark(spark: Any) -> None:
     from pyspark.sql import functions as F
 
     rng = random.Random(7)
@@ -277,7 +276,7 @@ def test_inferred_multi_column_keys_match_spark(spark: Any) -> None:  # noqa: F8
         assert key_group(row[:2], MAXP) == out["g"], row
 
 
-def test_numpy_vectorised_matches_spark(spark: Any) -> None:  # noqa: F811
+def test_numpy_vectorised_matches_spark(spark: Any) -> None:
     import numpy as np
     from pyspark.sql import functions as F
 
@@ -295,7 +294,7 @@ def test_numpy_vectorised_matches_spark(spark: Any) -> None:  # noqa: F811
     assert key_groups(doubles, MAXP) == [r["d"] for r in out]
 
 
-def test_negative_zero_and_nans_hash_and_group_as_in_spark(spark: Any, tmp_path: Any) -> None:  # noqa: F811
+def test_negative_zero_and_nans_hash_and_group_as_in_spark(spark: Any, tmp_path: Any) -> None:
     """Spark normalizes -0.0 to 0.0 and every NaN to one NaN before hashing and grouping: spate's key group of
     each is Spark's pmod(hash(col), n), and LocalRunner counts per key exactly as Spark's groupBy does."""
     from pyspark.sql import functions as F
@@ -327,7 +326,7 @@ def test_negative_zero_and_nans_hash_and_group_as_in_spark(spark: Any, tmp_path:
     assert final == spark_counts == {0.0: 3, "NaN": 5, 1.5: 1}
 
 
-def test_routed_rows_carry_spates_key_group_and_subtask_whatever_the_column_names(spark):  # noqa: F811
+def test_routed_rows_carry_spates_key_group_and_subtask_whatever_the_column_names(spark):
     """The routing columns are SQL expressions: key columns named with spaces, dots and backticks are quoted."""
     from spate.keygroups import subtask_for_key_group
     from spate.spark.routed_frame import RoutedFrames

@@ -12,7 +12,6 @@ import sys
 from collections import Counter
 
 import pytest
-from test_s3 import s3_uri  # noqa: F401  (the moto_server on loopback, a module fixture)
 from test_spark_stream import clicks, job_outputs, reference_outputs, run_stream, state, write_files
 
 from spate.errors import CheckpointError, FencedError
@@ -20,7 +19,7 @@ from spate.fs import CheckpointStorage
 from spate.spark.spark_checkpoint import SparkCheckpointMirror, check_locations, hadoop_opens
 from spate_tools.cli import main as cli
 
-JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_job.py")  # tests/
+JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "spark_job.py")
 
 
 # -- where Spark's checkpoint goes ---------------------------------------------------------------------------
@@ -219,7 +218,7 @@ def test_a_local_root_whose_spark_checkpoint_was_lost_is_refused_not_skipped(spa
 
 # -- on Spark, with the root on S3 (moto on loopback) ---------------------------------------------------------
 @pytest.mark.spark
-def test_s3_root_needs_no_spark_checkpoint_and_resumes_on_a_new_machine(spark, s3_uri, tmp_path,  # noqa: F811
+def test_s3_root_needs_no_spark_checkpoint_and_resumes_on_a_new_machine(spark, s3_uri, tmp_path,
                                                                           monkeypatch):
     """Three batches on machine A; its local Spark checkpoint is deleted (machine B); B resumes Spark's offsets
     from the root. B's source reads every remaining file in one batch: a Spark that started over would put the
@@ -275,7 +274,7 @@ def test_s3_root_needs_no_spark_checkpoint_and_resumes_on_a_new_machine(spark, s
 
 @pytest.mark.spark
 @pytest.mark.parametrize("fault", ["driver-dies-after-checkpoint:2", "driver-dies-mid-batch:2"])
-def test_driver_dies_and_restarts_on_a_new_machine_with_an_s3_root(s3_uri, tmp_path, fault):  # noqa: F811
+def test_driver_dies_and_restarts_on_a_new_machine_with_an_s3_root(s3_uri, tmp_path, fault):
     """The driver process dies after checkpoint 2 completed (inside the sink), or before it completed; its local
     Spark checkpoint is lost with its machine; the restart resumes from the root, reading every remaining file
     in one batch. No batch is lost or duplicated: the outputs equal a fault-free single-process run."""

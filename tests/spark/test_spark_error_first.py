@@ -15,7 +15,6 @@ import traceback
 import pytest
 from pyspark import cloudpickle
 from pyspark.errors import StreamingQueryException
-from test_s3 import s3_uri  # noqa: F401  (the moto_server on loopback, a module fixture)
 
 from spate import Processor, ValueStateDescriptor
 from spate.spark.query import SpateQuery
@@ -87,7 +86,7 @@ def test_a_bad_output_field_fails_with_spates_message_first_and_leaves_home_as_i
 
 
 def test_a_failed_first_batch_on_an_s3_root_leaves_no_copy_of_sparks_checkpoint_in_home(
-        spark, tmp_path, monkeypatch, s3_uri):  # noqa: F811
+        spark, tmp_path, monkeypatch, s3_uri):
     """An object-store root: Spark's checkpoint is written to ~/.spate/spark-checkpoints/<query>/checkpoint and
     mirrored into the root; a query that failed before any batch completed removes the folder it created."""
     home = _home(tmp_path, monkeypatch)

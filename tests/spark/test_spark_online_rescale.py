@@ -1,5 +1,5 @@
 """Online rescale of a running Spark query (``StatefulStream.rescale``), in local mode: the driver in its own
-process (tests/spark_job.py) rescales between batches from its sink, with a task failure or the driver's death
+process (tests/helpers/spark_job.py) rescales between batches from its sink, with a task failure or the driver's death
 in the rescaling batch; and the autoscaler rescaling a stream in this process. Outputs and state always equal a
 single-process run (LocalRunner)."""
 

@@ -102,7 +102,7 @@ def test_counts_checkpoints_sink_and_rescale(spark, tmp_path, table, merging):
 
 
 # -- faults and rescales, each Spark driver in its own process -------------------------------------------------
-JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "spark_job.py")  # tests/
+JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "spark_job.py")
 
 
 def run_job(source, root, out, parallelism, fault="", expect=0, extra=()):
@@ -116,8 +116,7 @@ def reference_outputs(batches):
     """Each batch's outputs from a single-process run of the same processor (LocalRunner, no Spark)."""
     import tempfile
 
-    import spark_job
-
+    from helpers import spark_job
     from spate import LocalRunner
 
     out: dict[int, list] = {}

@@ -1,42 +1,13 @@
-"""Checkpoints on S3 paths, against a real S3-compatible server on loopback (moto_server)."""
+"""Checkpoints on S3 paths, against a real S3-compatible server on loopback (moto_server: the ``s3_uri``
+fixture of helpers.s3)."""
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-
-import pyarrow.fs as pafs
 import pytest
 
 from spate import CheckpointStorage, LocalRunner, keyed_state_entries, load_checkpoint, verify_checkpoint
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate_tools.cli import main
-
-
-@pytest.fixture(scope="module")
-def s3_uri():
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-    fs, _ = pafs.FileSystem.from_uri(f"s3://spate-test?{query}&allow_bucket_creation=true")
-    fs.create_dir("spate-test")
-    yield lambda path: f"s3://spate-test/{path}?{query}"
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 def test_checkpoints_restore_rescale_and_savepoint_on_s3(s3_uri, tmp_path):

@@ -1,8 +1,5 @@
-"""Session-scoped PySpark fixture shared by the Spark-backed tests.
-
-Use it from ``conftest.py`` (or directly from a test module) with::
-
-    from spark_fixture import spark  # noqa: F401
+"""Session-scoped PySpark fixture shared by the Spark-backed tests: ``spark``, a plugin that tests/conftest.py
+names in ``pytest_plugins``, so every test gets it by argument.
 
 Java is located by ``spate.spark.java.ensure_java_home`` (``JAVA_HOME``, else ``<venv>/java-home``, else
 ``java`` on ``PATH``). Without Java the Spark tests fail
