@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from helpers.counting import Count, batches, counts, expected_counts
 from spate import (
     CheckpointStorage,
     Coordinator,
@@ -696,8 +697,6 @@ def test_a_timer_firing_after_the_scheduler_closed_gives_up_quietly():
 def test_materialization_follows_the_log_length_not_only_the_timer(tmp_path):
     """With a timer that never fires, the change sets a checkpoint lists (and a restore replays) stay bounded:
     a materialization starts once the log since the last one holds ``materialize_after_change_sets``."""
-    from test_checkpoints import Count, batches, counts, expected_counts
-
     root, src = str(tmp_path / "c"), batches(14)
     cfg = ChangelogConfig(materialization_interval_ms=10**12, materialize_after_change_sets=3, upload=NOW)
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=1, changelog=cfg) as r:
@@ -716,8 +715,6 @@ def _hopping(runner: LocalRunner) -> None:
 
 
 def test_non_sticky_subtasks_materialize_within_the_batch_that_references_it(tmp_path):
-    from test_checkpoints import Count, batches, counts, expected_counts
-
     root, src = str(tmp_path / "c"), batches(12)
     cfg = ChangelogConfig(materialization_interval_ms=10**12, materialize_after_change_sets=3, upload=NOW)
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, changelog=cfg) as r:
@@ -732,8 +729,6 @@ def test_non_sticky_subtasks_materialize_within_the_batch_that_references_it(tmp
 
 
 def test_a_failing_materialization_is_retried_after_a_back_off_not_every_batch(tmp_path, monkeypatch):
-    from test_checkpoints import Count, batches, counts, expected_counts
-
     import spate.changelog.state as changelog_state
 
     def unavailable(*args, **kwargs):  # fault injection: the storage refuses materializations for a while

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from helpers.counting import Count, batches, counts, expected_counts
 from spate import (
     CheckpointStorage,
     Coordinator,
@@ -17,47 +18,12 @@ from spate import (
     IncompatibleStateError,
     LocalRunner,
     MissingFileError,
-    Processor,
-    ValueStateDescriptor,
-    keyed_state_entries,
     load_checkpoint,
 )
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.filemerging.registry import FileRegistry
 from spate.layout import random_name
 from spate.segments import FileRef
-
-COUNT = ValueStateDescriptor("count", default=0)
-
-
-class Count(Processor):
-    def open(self, ctx):
-        self.count = ctx.state(COUNT)
-        self.offsets = ctx.get_list_state("offsets")
-
-    def process(self, key, rows, ctx):
-        self.count.update(self.count.value() + len(rows))
-        yield {"k": key, "n": self.count.value()}
-
-    def end_batch(self, ctx):
-        self.offsets.update([ctx.batch_id])
-
-
-def batches(n: int, keys: int = 20) -> list[list[dict]]:
-    return [[{"k": f"user-{(b * 7 + i) % keys}"} for i in range(10)] for b in range(n)]
-
-
-def counts(root: str, checkpoint_id: int | None = None) -> dict:
-    s = CheckpointStorage(root)
-    return {e.key: e.value for e in keyed_state_entries(s, load_checkpoint(s, checkpoint_id), "count")}
-
-
-def expected_counts(source: list[list[dict]]) -> dict:
-    out: dict = {}
-    for rows in source:
-        for r in rows:
-            out[r["k"]] = out.get(r["k"], 0) + 1
-    return out
 
 
 def test_complete_iff_metadata_and_retention_deletes_unreferenced_files(tmp_path):

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from test_checkpoints import Count, batches, counts, expected_counts
 
+from helpers.counting import Count, batches, counts, expected_counts
 from spate import CheckpointStorage, Coordinator, FencedError, LocalRunner, load_checkpoint, verify_checkpoint
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.epochs import EpochLog

@@ -9,8 +9,8 @@ import sys
 import threading
 
 import pytest
-from test_checkpoints import Count, batches, counts, expected_counts
 
+from helpers.counting import Count, batches, counts, expected_counts
 from spate import LocalRunner, keyed_state_entries, load_checkpoint, verify_checkpoint
 from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import UploadConfig
@@ -337,15 +337,14 @@ def test_old_directories_go_after_a_rescale(tmp_path):
     assert counts(root) == expected_counts(src)
 
 
-CHECKPOINT_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoint")
-
-
 # -- crashes ------------------------------------------------------------------------------------------------
+# the job runs in a process of its own (the venv's python), the same Count job as here: helpers is importable
+# there through PYTHONPATH (tests/, where the helpers package is)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CRASHING_JOB = """
-import os, sys
-sys.path.insert(0, {tests!r})
+import os
+from helpers.counting import Count, batches
 from spate import LocalRunner
-from test_checkpoints import Count, batches
 
 def fault(step, batch_id):
     if (step, batch_id) == ({step!r}, {batch}):
@@ -361,8 +360,9 @@ r.run(batches(10))
                                        ("within", "after_acks")])
 def test_crash_with_open_physical_files(tmp_path, mode, step):
     root, src = str(tmp_path / "c"), batches(10)
-    code = CRASHING_JOB.format(tests=CHECKPOINT_TESTS, step=step, batch=5, root=root, mode=mode)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    code = CRASHING_JOB.format(step=step, batch=5, root=root, mode=mode)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 17, proc.stderr
     storage = CheckpointStorage(root)
     for n in list_complete_checkpoints(storage):

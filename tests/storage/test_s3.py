@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.counting import Count, batches, expected_counts
 from spate import CheckpointStorage, LocalRunner, keyed_state_entries, load_checkpoint, verify_checkpoint
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate_tools.cli import main
 
 
 def test_checkpoints_restore_rescale_and_savepoint_on_s3(s3_uri, tmp_path):
-    from test_checkpoints import Count, batches, expected_counts
-
     root = s3_uri("query-1")
     src = batches(6)
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, retained=2) as r:
@@ -40,8 +39,6 @@ def test_checkpoints_restore_rescale_and_savepoint_on_s3(s3_uri, tmp_path):
 def test_file_merging_on_s3(s3_uri, mode):
     """On an object store a physical file is readable once closed, so files close at every acknowledgement;
     merging still turns each checkpoint's many files into a few, and restores and rescales work."""
-    from test_checkpoints import Count, batches, expected_counts
-
     root = s3_uri(f"merged-{mode}")
     src = batches(6)
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=3, file_merging=mode, changelog=True,
@@ -59,8 +56,6 @@ def test_file_merging_on_s3(s3_uri, mode):
 def test_take_over_and_metadata_are_conditional_writes_on_s3(s3_uri):
     """Put-if-absent on S3 is a conditional PUT (If-None-Match), so two drivers that read the same epoch
     cannot both claim it, and a checkpoint's metadata cannot be written twice."""
-    from test_checkpoints import Count, batches
-
     from spate import Coordinator, FencedError
     from spate.checkpoint.epochs import EpochLog
     from spate.checkpoint.metadata import QueryInfo
