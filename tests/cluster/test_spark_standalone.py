@@ -16,9 +16,9 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from test_spark_stream import clicks, job_outputs, reference_outputs, state, write_files
-from test_spark_table_sinks import expected_rows, table_rows
 
+from helpers.clicks import JOB, clicks, expected_rows, job_outputs, reference_outputs, state, table_rows
+from helpers.file_source import write_files
 from spate import load_checkpoint, verify_checkpoint
 from spate.checkpoint.assignment import overlapping_subtasks
 from spate.checkpoint.coordinator import list_complete_checkpoints
@@ -28,7 +28,6 @@ from spate_tools.cli import main as cli
 from spate_tools.standalone import QUICK_JVM_OPTIONS, StandaloneCluster
 
 pytestmark = pytest.mark.spark
-JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "spark_job.py")
 DRIVER_TIMEOUT_S = 240
 SETTINGS = {"table": "lmdb", "changelog": True, "file_merging": "across",
             "local_dir": None}  # lmdb state on each executor's own local disk (its worker's SPARK_LOCAL_DIRS)

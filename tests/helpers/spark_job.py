@@ -34,10 +34,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from spate import Processor, ValueStateDescriptor  # noqa: E402
-from spate.spark.java import ensure_java_home  # noqa: E402
+from spate import Processor, ValueStateDescriptor
+from spate.spark.java import ensure_java_home
 
 SCHEMA = "user string, page string, n long"
 OUTPUT_SCHEMA = "user string, clicks long, batch long"

@@ -23,8 +23,8 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor
-from test_spark_stream import write_files
 
+from helpers.file_source import write_files
 from spate import LocalRunner
 from spate.errors import OutputError
 from spate.spark.adapter import StatefulProcessorAdapter

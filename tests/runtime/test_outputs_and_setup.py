@@ -14,8 +14,9 @@ import venv
 import pyarrow as pa
 import pytest
 from pyspark import cloudpickle
-from test_spark_stream import clicks, state, write_files
 
+from helpers.clicks import clicks, state
+from helpers.file_source import write_files
 from spate import LocalRunner, Processor, ValueStateDescriptor, load_checkpoint
 from spate.errors import OutputError
 from spate.fs import CheckpointStorage

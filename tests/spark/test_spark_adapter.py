@@ -12,8 +12,8 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from test_spark_stream import write_files
 
+from helpers.file_source import write_files
 from spate.spark.stream import transform_with_state
 
 pytestmark = pytest.mark.spark

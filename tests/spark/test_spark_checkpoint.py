@@ -12,14 +12,13 @@ import sys
 from collections import Counter
 
 import pytest
-from test_spark_stream import clicks, job_outputs, reference_outputs, run_stream, state, write_files
 
+from helpers.clicks import JOB, CountClicks, clicks, job_outputs, reference_outputs, run_stream, state
+from helpers.file_source import write_files
 from spate.errors import CheckpointError, FencedError
 from spate.fs import CheckpointStorage
 from spate.spark.spark_checkpoint import SparkCheckpointMirror, check_locations, hadoop_opens
 from spate_tools.cli import main as cli
-
-JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "spark_job.py")
 
 
 # -- where Spark's checkpoint goes ---------------------------------------------------------------------------
@@ -44,8 +43,6 @@ def test_bad_locations_are_refused_with_the_fix():
 
 @pytest.mark.spark
 def test_a_spark_checkpoint_hadoop_cannot_open_is_refused_before_the_root_is_touched(spark, tmp_path):
-    from test_spark_stream import CountClicks
-
     from spate.spark.stream import StatefulStream
 
     os.makedirs(tmp_path / "in")
@@ -223,8 +220,6 @@ def test_s3_root_needs_no_spark_checkpoint_and_resumes_on_a_new_machine(spark, s
     """Three batches on machine A; its local Spark checkpoint is deleted (machine B); B resumes Spark's offsets
     from the root. B's source reads every remaining file in one batch: a Spark that started over would put the
     already processed files into that batch, and spate would skip it as done, losing the new files."""
-    from test_spark_stream import CountClicks
-
     from spate.spark.stream import StatefulStream
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the default driver-local directory: ~/.spate/...

@@ -20,8 +20,8 @@ from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from test_spark_semantics import _conf, _data_batches, run_spark, run_spate
-from test_spark_stream import write_files
 
+from helpers.file_source import write_files
 from spate.spark.ticks import AVAILABLE_NOW
 
 pytestmark = pytest.mark.spark

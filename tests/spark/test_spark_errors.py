@@ -9,8 +9,9 @@ import sys
 import pytest
 from pyspark import cloudpickle
 from pyspark.errors import StreamingQueryException
-from test_spark_stream import clicks, write_files
 
+from helpers.clicks import clicks
+from helpers.file_source import write_files
 from spate import Processor
 from spate.spark.stream import StatefulStream
 from spate.spark.worker_errors import worker_error

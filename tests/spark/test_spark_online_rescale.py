@@ -12,8 +12,9 @@ from collections import Counter
 
 import pytest
 from pyspark import cloudpickle
-from test_spark_stream import CountClicks, clicks, job_outputs, reference_outputs, run_job, state, write_files
 
+from helpers.clicks import CountClicks, clicks, job_outputs, reference_outputs, run_job, state
+from helpers.file_source import write_files
 from spate import AutoscalePolicy, IncompatibleStateError, load_checkpoint
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.fs import CheckpointStorage

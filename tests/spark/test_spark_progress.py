@@ -14,7 +14,8 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle, StreamingQueryListener
 from test_spark_semantics import _conf
-from test_spark_stream import write_files
+
+from helpers.file_source import write_files
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -17,8 +17,8 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from test_spark_stream import write_files
 
+from helpers.file_source import write_files
 from spate import LocalRunner
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.stream import transform_with_state

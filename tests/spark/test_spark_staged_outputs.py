@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 from pyspark import cloudpickle
-from test_spark_stream import CountClicks, clicks, write_files
 
+from helpers.clicks import CountClicks, clicks
+from helpers.file_source import write_files
 from spate import load_checkpoint, verify_checkpoint
 from spate.fs import CheckpointStorage
 from spate.spark.staged import staged_format

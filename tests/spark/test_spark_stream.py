@@ -5,68 +5,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
 
 import pytest
 from pyspark import cloudpickle
 
-from spate import Processor, ValueStateDescriptor, keyed_state_entries, load_checkpoint, verify_checkpoint
+from helpers.clicks import CountClicks, clicks, job_outputs, reference_outputs, run_job, run_stream, state
+from helpers.file_source import write_files
+from spate import load_checkpoint, verify_checkpoint
 from spate.fs import CheckpointStorage
-from spate.spark.stream import StatefulStream
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import test modules
-SCHEMA = "user string, page string, n long"
-CLICKS = ValueStateDescriptor("clicks", default=0)
-
-
-class CountClicks(Processor):
-    def open(self, ctx):
-        self.clicks = ctx.state(CLICKS)
-        self.seen = ctx.get_list_state("batches")
-
-    def process(self, key, rows, ctx):
-        total = self.clicks.value() + len(rows)
-        self.clicks.update(total)
-        yield {"user": key, "clicks": total, "batch": ctx.batch_id}
-
-    def end_batch(self, ctx):
-        self.seen.add(ctx.batch_id)
-
-
-def write_files(directory, batches, start=0):
-    os.makedirs(directory, exist_ok=True)
-    for i, rows in enumerate(batches, start):
-        path = os.path.join(directory, f"part-{i:05d}.json")
-        with open(path, "w") as f:
-            f.write("\n".join(json.dumps(r) for r in rows))
-        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # the file source reads oldest first
-
-
-def clicks(n_batches, users=40, per_batch=60, seed=0):
-    return [[{"user": f"u{(b * 31 + i * 7 + seed) % users}", "page": f"/p{i % 5}", "n": i} for i in range(per_batch)]
-            for b in range(n_batches)]
-
-
-def run_stream(spark, source, root, parallelism, sink_log, **settings):
-    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
-    stream = StatefulStream(df, "user", CountClicks, "user string, clicks long, batch long",
-                            checkpoint_root=root, parallelism=parallelism, **settings)
-
-    def sink(out, batch_id):
-        sink_log.setdefault(batch_id, []).append(sorted(tuple(r) for r in out.collect()))
-
-    query = stream.start(sink, trigger={"availableNow": True})
-    query.awaitTermination()
-    stream.close()
-    return stream, query
-
-
-def state(root, name="clicks"):
-    storage = CheckpointStorage(root)
-    return {e.key: e.value for e in keyed_state_entries(storage, load_checkpoint(storage), name)}
 
 
 @pytest.mark.parametrize("table,merging", [("lmdb", "across"), ("heap", "off")])
@@ -102,38 +53,6 @@ def test_counts_checkpoints_sink_and_rescale(spark, tmp_path, table, merging):
 
 
 # -- faults and rescales, each Spark driver in its own process -------------------------------------------------
-JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers", "spark_job.py")
-
-
-def run_job(source, root, out, parallelism, fault="", expect=0, extra=()):
-    proc = subprocess.run([sys.executable, JOB, source, root, out, str(parallelism), fault, *extra],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == expect, proc.stderr[-3000:]
-    return proc
-
-
-def reference_outputs(batches):
-    """Each batch's outputs from a single-process run of the same processor (LocalRunner, no Spark)."""
-    import tempfile
-
-    from helpers import spark_job
-    from spate import LocalRunner
-
-    out: dict[int, list] = {}
-    with LocalRunner(spark_job.CountClicks, key="user", checkpoint_root=tempfile.mkdtemp(), parallelism=1) as r:
-        for result in r.run(batches):
-            out[result.batch_id] = sorted([o["user"], o["clicks"], o["batch"]] for o in result.outputs)
-    return out
-
-
-def job_outputs(out, n):
-    got = {}
-    for b in range(n):
-        with open(os.path.join(out, f"batch-{b}.json")) as f:
-            got[b] = json.load(f)
-    return got
-
-
 @pytest.mark.parametrize("fault", ["task-fails-once:2", "driver-dies-mid-batch:2", "driver-dies-after-checkpoint:2"])
 def test_exactly_once_state_through_faults(tmp_path, fault):
     source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-import pyarrow.dataset as ds
 import pytest
-from test_spark_stream import clicks, reference_outputs, run_job, write_files
 
+from helpers.clicks import CountClicks, clicks, expected_rows, run_job, table_rows
+from helpers.file_source import write_files
 from spate import DeltaSink, IcebergSink, ParquetSink
 from spate.spark.stream import StatefulStream
 
@@ -18,26 +18,9 @@ pytestmark = pytest.mark.spark
 OUT = "user string, clicks long, batch long"
 
 
-def table_rows(kind: str, where: str) -> list[list]:
-    if kind == "parquet":
-        table = ds.dataset(where, format="parquet").to_table()
-    elif kind == "delta":
-        from deltalake import DeltaTable
-        table = DeltaTable(where).to_pyarrow_table()
-    else:
-        table = IcebergSink("db.out", warehouse=where).load_table().scan().to_arrow()
-    return sorted([r["user"], r["clicks"], r["batch"]] for r in table.to_pylist())
-
-
-def expected_rows(batches: list[list[dict]]) -> list[list]:
-    return sorted(row for rows in reference_outputs(batches).values() for row in rows)
-
-
 def test_table_sinks_write_in_the_batchs_own_job(spark, tmp_path):
     """One Spark job per batch (no job reads the outputs back), each sink's table holds every batch once, and
     Spark reads the Parquet directory."""
-    from test_spark_stream import CountClicks
-
     source = str(tmp_path / "in")
     batches = clicks(3)
     write_files(source, batches)

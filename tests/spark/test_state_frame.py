@@ -14,8 +14,8 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from test_spark_stream import write_files
 
+from helpers.file_source import write_files
 from spate import ListStateDescriptor, LocalRunner, MapStateDescriptor, Processor, ValueStateDescriptor
 from spate.errors import CheckpointError
 from spate.spark.adapter import StatefulProcessorAdapter

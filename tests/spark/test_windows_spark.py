@@ -37,9 +37,9 @@ import sys
 import pytest
 import test_windows
 from pyspark import cloudpickle
-from test_spark_stream import write_files
 from test_windows import CountSum
 
+from helpers.file_source import write_files
 from spate import load_checkpoint, verify_checkpoint
 from spate.fs import CheckpointStorage
 from spate.spark.stream import StatefulStream
