@@ -1,5 +1,5 @@
 """Session-scoped PySpark fixture shared by the Spark-backed tests: ``spark``, a plugin that tests/conftest.py
-names in ``pytest_plugins``, so every test gets it by argument.
+names in ``pytest_plugins``, so every test gets it by argument; ``spark_conf`` sets session settings for a block.
 
 Java is located by ``spate.spark.java.ensure_java_home`` (``JAVA_HOME``, else ``<venv>/java-home``, else
 ``java`` on ``PATH``). Without Java the Spark tests fail
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -46,3 +47,19 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@contextmanager
+def spark_conf(spark, **conf):
+    """Set the session settings ``conf`` for the block, then restore each one as it was (unset if unset)."""
+    old = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)

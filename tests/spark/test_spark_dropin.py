@@ -19,9 +19,10 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from test_spark_semantics import _conf, _data_batches, run_spark, run_spate
 
 from helpers.file_source import write_files
+from helpers.side_by_side import LateRowsAndTimers, data_batches, late_batches, run_spark, run_spate
+from helpers.spark_session import spark_conf
 from spate.spark.ticks import AVAILABLE_NOW
 
 pytestmark = pytest.mark.spark
@@ -76,7 +77,7 @@ def test_a_firing_timer_is_listed_and_deleted_after_its_handler(spark, tmp_path)
     write_files(source, batches)
     want = run_spark(spark, source, tmp_path / "spark", ListsTimersWhileFiring(), "EventTime")
     got = run_spate(spark, source, tmp_path / "spate", ListsTimersWhileFiring(), "EventTime")
-    assert _data_batches(got, 2) == _data_batches(want, 2)
+    assert data_batches(got, 2) == data_batches(want, 2)
     assert want[0] == [("a", "fired=-5 listed=[0, 1000000000000, -5]"),  # still listed while it fires
                        ("a", "fired=0 listed=[1000000000000, 1]"),  # -5 deleted after its handler; 0 fires though
                        ("a", "input batch=0 timers=[0, 1000000000000, -5]")]  # deleted, as the list was read first
@@ -104,7 +105,7 @@ def _run_both(spark, tmp_path, batches, processor, flavour, schema=TIMES, output
     want: dict = {}
     got: dict = {}
     rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-    with _conf(spark, **{"spark.sql.streaming.stateStore.providerClass": rocksdb, **conf}):
+    with spark_conf(spark, **{"spark.sql.streaming.stateStore.providerClass": rocksdb, **conf}):
         if only != "spate":
             _run_spark(spark, source, tmp_path / "spark", processor, flavour, schema, output, sink(want))
         if only != "spark":
@@ -452,9 +453,7 @@ def test_a_timer_fires_when_no_input_arrives(spark, tmp_path):
 def test_no_data_batches_where_spark_runs_them(spark, tmp_path):
     """Event time: Spark runs a batch without input whenever the watermark moved (its timers fire there, and
     the late-row bound moves); spate runs the same batches, so every batch, with or without input, is equal."""
-    from test_spark_semantics import LateRowsAndTimers, _late_batches
-
-    source, batches = str(tmp_path / "in"), _late_batches()
+    source, batches = str(tmp_path / "in"), late_batches()
     write_files(source, batches)
     want = run_spark(spark, source, tmp_path / "spark", LateRowsAndTimers(), "EventTime")
     got = run_spate(spark, source, tmp_path / "spate", LateRowsAndTimers(), "EventTime")

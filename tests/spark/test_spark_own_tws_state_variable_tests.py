@@ -6,8 +6,8 @@ with_state_state_variable.py`` (the same mixin, ``Row`` flavour), the two ``..._
 tests with ``spark.sql.streaming.stateStore.checkpointFormatVersion=2``: here a Spark-side parameter, ``CHECKPOINT``,
 of the tests of the ``none_mode`` and ``initial_state`` queries below, which restart from state read back from a
 checkpoint) and the processors of ``helper/helper_pandas_transform_with_state.py`` (our own ports, one class per
-processor with a ``pandas`` flag; those already ported in ``test_spark_own_tws_tests.py`` are imported from there,
-as is its machinery for running one query on both engines).
+processor with a ``pandas`` flag; those test_spark_own_tws_tests.py uses too are in helpers/spark_ports.py, with
+the machinery for running one query on both engines).
 
 Each query runs on Spark (RocksDB, the session settings of Spark's suite: ``SUITE``) and on
 ``spate.spark.stream.transform_with_state`` over the same input files; each test compares its outputs batch by
@@ -56,7 +56,8 @@ from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.sql.functions import array_sort, col, explode, struct, to_json
 from pyspark.sql.types import IntegerType, StringType, TimestampType
-from test_spark_own_tws_tests import (
+
+from helpers.spark_ports import (
     FLAVOURS,
     NO_DATA,
     MapStateProcessor,
@@ -65,13 +66,13 @@ from test_spark_own_tws_tests import (
     Scenarios,
     SimpleStatefulProcessor,
     SimpleStatefulProcessorWithInitialState,
-    _collect,
-    _json_lines,
-    _struct,
-    _write_all,
+    collect_into,
     json_df,
+    json_lines,
+    struct_type,
+    write_all,
 )
-from test_spark_semantics import _conf
+from helpers.spark_session import spark_conf
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -109,7 +110,7 @@ class InvalidSimpleStatefulProcessor(Counting):
     """A value state never written: it does not exist, ``get()`` gives None, ``clear()`` is harmless."""
 
     def init(self, handle) -> None:
-        self.num_violations_state = handle.getValueState("numViolations", _struct(value=IntegerType()))
+        self.num_violations_state = handle.getValueState("numViolations", struct_type(value=IntegerType()))
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         assert not self.num_violations_state.exists()
@@ -125,10 +126,10 @@ class ListStateProcessor(Counting):
     ttl_ms: int | None = None
 
     def init(self, handle) -> None:
-        temperature = _struct(temperature=IntegerType())
+        temperature = struct_type(temperature=IntegerType())
         self.list_state1 = handle.getListState("listState1", temperature, self.ttl_ms)
         self.list_state2 = handle.getListState("listState2", temperature, self.ttl_ms)
-        self.list_state_timestamp = handle.getListState("listStateTimestamp", _struct(time=TimestampType()))
+        self.list_state_timestamp = handle.getListState("listStateTimestamp", struct_type(time=TimestampType()))
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         pair = [(120,), (20,)]
@@ -162,8 +163,8 @@ class ListStateLargeListProcessor(Ported):
     a value state holds the size, checked against what the list gives back."""
 
     def init(self, handle) -> None:
-        self.list_state = handle.getListState("listState", _struct(value=IntegerType(), valueNull=IntegerType()))
-        self.list_size_state = handle.getValueState("listSizeState", _struct(size=IntegerType()))
+        self.list_state = handle.getListState("listState", struct_type(value=IntegerType(), valueNull=IntegerType()))
+        self.list_size_state = handle.getValueState("listSizeState", struct_type(size=IntegerType()))
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         elements = list(self.list_state.get())
@@ -193,8 +194,8 @@ class MapStateLargeTTLProcessor(MapStateProcessor):
     """MapStateProcessor with a TTL of a year on its map state, and a list state it never uses."""
 
     def init(self, handle) -> None:
-        name = _struct(name=StringType())
-        self.map_state = handle.getMapState("mapState", name, _struct(count=IntegerType()), 365 * 24 * 3600 * 1000)
+        name = struct_type(name=StringType())
+        self.map_state = handle.getMapState("mapState", name, struct_type(count=IntegerType()), 365 * 24 * 3600 * 1000)
         self.list_state = handle.getListState("listState", name)
 
 
@@ -202,7 +203,7 @@ class SimpleTTLStatefulProcessor(SimpleStatefulProcessor):
     """SimpleStatefulProcessor with a TTL of 30 s on its violations."""
 
     def init(self, handle) -> None:
-        value = _struct(value=IntegerType())
+        value = struct_type(value=IntegerType())
         self.num_violations_state = handle.getValueState("numViolations", value, 30000)
         self.temp_state = handle.getValueState("tempState", value)
         handle.deleteIfExists("tempState")
@@ -213,11 +214,11 @@ class TTLStatefulProcessor(Counting):
     leaves its TTL states alone in its second batch, so they expire before its third."""
 
     def init(self, handle) -> None:
-        value = _struct(value=IntegerType())
+        value = struct_type(value=IntegerType())
         self.ttl_count_state = handle.getValueState("ttl-state", value, 10000)
         self.count_state = handle.getValueState("state", value)
         self.ttl_list_state = handle.getListState("ttl-list-state", value, 10000)
-        self.ttl_map_state = handle.getMapState("ttl-map-state", _struct(id=StringType()), value, 10000)
+        self.ttl_map_state = handle.getMapState("ttl-map-state", struct_type(id=StringType()), value, 10000)
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         count = self.count_state.get()[0] if self.count_state.exists() else 0
@@ -263,7 +264,7 @@ class StatefulProcessorWithListStateInitialState(SimpleStatefulProcessorWithInit
 
     def init(self, handle) -> None:
         super().init(handle)
-        self.list_state = handle.getListState("list_state", _struct(value=IntegerType()))
+        self.list_state = handle.getListState("list_state", struct_type(value=IntegerType()))
 
     def handleInitialState(self, key, initialState, timerValues):  # noqa: N802,N803
         if self.pandas:
@@ -342,7 +343,7 @@ class Around:
 def _on_spark(spark, q, source, checkpoint, around):
     """Spark's outputs per batch (``run_spark``, with ``around.post`` in the streaming query)."""
     outputs: dict = {}
-    collect = _collect(outputs)
+    collect = collect_into(outputs)
 
     def sink(df, batch_id):
         collect(df, batch_id)
@@ -367,7 +368,7 @@ def _on_spate(spark, q, source, root, around):
     from spate.spark.stream import transform_with_state
 
     outputs: dict = {}
-    collect = _collect(outputs)
+    collect = collect_into(outputs)
 
     def sink(df, batch_id):
         collect(around.post(df), batch_id)
@@ -392,7 +393,7 @@ def _on_spate(spark, q, source, root, around):
 
 def run_pair(spark, q, source, tmp_path, around):
     """(spate's, Spark's) outputs, both queries running at once, as ``run_both``."""
-    with _conf(spark, **q.settings()), ThreadPoolExecutor(1) as pool:
+    with spark_conf(spark, **q.settings()), ThreadPoolExecutor(1) as pool:
         on_spate = pool.submit(_on_spate, spark, q, source, tmp_path / "spate", around)
         want = _on_spark(spark, q, source, tmp_path / "spark", around)
         return on_spate.result(), want
@@ -440,7 +441,7 @@ class Runs:
                conf=None, initial=None, around=None):
         tmp = self.factory.mktemp(f"{name}-{flavour}-{partitions}-v{version}")
         source = str(tmp / "in")
-        _write_all(source, [_json_lines(f) for f in files])
+        write_all(source, [json_lines(f) for f in files])
         pandas = flavour == "pandas"
         settings = {**(conf or {}), "spark.sql.shuffle.partitions": str(partitions),
                     **(CHECKPOINT_V2 if version == 2 else {})}

@@ -12,25 +12,24 @@ own expectations on both. The processors are our own ports of Spark's, one class
 Spark's suite turns no-data micro-batches off (``spark.sql.streaming.noDataMicroBatches.enabled=false``); spate
 gets the same (``idle_batches=False``) except where a test says otherwise. Several TwsTester tests run as one
 query: a ``Scenarios`` processor dispatches each key to the test's processor by the scenario column, gives it
-its own states (names prefixed) and unifies the output columns; the same wrapper runs on both engines.
+its own states (names prefixed) and unifies the output columns; the same wrapper runs on both engines. It, the
+machinery running one query on both engines and the processors test_spark_own_tws_state_variable_tests.py uses
+too are in helpers/spark_ports.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import pandas as pd
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql import Row
-from pyspark.sql.functions import col, from_unixtime, split, timestamp_millis
+from pyspark.sql.functions import split
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import (
     ArrayType,
@@ -45,233 +44,47 @@ from pyspark.sql.types import (
     StructField,
     StructType,
 )
-from test_spark_semantics import _conf
+
+from helpers.spark_ports import (
+    FLAVOURS,
+    NO_DATA,
+    SUITE,
+    MapStateProcessor,
+    Ported,
+    Query,
+    Scenarios,
+    SimpleStatefulProcessor,
+    SimpleStatefulProcessorWithInitialState,
+    build_event_time_df,
+    build_test_df_with_3_cols,
+    by_batch,
+    json_df,
+    json_lines,
+    run_both,
+    run_spark,
+    run_spate,
+    sets,
+    struct_type,
+    text_stream,
+    write_all,
+    write_lines,
+)
+from helpers.spark_session import spark_conf
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-NO_DATA = "spark.sql.streaming.noDataMicroBatches.enabled"
-# the session settings of Spark's TransformWithState suites (shuffle partitions: the fixture's 2, not 5)
-SUITE = {"spark.sql.streaming.stateStore.providerClass": ROCKSDB,
-         "spark.sql.execution.arrow.transformWithStateInPandas.maxRecordsPerBatch": "2",
-         "spark.sql.session.timeZone": "UTC", NO_DATA: "false"}
+
 # the test resources of Spark's suite: (id, temperature) lines
 R1 = [(0, 123), (0, 46), (1, 146), (1, 346)]
 R2 = [(0, 123), (0, 223), (0, 323), (1, 246), (1, 6)]
 R3 = [(0, 123), (1, 6)]
-FLAVOURS = pytest.mark.parametrize("flavour", ["pandas", "row"])
-
-
-# -- running one query on both engines ---------------------------------------------------------------------------
-
-def _write(directory, index, lines):
-    """One input file; its modification time orders it (the file source reads the oldest first)."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"part-{index:05d}.txt")
-    with open(path, "w") as f:
-        f.write("".join(f"{line}\n" for line in lines))
-    os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
 
 
 def _lines(rows):
     return [f"{a}, {b}" for a, b in rows]
 
 
-def _json_lines(rows):
-    return [json.dumps(r) for r in rows]
-
-
-def _text(spark, path):
-    return spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(path)
-
-
-def build_test_df(spark, path):
-    """Spark's ``_build_test_df``: "id, temperature" lines split and cast."""
-    df = _text(spark, path)
-    parts = df.withColumn("split_values", split(df["value"], ","))
-    return parts.select(parts.split_values.getItem(0).alias("id").cast("string"),
-                        parts.split_values.getItem(1).alias("temperature").cast("int"))
-
-
-def build_test_df_with_3_cols(spark, path):
-    df = _text(spark, path)
-    parts = df.withColumn("split_values", split(df["value"], ","))
-    return parts.select(parts.split_values.getItem(0).alias("id1").cast("string"),
-                        parts.split_values.getItem(1).alias("temperature").cast("int"),
-                        parts.split_values.getItem(2).alias("id2").cast("string"))
-
-
-def build_event_time_df(spark, path):
-    """Spark's event-time tests: the temperature is the event time in seconds."""
-    df = build_test_df(spark, path)
-    return df.select("id", from_unixtime(col("temperature")).alias("eventTime").cast("timestamp"))
-
-
-def json_df(schema, event_time_ms=False):
-    def build(spark, path):
-        df = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(path)
-        return df.withColumn("ts", timestamp_millis(col("event_time_ms"))) if event_time_ms else df
-    return build
-
-
-def _norm(value):
-    """Outputs as plain, comparable values: Rows and lists as tuples, maps as sorted item tuples."""
-    if isinstance(value, Row):
-        return tuple(_norm(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((_norm(k), _norm(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(_norm(v) for v in value)
-    return value
-
-
-@dataclass
-class Query:
-    processor: Callable[[], StatefulProcessor]  # a new one per engine
-    output: Any
-    flavour: str
-    build: Callable = build_test_df
-    key: tuple = ("id",)
-    time_mode: str = "None"
-    event_time: tuple[str, int] | None = None  # (column, delay ms): withWatermark on Spark, spate's event time
-    initial: Callable | None = None  # spark -> a grouped batch DataFrame
-    conf: dict = field(default_factory=dict)
-    parallelism: int = 2  # spate's; Spark's shuffle partitions come from the session (or conf)
-
-    def settings(self):
-        return {**SUITE, **self.conf}
-
-
-def _collect(outputs):
-    def sink(df, batch_id):
-        outputs.setdefault(batch_id, []).extend(_norm(r) for r in df.collect())
-    return sink
-
-
-def run_spark(spark, q: Query, source, checkpoint, conf=True):
-    """Spark's outputs per batch id, in the order each batch produced them (``conf``: set the query's session
-    settings around the run)."""
-    outputs: dict = {}
-    with _conf(spark, **(q.settings() if conf else {})):
-        df = q.build(spark, source)
-        if q.event_time:
-            df = df.withWatermark(q.event_time[0], f"{q.event_time[1]} milliseconds")
-        grouped = df.groupBy(*q.key)
-        apply = grouped.transformWithStateInPandas if q.flavour == "pandas" else grouped.transformWithState
-        tws = apply(statefulProcessor=q.processor(), outputStructType=q.output, outputMode="Update",
-                    timeMode=q.time_mode, initialState=q.initial(spark) if q.initial else None)
-        query = tws.writeStream.foreachBatch(_collect(outputs)).option("checkpointLocation", str(checkpoint)).start()
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-    return outputs
-
-
-def run_spate(spark, q: Query, source, root, idle_batches="session", conf=True):
-    """spate's outputs per batch id. ``idle_batches``: "session" gives spate what the session's
-    ``noDataMicroBatches.enabled`` says; None leaves spate's default."""
-    from spate.spark.stream import transform_with_state
-
-    outputs: dict = {}
-    settings = q.settings()
-    extra: dict = {}
-    if idle_batches == "session":
-        extra["idle_batches"] = settings.get(NO_DATA, "true") != "false"
-    elif idle_batches is not None:
-        extra["idle_batches"] = idle_batches
-    if q.event_time:
-        extra.update(event_time_column=q.event_time[0], watermark_delay_ms=q.event_time[1])
-    with _conf(spark, **(settings if conf else {})):
-        stream = transform_with_state(q.build(spark, source), list(q.key), q.processor(), q.output,
-                                      time_mode=q.time_mode, flavour=q.flavour,
-                                      initial_state=q.initial(spark) if q.initial else None,
-                                      checkpoint_root=str(root), parallelism=q.parallelism,
-                                      local_dir=str(root) + "-local", **extra)
-        try:
-            stream.start(_collect(outputs), trigger={"availableNow": True}).awaitTermination()
-        finally:
-            stream.close()
-    return outputs
-
-
-def run_both(spark, q: Query, source, tmp_path, **spate):
-    """(spate's, Spark's) outputs, both queries running at once; each run of the same ``tmp_path`` continues the
-    same checkpoints."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with _conf(spark, **q.settings()), ThreadPoolExecutor(1) as pool:
-        on_spate = pool.submit(run_spate, spark, q, source, tmp_path / "spate", conf=False, **spate)
-        want = run_spark(spark, q, source, tmp_path / "spark", conf=False)
-        return on_spate.result(), want
-
-
-def by_batch(outputs, project=None):
-    """Each batch's outputs sorted (order across keys is the engine's); ``project`` picks columns."""
-    return {b: sorted((tuple(r[i] for i in project) if project else r for r in rows), key=repr)
-            for b, rows in sorted(outputs.items())}
-
-
-def sets(outputs):
-    return {b: set(rows) for b, rows in by_batch(outputs).items()}
-
-
 # -- processors, ported from Spark's helper_pandas_transform_with_state.py -----------------------------------------
-
-def _struct(**fields):
-    return StructType([StructField(name, kind, True) for name, kind in fields.items()])
-
-
-class Ported(StatefulProcessor):
-    """Both flavours of a Spark test processor: ``pandas`` says which one this is."""
-
-    def __init__(self, pandas: bool = True) -> None:
-        self.pandas = pandas
-
-    def out(self, **columns):
-        if self.pandas:
-            return pd.DataFrame({k: [v] for k, v in columns.items()})
-        return Row(**columns)
-
-    def temperatures(self, rows):
-        if self.pandas:
-            return [t for pdf in rows for t in pdf["temperature"].tolist()]
-        return [row.temperature for row in rows]
-
-    def close(self) -> None:
-        pass
-
-
-class SimpleStatefulProcessor(Ported):
-    """Per batch, the key's number of rows; across batches its violations (temperature > 100), checked against
-    the counts Spark's test expects; a state deleted in init cannot be used."""
-
-    expected = {0: {"0": 1, "1": 2}, 1: {"0": 4, "1": 3}}
-    batch_id = 0
-
-    def init(self, handle) -> None:
-        self.num_violations_state = handle.getValueState("numViolations", "value int")
-        self.temp_state = handle.getValueState("tempState", _struct(value=IntegerType()))
-        handle.deleteIfExists("tempState")
-
-    def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
-        from pyspark.errors import PySparkRuntimeError
-
-        with pytest.raises(PySparkRuntimeError, match="Error checking value state exists"):
-            self.temp_state.exists()
-        key_str = key[0]
-        if self.num_violations_state.exists():
-            existing = self.num_violations_state.get()[0]
-            assert existing == self.expected[0][key_str]
-            self.batch_id = 1
-        else:
-            existing = 0
-        temperatures = [t for t in self.temperatures(rows) if t is not None and t == t]  # not null, not NaN
-        updated = existing + sum(1 for t in temperatures if t > 100)
-        assert updated == self.expected[self.batch_id][key_str]
-        self.num_violations_state.update((updated,))
-        yield self.out(id=key_str, countAsString=str(len(temperatures)))
-
 
 class ProcTimeStatefulProcessor(Ported):
     """Counts a key's rows; key "0" registers a processing-time timer 1 ms ahead each batch, which clears the
@@ -279,7 +92,7 @@ class ProcTimeStatefulProcessor(Ported):
 
     def init(self, handle) -> None:
         self.handle = handle
-        self.count_state = handle.getValueState("count_state", _struct(value=StringType()))
+        self.count_state = handle.getValueState("count_state", struct_type(value=StringType()))
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):  # noqa: N802,N803
         first = list(self.handle.listTimers())
@@ -311,7 +124,7 @@ class EventTimeStatefulProcessor(Ported):
 
     def init(self, handle) -> None:
         self.handle = handle
-        self.max_state = handle.getValueState("max_state", _struct(value=StringType()))
+        self.max_state = handle.getValueState("max_state", struct_type(value=StringType()))
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):  # noqa: N802,N803
         self.max_state.clear()
@@ -328,75 +141,13 @@ class EventTimeStatefulProcessor(Ported):
 
 class MinEventTimeStatefulProcessor(Ported):
     def init(self, handle) -> None:
-        self.min_state = handle.getValueState("min_state", _struct(value=StringType()))
+        self.min_state = handle.getValueState("min_state", struct_type(value=StringType()))
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         cur_min = int(self.min_state.get()[0]) if self.min_state.exists() else sys.maxsize
         min_event_time = str(min(cur_min, min(_event_seconds(rows, self.pandas))))
         self.min_state.update((min_event_time,))
         yield self.out(id=key[0], timestamp=min_event_time)
-
-
-class SimpleStatefulProcessorWithInitialState(Ported):
-    """Sums the temperatures of a key, starting from its initial state's initVal."""
-
-    initial = {("0",): 789, ("3",): 987}
-
-    def init(self, handle) -> None:
-        self.value_state = handle.getValueState("value_state", _struct(value=IntegerType()))
-
-    def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
-        accumulated = self.value_state.get()[0] if self.value_state.exists() else 0
-        if self.pandas:
-            for pdf in rows:
-                accumulated += pdf["temperature"].astype(int).sum()
-        else:
-            accumulated += sum(row.temperature for row in rows)
-        self.value_state.update((accumulated,))
-        if len(key) > 1:
-            yield self.out(id1=key[0], id2=key[1], value=str(accumulated))
-        else:
-            yield self.out(id=key[0], value=str(accumulated))
-
-    def handleInitialState(self, key, initialState, timerValues):  # noqa: N802,N803
-        init_val = initialState.at[0, "initVal"] if self.pandas else initialState.initVal
-        self.value_state.update((init_val,))
-        if len(key) == 1:
-            assert self.initial[key] == init_val
-
-
-class MapStateProcessor(Ported):
-    """Every map state operation on keys "key1" and "key2", asserting what each returns; outputs the row count."""
-
-    def init(self, handle) -> None:
-        self.map_state = handle.getMapState("mapState", "name string", "count int")
-
-    def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
-        count = len([t for t in self.temperatures(rows) if t is not None])
-        key1, key2 = ("key1",), ("key2",)
-        value1 = value2 = count
-        if self.map_state.exists():
-            if self.map_state.containsKey(key1):
-                value1 += self.map_state.getValue(key1)[0]
-            if self.map_state.containsKey(key2):
-                value2 += self.map_state.getValue(key2)[0]
-        self.map_state.updateValue(key1, (value1,))
-        self.map_state.updateValue(key2, (value2,))
-        keys = self.map_state.keys()
-        assert next(keys)[0] == "key1"
-        assert next(keys)[0] == "key2"
-        values = self.map_state.values()
-        assert next(values)[0] == value1
-        assert next(values)[0] == value2
-        entries = self.map_state.iterator()
-        assert next(entries)[0] == key1
-        assert next(entries)[1] == (value2,)
-        self.map_state.removeKey(key1)
-        assert not self.map_state.containsKey(key1)
-        assert self.map_state.exists()
-        self.map_state.clear()
-        assert not self.map_state.exists()
-        yield self.out(id=key[0], countAsString=str(count))
 
 
 class Address(NamedTuple):
@@ -417,9 +168,9 @@ class StatefulProcessorCompositeType(Ported):
         obj_schema = StructType([
             StructField("id", ArrayType(IntegerType())),
             StructField("tags", ArrayType(ArrayType(StringType()))),
-            StructField("metadata", ArrayType(_struct(key=StringType(), value=StringType()))),
-            StructField("address", ArrayType(_struct(road_id=IntegerType(), city=StringType())))])
-        map_value_schema = _struct(id=IntegerType(), attributes=MapType(StringType(), ArrayType(IntegerType())),
+            StructField("metadata", ArrayType(struct_type(key=StringType(), value=StringType()))),
+            StructField("address", ArrayType(struct_type(road_id=IntegerType(), city=StringType())))])
+        map_value_schema = struct_type(id=IntegerType(), attributes=MapType(StringType(), ArrayType(IntegerType())),
                                    confs=MapType(StringType(), MapType(StringType(), IntegerType()), True))
         self.obj_state = handle.getValueState("obj_state", obj_schema)
         self.list_state = handle.getListState("list_state", obj_schema)
@@ -481,7 +232,7 @@ class CompositeOutputProcessor(Ported):
     """A running count, output as strings, arrays, maps, arrays of structs and maps of structs."""
 
     def init(self, handle) -> None:
-        self.count_state = handle.getValueState("count_state", _struct(value=IntegerType()))
+        self.count_state = handle.getValueState("count_state", struct_type(value=IntegerType()))
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         count = self.count_state.get()[0] if self.count_state.exists() else 0
@@ -513,7 +264,7 @@ class ChunkCountProcessor(Ported):
 
 class ChunkCountWithInitialStateProcessor(ChunkCountProcessor):
     def init(self, handle) -> None:
-        self.value_state = handle.getValueState("value_state", _struct(value=IntegerType()))
+        self.value_state = handle.getValueState("value_state", struct_type(value=IntegerType()))
 
     def handleInitialState(self, key, initialState, timerValues):  # noqa: N802,N803
         self.value_state.update((initialState.at[0, "initVal"],))
@@ -523,8 +274,8 @@ class LargeValueStatefulProcessor(Ported):
     """512 KB strings in value, list and map state, read back."""
 
     def init(self, handle) -> None:
-        self.value_state = handle.getValueState("valueState", _struct(value=StringType()))
-        self.list_state = handle.getListState("listState", _struct(value=StringType()))
+        self.value_state = handle.getValueState("valueState", struct_type(value=StringType()))
+        self.list_state = handle.getListState("listState", struct_type(value=StringType()))
         self.map_state = handle.getMapState("mapState", "key string", "value string")
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
@@ -541,7 +292,7 @@ class LargeValueStatefulProcessor(Ported):
 # the processors of Spark's schema evolution tests: one value state "state" whose schema each changes
 
 class BasicProcessor(Ported):
-    state_schema = _struct(id=IntegerType(), name=StringType())
+    state_schema = struct_type(id=IntegerType(), name=StringType())
 
     def init(self, handle) -> None:
         self.state = handle.getValueState("state", self.state_schema)
@@ -559,7 +310,7 @@ class BasicProcessorNotNullable(BasicProcessor):
 
 
 class AddFieldsProcessor(BasicProcessor):
-    state_schema = _struct(id=IntegerType(), name=StringType(), count=IntegerType(), active=BooleanType(),
+    state_schema = struct_type(id=IntegerType(), name=StringType(), count=IntegerType(), active=BooleanType(),
                            score=FloatType())
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
@@ -585,7 +336,7 @@ class RemoveFieldsProcessor(BasicProcessor):
 
 
 class ReorderedFieldsProcessor(BasicProcessor):
-    state_schema = _struct(name=StringType(), id=IntegerType(), score=FloatType(), count=IntegerType(),
+    state_schema = struct_type(name=StringType(), id=IntegerType(), score=FloatType(), count=IntegerType(),
                            active=BooleanType())
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
@@ -602,7 +353,7 @@ class ReorderedFieldsProcessor(BasicProcessor):
 
 
 class UpcastProcessor(BasicProcessor):
-    state_schema = _struct(id=LongType(), name=StringType())  # id: int before
+    state_schema = struct_type(id=LongType(), name=StringType())  # id: int before
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         for _ in rows:
@@ -618,7 +369,7 @@ class IntToDecimalProcessor(StatefulProcessor):
     """Outputs an int where the schema says decimal(10, 2) (pandas only)."""
 
     def init(self, handle) -> None:
-        self.count_state = handle.getValueState("count", _struct(value=IntegerType()))
+        self.count_state = handle.getValueState("count", struct_type(value=IntegerType()))
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         count = self.count_state.get()[0] if self.count_state.exists() else 0
@@ -640,9 +391,9 @@ def test_transform_with_state_basic_and_query_restarts(spark, tmp_path, flavour)
     same files, the query restarted between them) expect the same outputs: both at once, across a restart."""
     q = Query(lambda: SimpleStatefulProcessor(flavour == "pandas"), COUNT_AS_STRING, flavour)
     source = str(tmp_path / "in")
-    _write(source, 0, _lines(R1))
+    write_lines(source, 0, _lines(R1))
     got, want = run_both(spark, q, source, tmp_path)
-    _write(source, 1, _lines(R2))
+    write_lines(source, 1, _lines(R2))
     got2, want2 = run_both(spark, q, source, tmp_path)
     assert sets({**got, **got2}) == sets({**want, **want2})
     for outputs in ({**got, **got2}, {**want, **want2}):
@@ -676,18 +427,13 @@ def _event_time_query(flavour, **kw):
                  build=build_event_time_df, time_mode="EventTime", event_time=("eventTime", 10_000), **kw)
 
 
-def _write_all(source, files):
-    for i, lines in enumerate(files):
-        _write(source, i, lines)
-
-
 @FLAVOURS
 @pytest.mark.parametrize("partitions", [2, 1], ids=["partitions", "single_partition"])
 def test_transform_with_state_proc_timer(spark, tmp_path, flavour, partitions):
     """Also test_transform_with_state_with_timers_single_partition's half: Spark with one shuffle partition,
     spate with one subtask."""
     source = str(tmp_path / "in")
-    _write_all(source, [_lines(R3), _lines(R1), _lines(R2)])
+    write_all(source, [_lines(R3), _lines(R1), _lines(R2)])
     q = _proc_timer_query(flavour, conf={"spark.sql.shuffle.partitions": str(partitions)}, parallelism=partitions)
     got, want = run_both(spark, q, source, tmp_path)
     assert by_batch(got, (0, 1)) == by_batch(want, (0, 1))  # the times are each engine's
@@ -700,7 +446,7 @@ def test_transform_with_state_proc_timer(spark, tmp_path, flavour, partitions):
 def test_transform_with_state_event_time(spark, tmp_path, flavour, partitions):
     """Also test_transform_with_state_with_timers_single_partition's other half."""
     source = str(tmp_path / "in")
-    _write_all(source, EVENT_TIME_FILES)
+    write_all(source, EVENT_TIME_FILES)
     q = _event_time_query(flavour, conf={"spark.sql.shuffle.partitions": str(partitions)}, parallelism=partitions)
     got, want = run_both(spark, q, source, tmp_path)
     assert by_batch(got) == by_batch(want)
@@ -717,7 +463,7 @@ def _with_watermark(spark, path):
 def test_transform_with_state_with_wmark_and_non_event_time(spark, tmp_path, flavour, time_mode):
     """A watermark on the input but no event-time mode: no row is late (the minimum of batch 2 is 2)."""
     source = str(tmp_path / "in")
-    _write_all(source, EVENT_TIME_FILES)
+    write_all(source, EVENT_TIME_FILES)
     q = Query(lambda: MinEventTimeStatefulProcessor(flavour == "pandas"), "id string, timestamp string", flavour,
               build=_with_watermark, time_mode=time_mode)
     got, want = run_both(spark, q, source, tmp_path)
@@ -736,7 +482,7 @@ def _three_col_initial(spark):
 def test_transform_with_state_non_contiguous_grouping_cols(spark, tmp_path, flavour, initial):
     """The grouping columns are the first and the third; with an initial state grouped the same way."""
     source = str(tmp_path / "in")
-    _write(source, 0, ["0,123,1", "0,46,1", "1,146,2", "1,346,2"])
+    write_lines(source, 0, ["0,123,1", "0,46,1", "1,146,2", "1,346,2"])
     q = Query(lambda: SimpleStatefulProcessorWithInitialState(flavour == "pandas"),
               "id1 string, id2 string, value string", flavour, build=build_test_df_with_3_cols,
               key=("id1", "id2"), initial=_three_col_initial if initial else None)
@@ -769,7 +515,7 @@ def test_transform_with_state_batch_query(spark, tmp_path, flavour, initial):
     make = (lambda: SimpleStatefulProcessorWithInitialState(pandas)) if initial else (
         lambda: MapStateProcessor(pandas))
     output = "id string, value string" if initial else COUNT_AS_STRING
-    with _conf(spark, **SUITE):
+    with spark_conf(spark, **SUITE):
         grouped = spark.createDataFrame(data, "id string, temperature int").groupBy("id")
         apply = grouped.transformWithStateInPandas if pandas else grouped.transformWithState
         init = spark.createDataFrame(init_data, "id string, initVal int").groupBy("id") if initial else None
@@ -788,7 +534,7 @@ COMPOSITE_TYPE = "id string, value_arr string, list_state_arr string, map_state_
 @FLAVOURS
 def test_transform_with_state_in_pandas_composite_type(spark, tmp_path, flavour):
     source = str(tmp_path / "in")
-    _write_all(source, [_lines(R1), _lines(R2)])
+    write_all(source, [_lines(R1), _lines(R2)])
     q = Query(lambda: StatefulProcessorCompositeType(flavour == "pandas"), COMPOSITE_TYPE, flavour)
     got, want = run_both(spark, q, source, tmp_path)
     assert by_batch(got) == by_batch(want)
@@ -829,7 +575,7 @@ def _composite_row(key, count):
 @FLAVOURS
 def test_composite_output_schema(spark, tmp_path, flavour):
     source = str(tmp_path / "in")
-    _write_all(source, [_lines(R1), _lines(R2)])
+    write_all(source, [_lines(R1), _lines(R2)])
     q = Query(lambda: CompositeOutputProcessor(flavour == "pandas"), COMPOSITE_OUTPUT, flavour)
     got, want = run_both(spark, q, source, tmp_path)
     assert by_batch(got) == by_batch(want)
@@ -864,7 +610,7 @@ def test_schema_evolution_scenarios(spark, tmp_path, flavour):
             (ReorderedFieldsProcessor, R3, lambda v: v[:2] == ("name-00", 0)),
             (UpcastProcessor, R3, lambda v: v == (1, "name-0"))]
     for i, (processor, rows, check) in enumerate(runs):
-        _write(source, i, _lines(rows))
+        write_lines(source, i, _lines(rows))
         got, want = run_both(spark, _evolution_query(processor, flavour), source, tmp_path)
         assert by_batch(got) == by_batch(want), processor.__name__
         assert check(_key0(want)) and check(_key0(got)), (processor.__name__, _key0(want), _key0(got))
@@ -874,16 +620,16 @@ def test_schema_evolution_scenarios(spark, tmp_path, flavour):
 def test_schema_evolution_fails(spark, tmp_path, flavour):
     """Fields added, an int widened to long, then narrowed back to int: refused on both."""
     source = str(tmp_path / "in")
-    _write(source, 0, _lines(R1))
+    write_lines(source, 0, _lines(R1))
     got, want = run_both(spark, _evolution_query(AddFieldsProcessor, flavour), source, tmp_path)
     assert by_batch(got) == by_batch(want)
     for outputs in (want, got):
         assert all(v[2] == 100 and v[3] is True for rows in outputs.values() for _k, v in rows)
-    _write(source, 1, _lines(R2))
+    write_lines(source, 1, _lines(R2))
     got, want = run_both(spark, _evolution_query(UpcastProcessor, flavour), source, tmp_path)
     assert by_batch(got) == by_batch(want)
     assert _key0(want)[1] == _key0(got)[1] == "name-0"
-    _write(source, 2, _lines(R3))
+    write_lines(source, 2, _lines(R3))
     narrowed = _evolution_query(BasicProcessor, flavour)
     with pytest.raises(Exception) as on_spark:  # noqa: PT011 - StreamingQueryException
         run_spark(spark, narrowed, source, tmp_path / "spark")
@@ -897,7 +643,7 @@ def test_schema_evolution_fails(spark, tmp_path, flavour):
 @FLAVOURS
 def test_not_nullable_fails(spark, tmp_path, flavour):
     source = str(tmp_path / "in")
-    _write(source, 0, _lines(R1))
+    write_lines(source, 0, _lines(R1))
     q = _evolution_query(BasicProcessorNotNullable, flavour)
     with pytest.raises(Exception) as on_spark:  # noqa: PT011
         run_spark(spark, q, source, tmp_path / "spark")
@@ -909,7 +655,7 @@ def test_not_nullable_fails(spark, tmp_path, flavour):
 
 
 def _id_value_df(spark, path):
-    df = _text(spark, path)
+    df = text_stream(spark, path)
     parts = df.withColumn("split_values", split(df["value"], ","))
     return parts.select(parts.split_values.getItem(0).alias("id"), parts.split_values.getItem(1).alias("value"))
 
@@ -926,9 +672,9 @@ def test_transform_with_state_int_to_decimal_coercion(spark, tmp_path, coercion)
                          StructField("decimal_result", DecimalType(10, 2), True)])
     conf = {"spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled": str(coercion).lower()}
     source = str(tmp_path / "in")
-    _write(source, 0, [f"{i},{v}" for i, v in data])
+    write_lines(source, 0, [f"{i},{v}" for i, v in data])
     q = Query(IntToDecimalProcessor, output, "pandas", build=_id_value_df, conf=conf)
-    with _conf(spark, **q.settings()):
+    with spark_conf(spark, **q.settings()):
         batch = spark.createDataFrame(data, ["id", "value"]).groupBy("id").transformWithStateInPandas(
             statefulProcessor=IntToDecimalProcessor(), outputStructType=output, outputMode="Update", timeMode="None")
         if coercion:
@@ -962,7 +708,7 @@ def test_transform_with_state_chunk_limits(spark, tmp_path, limit, expected, ini
     """test_transform_with_state_with_bytes_limit and ..._with_records_limit (pandas only): how many DataFrames
     a key's rows arrive in, with and without an initial state."""
     source = str(tmp_path / "in")
-    _write_all(source, [_lines(R1), _lines(R2)])
+    write_all(source, [_lines(R1), _lines(R2)])
     processor = ChunkCountWithInitialStateProcessor if initial else ChunkCountProcessor
     q = Query(processor, "id string, chunkCount int", "pandas", conf=limit, initial=_chunk_initial if initial else None)
     got, want = run_both(spark, q, source, tmp_path)
@@ -973,7 +719,7 @@ def test_transform_with_state_chunk_limits(spark, tmp_path, limit, expected, ini
 @FLAVOURS
 def test_transform_with_state_large_values(spark, tmp_path, flavour):
     source = str(tmp_path / "in")
-    _write(source, 0, _lines(R1))
+    write_lines(source, 0, _lines(R1))
     q = Query(lambda: LargeValueStatefulProcessor(flavour == "pandas"),
               "id string, valueStateResult string, listStateResult string, mapStateResult string", flavour)
     got, want = run_both(spark, q, source, tmp_path)
@@ -988,7 +734,7 @@ def test_spate_follows_the_sessions_no_data_micro_batches_setting(spark, tmp_pat
     spate, left to its defaults, should run none either. (In ProcessingTime spate's extra batch fires key 0's
     timer of test_transform_with_state_proc_timer, whose processor then fails its own check of 2 listed timers.)"""
     source = str(tmp_path / "in")
-    _write(source, 0, EVENT_TIME_FILES[0])
+    write_lines(source, 0, EVENT_TIME_FILES[0])
     got, want = run_both(spark, _event_time_query("pandas"), source, tmp_path, idle_batches=None)
     assert list(want) == [0]
     assert by_batch(got) == by_batch(want)
@@ -1003,7 +749,7 @@ class RunningCountStatefulProcessor(StatefulProcessor):
         self.use_pandas = use_pandas
 
     def init(self, handle) -> None:
-        self.count = handle.getValueState("count", _struct(value=IntegerType()))
+        self.count = handle.getValueState("count", struct_type(value=IntegerType()))
 
     def handleInitialState(self, key, initialState, timerValues):  # noqa: N802,N803
         self.count.update((initialState.at[0, "initial_count"] if self.use_pandas else initialState.initial_count,))
@@ -1030,7 +776,7 @@ class TopKProcessor(StatefulProcessor):
         self.k, self.use_pandas = k, use_pandas
 
     def init(self, handle) -> None:
-        self.topk = handle.getListState("topK", _struct(score=DoubleType()))
+        self.topk = handle.getListState("topK", struct_type(score=DoubleType()))
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         scores = [t[0] for t in self.topk.get()]
@@ -1079,8 +825,8 @@ class AllMethodsTestProcessor(StatefulProcessor):
         self.use_pandas = use_pandas
 
     def init(self, handle) -> None:
-        self.value_state = handle.getValueState("value", _struct(value=IntegerType()))
-        self.list_state = handle.getListState("list", _struct(value=StringType()))
+        self.value_state = handle.getValueState("value", struct_type(value=IntegerType()))
+        self.list_state = handle.getListState("list", struct_type(value=StringType()))
         self.map_state = handle.getMapState("map", "key string", "value long")
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
@@ -1137,7 +883,7 @@ class EventTimeSessionProcessor(Ported):
 
     def init(self, handle) -> None:
         self.handle = handle
-        self.last_event_time_state = handle.getValueState("lastEventTime", _struct(lastEventTime=LongType()))
+        self.last_event_time_state = handle.getValueState("lastEventTime", struct_type(lastEventTime=LongType()))
 
     def _received(self, event_time_ms, value):
         if self.last_event_time_state.exists():
@@ -1163,7 +909,7 @@ class EventTimeSessionProcessor(Ported):
 
 class EventTimeCountProcessor(Ported):
     def init(self, handle) -> None:
-        self.count_state = handle.getValueState("count", _struct(count=LongType()))
+        self.count_state = handle.getValueState("count", struct_type(count=LongType()))
 
     def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
         current = self.count_state.get()[0] if self.count_state.exists() else 0
@@ -1303,86 +1049,6 @@ class TimerOperation(Ported):
         yield Row(key=key[0], count=1)
 
 
-class Prefixed:
-    """A processor's handle in a ``Scenarios`` query: its states named ``<scenario>_<name>``."""
-
-    def __init__(self, handle, prefix) -> None:
-        self.handle, self.prefix = handle, prefix
-
-    def getValueState(self, name, schema, ttlDurationMs=None):  # noqa: N802,N803
-        return self.handle.getValueState(f"{self.prefix}_{name}", schema, ttlDurationMs)
-
-    def getListState(self, name, schema, ttlDurationMs=None):  # noqa: N802,N803
-        return self.handle.getListState(f"{self.prefix}_{name}", schema, ttlDurationMs)
-
-    def getMapState(self, name, key_schema, value_schema, ttlDurationMs=None):  # noqa: N802,N803
-        return self.handle.getMapState(f"{self.prefix}_{name}", key_schema, value_schema, ttlDurationMs)
-
-    def deleteIfExists(self, name):  # noqa: N802
-        self.handle.deleteIfExists(f"{self.prefix}_{name}")
-
-    def registerTimer(self, ms):  # noqa: N802
-        self.handle.registerTimer(ms)
-
-    def deleteTimer(self, ms):  # noqa: N802
-        self.handle.deleteTimer(ms)
-
-    def listTimers(self):  # noqa: N802
-        return self.handle.listTimers()
-
-
-class Scenarios(StatefulProcessor):
-    """Several test processors in one query. The first key column names the scenario: its processor gets the
-    key column ``key_at[scenario]`` (default the second) as its key, states of its own (scenarios may share one
-    processor, whose keys the scenario column still keeps apart), and its output rows
-    become rows of the query's columns (``scenario``, then ``columns``; its "key" column goes into the key's
-    column, the columns it does not have are null)."""
-
-    def __init__(self, scenarios, key_columns, columns, pandas, key_at=None) -> None:
-        self.scenarios, self.key_columns, self.columns, self.pandas = scenarios, key_columns, columns, pandas
-        self.key_at = key_at or {}
-
-    def init(self, handle) -> None:
-        started = set()
-        for name, processor in self.scenarios.items():  # a processor several scenarios share starts once
-            if id(processor) not in started:
-                started.add(id(processor))
-                processor.init(Prefixed(handle, name))
-
-    def _dispatch(self, key):
-        at = self.key_at.get(key[0], 1)
-        return self.scenarios[key[0]], (key[at],), self.key_columns[at]
-
-    def _unify(self, scenario, key_column, produced):
-        for out in produced or ():
-            if self.pandas:
-                frame = out.rename(columns={"key": key_column})
-                yield pd.DataFrame({"scenario": [scenario] * len(frame),
-                                    **{c: frame[c] if c in frame else [None] * len(frame) for c in self.columns}})
-            else:
-                values = out.asDict()
-                if "key" in values:
-                    values[key_column] = values.pop("key")
-                yield Row(scenario=scenario, **{c: values.get(c) for c in self.columns})
-
-    def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
-        processor, own_key, key_column = self._dispatch(key)
-        yield from self._unify(key[0], key_column, processor.handleInputRows(own_key, rows, timerValues))
-
-    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):  # noqa: N802,N803
-        processor, own_key, key_column = self._dispatch(key)
-        yield from self._unify(key[0], key_column,
-                               processor.handleExpiredTimer(own_key, timerValues, expiredTimerInfo))
-
-    def handleInitialState(self, key, initialState, timerValues):  # noqa: N802,N803
-        processor, own_key, _ = self._dispatch(key)
-        processor.handleInitialState(own_key, initialState, timerValues)
-
-    def close(self) -> None:
-        for processor in self.scenarios.values():
-            processor.close()
-
-
 TWS_TESTER = {NO_DATA: "true"}  # test_tws_tester.py keeps Spark's defaults
 
 
@@ -1478,7 +1144,7 @@ def test_tws_tester_tests_on_both_engines(spark, tmp_path, flavour):
     pandas = flavour == "pandas"
     source = str(tmp_path / "in")
     for i, batch in enumerate(_tester_batches(pandas)):
-        _write(source, i, _json_lines(batch))
+        write_lines(source, i, json_lines(batch))
     q = Query(lambda: _tester_scenarios(pandas), TESTER_OUTPUT, flavour, build=json_df(TESTER_INPUT),
               key=_tester_key(pandas), conf=TWS_TESTER)
     got, want = run_both(spark, q, source, tmp_path)
@@ -1547,7 +1213,7 @@ def test_tws_tester_initial_state(spark, tmp_path, flavour, initial):
         rows, expected = [("a", 10), ("b", 20)], {0: [("a", 11), ("c", 1)], 1: [("b", 21)]}
     else:
         files, rows, expected = [[{"key": "key1", "value": "a"}]], [], {0: [("key1", 1)]}
-    _write_all(source, [_json_lines(f) for f in files])
+    write_all(source, [json_lines(f) for f in files])
     q = Query(lambda: RunningCountStatefulProcessor(flavour == "pandas"), "key string, count int", flavour,
               build=json_df("key string, value string"), key=("key",), initial=_initial(rows), conf=TWS_TESTER)
     got, want = run_both(spark, q, source, tmp_path)
@@ -1578,7 +1244,7 @@ def test_tws_tester_event_time_tests_on_both_engines(spark, tmp_path):
         [_event("ontime", "key1", 10000, "late"), _event("ontime", "key1", 25000, "ontime")],  # late bound 16000
     ]
     source = str(tmp_path / "in")
-    _write_all(source, [_json_lines(f) for f in files])
+    write_all(source, [json_lines(f) for f in files])
     scenarios = {"late": EventTimeCountProcessor(False), "tick": EventTimeCountProcessor(False),
                  "session": EventTimeSessionProcessor(False), "ontime": EventTimeSessionProcessor(False)}
     q = Query(lambda: Scenarios(scenarios, ["scenario", "key"], ["key", "result", "count"], False),
@@ -1649,7 +1315,7 @@ def test_fuzz_running_count_topk_word_frequency(spark, tmp_path, flavour):
     pandas = flavour == "pandas"
     batches = _fuzz_batches()
     source = str(tmp_path / "in")
-    _write_all(source, [_json_lines({"scenario": s, "key": k, **v} for s, k, v in batch) for batch in batches])
+    write_all(source, [json_lines({"scenario": s, "key": k, **v} for s, k, v in batch) for batch in batches])
     q = Query(lambda: Scenarios(_fuzz_processors(pandas), ["scenario", "key"], ["key", "count", "score", "word"],
                                 pandas),
               "scenario string, key string, count int, score double, word string", flavour,
@@ -1677,7 +1343,7 @@ class BareTypeSchema(Ported):
 
 def _bare_type(tmp_path):
     source = str(tmp_path / "in")
-    _write(source, 0, _json_lines([{"key": "k", "value": "a"}]))
+    write_lines(source, 0, json_lines([{"key": "k", "value": "a"}]))
     return source, Query(lambda: BareTypeSchema(False), "key string, count int", "row",
                          build=json_df("key string, value string"), key=("key",), conf=TWS_TESTER)
 
@@ -1743,7 +1409,7 @@ def test_a_bare_type_state_schema_fails_with_sparks_error(spark, tmp_path):
                    "row (RunningCount outputs 1, 2, 3); spate runs it once per key (outputs 3)")
 def test_a_null_number_in_a_pandas_key(spark, tmp_path):
     source = str(tmp_path / "in")
-    _write(source, 0, _json_lines([{"key": "k", "value": v} for v in "abc"]))
+    write_lines(source, 0, json_lines([{"key": "k", "value": v} for v in "abc"]))
     q = Query(lambda: RunningCountStatefulProcessor(True), "key string, count int", "pandas",
               build=json_df("key string, n int, value string"), key=("key", "n"), conf=TWS_TESTER)
     got, want = run_both(spark, q, source, tmp_path)

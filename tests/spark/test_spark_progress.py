@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle, StreamingQueryListener
-from test_spark_semantics import _conf
 
 from helpers.file_source import write_files
+from helpers.spark_session import spark_conf
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -81,7 +81,7 @@ def _source(spark, tmp_path):
 
 def _spark_state_rows(spark, tmp_path) -> dict[int, tuple[int, int]]:
     """Spark's (numRowsTotal, numRowsUpdated) of its transformWithState, per batch."""
-    with _conf(spark, **ROCKSDB, **{"spark.sql.shuffle.partitions": "2"}):
+    with spark_conf(spark, **ROCKSDB, **{"spark.sql.shuffle.partitions": "2"}):
         tws = _source(spark, tmp_path).groupBy("user").transformWithStateInPandas(
             CountsAndSeen(), "user string, count long", "Update", "None")
         query = tws.writeStream.foreachBatch(lambda df, i: df.collect()).option(

@@ -9,7 +9,6 @@ import json
 import re
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import pandas as pd
@@ -19,131 +18,35 @@ from pyspark.errors import PySparkRuntimeError
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from helpers.file_source import write_files
+from helpers.side_by_side import (
+    INPUT,
+    OUTPUT,
+    ROCKSDB,
+    LateRowsAndTimers,
+    data_batches,
+    event_row,
+    late_batches,
+    run_spark,
+    run_spate,
+    sink_into,
+)
+from helpers.spark_session import spark_conf
 from spate import LocalRunner
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.stream import transform_with_state
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-INPUT = "user string, n long, ts timestamp"
-OUTPUT = "user string, value string"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-
-
-def _row(user, n, seconds):
-    return {"user": user, "n": n, "ts": (START + dt.timedelta(seconds=seconds)).isoformat()}
-
-
-@contextmanager
-def _conf(spark, **conf):
-    old = {k: spark.conf.get(k, None) for k in conf}
-    for k, v in conf.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
-
-
-def _sink(outputs):
-    def sink(df, batch_id):
-        outputs.setdefault(batch_id, []).extend(sorted((r.user, r.value) for r in df.collect()))
-    return sink
-
-
-def run_spark(spark, source, checkpoint, processor, time_mode="None", flavour="pandas", **conf):
-    outputs: dict = {}
-    with _conf(spark, **{"spark.sql.streaming.stateStore.providerClass": ROCKSDB, **conf}):
-        df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
-        if time_mode == "EventTime":
-            df = df.withWatermark("ts", "10 seconds")
-        grouped = df.groupBy("user")
-        apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
-        query = apply(processor, OUTPUT, "Update", time_mode).writeStream.foreachBatch(_sink(outputs)).option(
-            "checkpointLocation", str(checkpoint)).start()
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-    if query.exception() is not None:
-        raise RuntimeError(str(query.exception()))
-    return outputs
-
-
-def run_spate(spark, source, root, processor, time_mode="None", flavour="pandas", **conf):
-    outputs: dict = {}
-    with _conf(spark, **conf):
-        df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
-        stream = transform_with_state(df, "user", processor, OUTPUT, time_mode=time_mode, flavour=flavour,
-                                      event_time_column="ts" if time_mode == "EventTime" else None,
-                                      watermark_delay_ms=10_000, checkpoint_root=str(root), parallelism=3,
-                                      local_dir=str(root) + "-local")
-        try:
-            stream.start(_sink(outputs), trigger={"availableNow": True}).awaitTermination()
-        finally:
-            stream.close()
-    return outputs
-
-
-def _data_batches(outputs, n):
-    """Spark adds a no-data batch when only the watermark moved: compare the batches that had input."""
-    return {b: outputs.get(b, []) for b in range(n)}
 
 
 # -- late rows, the first watermark, TimerValues --------------------------------------------------------
 
-class LateRowsAndTimers(StatefulProcessor):
-    """Reports the rows it gets and the watermark it sees; registers an event-time timer at 0 (due at the first
-    batch's watermark, 0) and one 15 s after the newest row."""
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.handle = handle
-        self.seen = handle.getValueState("seen", "n long")
-
-    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
-        frames = list(rows)
-        ns = sorted(n for df in frames for n in df["n"])
-        newest = max(ts for df in frames for ts in df["ts"])
-        if not self.seen.exists():
-            self.handle.registerTimer(0)
-        self.seen.update(((self.seen.get()[0] if self.seen.exists() else 0) + len(ns),))
-        self.handle.registerTimer(int(pd.Timestamp(newest).timestamp() * 1000) + 15_000)
-        yield pd.DataFrame({"user": [key[0]], "value": [f"rows={ns} wm={timerValues.getCurrentWatermarkInMs()}"]})
-
-    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
-        expiry = expiredTimerInfo.getExpiryTimeInMs()
-        yield pd.DataFrame({"user": [key[0]], "value": [
-            f"timer={expiry} wm={timerValues.getCurrentWatermarkInMs()} seen={self.seen.get()[0]}"]})
-
-    def close(self) -> None:
-        pass
-
-
-def _late_batches():
-    """Batch b has rows at 20·b s; from batch 2 on also rows older than the previous batch's watermark (late),
-    one exactly at it (late: at or below), and ones between it and this batch's watermark (not late)."""
-    out = []
-    for b in range(5):
-        rows = [_row(f"u{i % 3}", b * 100 + i, 20 * b + i) for i in range(6)]
-        if b >= 2:
-            late_bound = 20 * (b - 2) + 5 - 10  # max event time through batch b-2, minus the 10 s delay
-            rows += [_row("u0", b * 100 + 50, late_bound - 8), _row("u1", b * 100 + 51, late_bound),
-                     _row("u2", b * 100 + 52, late_bound + 1), _row("u3", b * 100 + 53, late_bound + 12)]
-        out.append(rows)
-    return out
-
-
 def test_late_rows_first_watermark_and_timer_values(spark, tmp_path):
-    source, batches = str(tmp_path / "in"), _late_batches()
+    source, batches = str(tmp_path / "in"), late_batches()
     write_files(source, batches)
     want = run_spark(spark, source, tmp_path / "spark", LateRowsAndTimers(), "EventTime")
     got = run_spate(spark, source, tmp_path / "spate", LateRowsAndTimers(), "EventTime")
-    assert _data_batches(got, len(batches)) == _data_batches(want, len(batches))
+    assert data_batches(got, len(batches)) == data_batches(want, len(batches))
     assert any("timer=0 wm=0" in v for _u, v in want[0]), "the first batch's watermark (0) fired the timer at 0"
     rows = {b: [v.split(" wm=")[0] for _u, v in want[b] if v.startswith("rows=")] for b in range(len(batches))}
     for b in range(2, len(batches)):
@@ -221,7 +124,7 @@ class DropsOld(StatefulProcessor):
 
 
 def test_delete_if_exists(spark, tmp_path):
-    batches = [[_row(f"u{(b + i) % 4}", i, b) for i in range(5)] for b in range(5)]  # u3 misses batch 2
+    batches = [[event_row(f"u{(b + i) % 4}", i, b) for i in range(5)] for b in range(5)]  # u3 misses batch 2
     phases = [(2, False), (2, True), (1, False)]  # (batches, drop): restarts with another processor between
     want: dict = {}
     got: dict = {}
@@ -287,7 +190,7 @@ class Shapes(StatefulProcessor):
 
 def test_state_values_come_back_as_spark_returns_them(spark, tmp_path):
     source = str(tmp_path / "in")
-    write_files(source, [[_row("u1", 0, 0)], [_row("u1", 1, 1)]])
+    write_files(source, [[event_row("u1", 0, 0)], [event_row("u1", 1, 1)]])
     want = run_spark(spark, source, tmp_path / "spark", Shapes())
     got = run_spate(spark, source, tmp_path / "spate", Shapes())
     assert got == want
@@ -327,12 +230,12 @@ def test_schema_evolution_across_restarts(spark, tmp_path):
     got: dict = {}
     source = str(tmp_path / "in")
     for i, (schema, value) in enumerate(runs):
-        write_files(source, [[_row("u1", i, i), _row("u2", i, i)]], start=i)
+        write_files(source, [[event_row("u1", i, i), event_row("u2", i, i)]], start=i)
         want.update(run_spark(spark, source, tmp_path / "spark", Versioned(schema, value), **AVRO))
         got.update(run_spate(spark, source, tmp_path / "spate", Versioned(schema, value), **AVRO))
     assert got == want
     assert want[1][0][1] == "(3, 1, None, Row(y='y', x=4, z=None))"
-    write_files(source, [[_row("u1", 9, 9)]], start=len(runs))
+    write_files(source, [[event_row("u1", 9, 9)]], start=len(runs))
     narrowed = Versioned("c int, a long", (1, 2))
     with pytest.raises(Exception, match="STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION|SCHEMA"):
         run_spark(spark, source, tmp_path / "spark", narrowed, **AVRO)
@@ -343,7 +246,7 @@ def test_schema_evolution_across_restarts(spark, tmp_path):
 
 def test_state_schemas_must_be_nullable(spark, tmp_path):
     source = str(tmp_path / "in")
-    write_files(source, [[_row("u1", 0, 0)]])
+    write_files(source, [[event_row("u1", 0, 0)]])
     not_null = Versioned("a long NOT NULL, b string", (1, "b"))
     with pytest.raises(Exception, match="TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE"):
         run_spark(spark, source, tmp_path / "spark", not_null, **AVRO)
@@ -367,7 +270,7 @@ class ChunkSizes(StatefulProcessor):
 
 def test_pandas_rows_arrive_in_chunks_of_max_records_per_batch(spark, tmp_path):
     source = str(tmp_path / "in")
-    batches = [[_row(f"u{i % 3}", i, i) for i in range(n)] for n in (2, 10, 25)]
+    batches = [[event_row(f"u{i % 3}", i, i) for i in range(n)] for n in (2, 10, 25)]
     write_files(source, batches)
     conf = {"spark.sql.execution.arrow.maxRecordsPerBatch": "4"}
     want = run_spark(spark, source, tmp_path / "spark", ChunkSizes(), **conf)
@@ -419,13 +322,13 @@ class RowFromInitial(FromInitial):
 
 def _run_spark_initial(spark, source, checkpoint, processor, flavour, initial):
     outputs: dict = {}
-    with _conf(spark, **{"spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+    with spark_conf(spark, **{"spark.sql.streaming.stateStore.providerClass": ROCKSDB,
                          "spark.sql.execution.arrow.maxRecordsPerBatch": "2"}):
         df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
         grouped = df.groupBy("user")
         apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
         query = apply(processor, OUTPUT, "Update", "None", initialState=initial).writeStream.foreachBatch(
-            _sink(outputs)).option("checkpointLocation", str(checkpoint)).start()
+            sink_into(outputs)).option("checkpointLocation", str(checkpoint)).start()
         try:
             query.processAllAvailable()
         finally:
@@ -441,16 +344,16 @@ def test_initial_state_on_the_first_run_only(spark, tmp_path, flavour):
     source = str(tmp_path / "in")
     want: dict = {}
     got: dict = {}
-    for run, files in enumerate([[[_row("u0", 0, 0), _row("u2", 1, 0)], [_row("u1", 2, 1)]],
-                                 [[_row("u0", 3, 2), _row("u9", 4, 2)]]]):
+    for run, files in enumerate([[[event_row("u0", 0, 0), event_row("u2", 1, 0)], [event_row("u1", 2, 1)]],
+                                 [[event_row("u0", 3, 2), event_row("u9", 4, 2)]]]):
         start = 0 if run == 0 else 2
         write_files(source, files, start=start)
         want.update(_run_spark_initial(spark, source, tmp_path / "spark", processor, flavour, initial))
-        with _conf(spark, **{"spark.sql.execution.arrow.maxRecordsPerBatch": "2"}):
+        with spark_conf(spark, **{"spark.sql.execution.arrow.maxRecordsPerBatch": "2"}):
             df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
             stream = transform_with_state(df, "user", processor, OUTPUT, flavour=flavour, initial_state=initial,
                                           checkpoint_root=str(tmp_path / "spate"), parallelism=3)
-            stream.start(_sink(got), trigger={"availableNow": True}).awaitTermination()
+            stream.start(sink_into(got), trigger={"availableNow": True}).awaitTermination()
             stream.close()
     assert got == want
     assert ("u0", f"count=113 initial_calls={2 if flavour == 'pandas' else 3}") in want[0]
