@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark import cloudpickle
 
+from helpers.rescaling import COUNT_SCHEMA, run_rescaling
 from spate import (
     ListStateDescriptor,
     LocalRunner,
@@ -34,7 +35,6 @@ from spate_tools.campaigns.fuzz import checkpointed
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import test modules
 
 COUNT: ValueStateDescriptor[int] = ValueStateDescriptor("count", default=0)
-SCHEMA = pa.schema([("k", pa.string()), ("count", pa.int64())])
 
 
 def _state(root: str) -> dict:
@@ -142,39 +142,6 @@ class RowCount(Processor):
         yield {"k": key, "count": n}
 
 
-class InjectedCrash(Exception):
-    """A fault injected by the test (the runner dies after the subtasks acknowledged)."""
-
-
-def _run(processor, root, batches, parallelisms, crash_at=None, **kw):
-    """Run ``batches`` switching parallelism at each entry of ``parallelisms`` ((from batch, P), ...); batch
-    ``crash_at`` crashes once after its subtasks acknowledged (fault injection), and a new runner goes on from
-    the last complete checkpoint."""
-    outputs = {}
-    switch = dict(parallelisms)
-    crashed = []
-
-    def fault(step, batch_id):
-        if batch_id == crash_at and step == "after_acks" and not crashed:
-            crashed.append(batch_id)
-            raise InjectedCrash()
-
-    p, n = switch[0], 0
-    while n < len(batches):
-        p = switch.get(n, p)
-        with LocalRunner(processor, key="k", checkpoint_root=root, parallelism=p, output_schema=SCHEMA,
-                         fault_injector=fault, **kw) as runner:
-            n = runner.next_batch_id
-            try:
-                while n < len(batches) and switch.get(n, p) == p:
-                    outputs[n] = sorted((r["k"], r["count"]) for r in runner.run_batch(n, batches[n]).outputs)
-                    n += 1
-            except InjectedCrash:
-                pass
-    assert crash_at is None or crash_at >= len(batches) or crashed == [crash_at]
-    return outputs
-
-
 @settings(max_examples=12, deadline=None)
 @given(st.lists(st.lists(st.sampled_from("abcdefghij"), max_size=12), min_size=1, max_size=6),
        st.lists(st.integers(1, 4), min_size=3, max_size=3), st.booleans(), st.integers(0, 6))
@@ -188,7 +155,7 @@ def test_batch_processor_equals_a_model_through_rescales_and_crashes(tmp_path_fa
         expected[n] = sorted((k, model[k]) for k in set(b))
     root = str(tmp_path_factory.mktemp("batch"))
     kw = dict(table="lmdb" if lmdb else "heap", changelog=lmdb, file_merging="across" if lmdb else False)
-    got = _run(BatchCount, root, batches, [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
+    got = run_rescaling(BatchCount, root, batches, [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
     assert got == expected
     assert _state(root) == model
 
@@ -254,9 +221,9 @@ def test_bulk_list_state_equals_a_model_through_rescales_and_crashes(tmp_path_fa
     root = str(tmp_path_factory.mktemp("bulklist"))
     kw = dict(table="lmdb" if lmdb else "heap", changelog=lmdb, file_merging="across" if lmdb else False)
     split = len(batches) // 2 if per_key_after else len(batches)
-    got = _run(BulkLog, root, batches[:split], [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
+    got = run_rescaling(BulkLog, root, batches[:split], [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
     if split < len(batches):
-        got |= _run(RowLog, root, batches, [(0, ps[2])], **kw)
+        got |= run_rescaling(RowLog, root, batches, [(0, ps[2])], **kw)
     assert got == expected
     assert _lists(root) == {k: v for k, v in model.items() if v}
 
@@ -291,8 +258,8 @@ def test_bulk_list_state_refuses_what_is_not_a_list_per_key(tmp_path):
 def test_the_two_apis_share_state_and_outputs(tmp_path):
     batches = [[{"k": "a"}, {"k": "b"}, {"k": "a"}], [{"k": "a"}], [{"k": "b"}, {"k": "c"}]]
     root = str(tmp_path / "c")
-    first = _run(BatchCount, root, batches[:2], [(0, 2)], table="lmdb", changelog=True)
-    rest = _run(RowCount, root, batches, [(0, 3)], table="lmdb", changelog=True)
+    first = run_rescaling(BatchCount, root, batches[:2], [(0, 2)], table="lmdb", changelog=True)
+    rest = run_rescaling(RowCount, root, batches, [(0, 3)], table="lmdb", changelog=True)
     assert first == {0: [("a", 2), ("b", 1)], 1: [("a", 3)]}
     assert rest == {2: [("b", 2), ("c", 1)]}
 
@@ -313,7 +280,7 @@ class WrongColumns(BatchProcessor):
     (lambda b: [{"k": "a", "count": 1}], "returned list, not columns"),
 ])
 def test_batch_processor_outputs_are_checked_against_the_schema(tmp_path, columns, problem):
-    with LocalRunner(WrongColumns(columns), key="k", checkpoint_root=str(tmp_path / "c"), output_schema=SCHEMA,
+    with LocalRunner(WrongColumns(columns), key="k", checkpoint_root=str(tmp_path / "c"), output_schema=COUNT_SCHEMA,
                      sink=lambda rows, n: None) as runner:
         with pytest.raises(OutputError, match=problem):
             runner.run_batch(0, [{"k": "a"}])
@@ -344,7 +311,7 @@ def test_bulk_state_reads_defaults_clears_with_none_and_refuses_foreign_keys(tmp
 def test_outputs_with_a_schema_are_staged_as_arrow_and_read_back_exactly(tmp_path):
     delivered = []
     root = str(tmp_path / "c")
-    with LocalRunner(RowCount, key="k", checkpoint_root=root, output_schema=SCHEMA,
+    with LocalRunner(RowCount, key="k", checkpoint_root=root, output_schema=COUNT_SCHEMA,
                      sink=lambda rows, n: delivered.append(sorted((r["k"], r["count"]) for r in rows))) as runner:
         runner.run_batch(0, [{"k": "a"}, {"k": "a"}, {"k": "b"}])
         meta = runner.coordinator.latest
@@ -356,7 +323,7 @@ def test_outputs_with_a_schema_are_staged_as_arrow_and_read_back_exactly(tmp_pat
     data = CheckpointStorage(root).read_range(handle.path, handle.file_offset, handle.size, "test")
     with pa.ipc.open_stream(read_single_frame(data, "staged", FrameKind.STAGED_OUTPUTS)) as reader:
         table = reader.read_all()
-    assert table.schema == SCHEMA and table.num_rows == handle.count
+    assert table.schema == COUNT_SCHEMA and table.num_rows == handle.count
 
 
 # -- on Spark ----------------------------------------------------------------------------------------------
@@ -431,12 +398,12 @@ def test_adapter_outputs_go_to_arrow_as_columns_and_a_wrong_column_names_its_key
 
     root = str(tmp_path / "c")
     with LocalRunner(StatefulProcessorAdapter(PandasCounter()), key="k", checkpoint_root=root, parallelism=2,
-                     output_schema=SCHEMA) as runner:
+                     output_schema=COUNT_SCHEMA) as runner:
         result = runner.run_batch(0, [{"k": "a"}, {"k": "b"}, {"k": "a"}])
     assert sorted((r["k"], r["count"]) for r in result.outputs) == [("a", 2), ("b", 1)]
     wrong = StatefulProcessorAdapter(PandasCounter("total"))
     problem = r"PandasCounter.process for key 'a' produced field 'total', which is not in the output schema"
-    with LocalRunner(wrong, key="k", checkpoint_root=str(tmp_path / "d"), output_schema=SCHEMA) as runner, \
+    with LocalRunner(wrong, key="k", checkpoint_root=str(tmp_path / "d"), output_schema=COUNT_SCHEMA) as runner, \
             pytest.raises(OutputError, match=problem):
         runner.run_batch(0, [{"k": "a"}])
 

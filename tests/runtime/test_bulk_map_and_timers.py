@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark import cloudpickle
-from test_batch import _run
 
+from helpers.rescaling import run_rescaling
 from spate import LocalRunner, MapStateDescriptor, Processor, ValueStateDescriptor, keyed_state_entries, load_checkpoint
 from spate.checkpoint.inspect import keyed_state_names
 from spate.fs import CheckpointStorage
@@ -114,9 +114,9 @@ def test_bulk_map_state_equals_a_model_through_rescales_and_crashes(tmp_path_fac
     root = str(tmp_path_factory.mktemp("bulkmap"))
     kw = dict(table="lmdb" if lmdb else "heap", changelog=lmdb, file_merging="across" if lmdb else False)
     split = len(batches) // 2 if per_key_after else len(batches)
-    got = _run(BulkTally, root, batches[:split], [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
+    got = run_rescaling(BulkTally, root, batches[:split], [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
     if split < len(batches):
-        got |= _run(RowTally, root, batches, [(0, ps[2])], **kw)
+        got |= run_rescaling(RowTally, root, batches, [(0, ps[2])], **kw)
     assert got == expected
     assert _maps(root) == model
 
@@ -215,12 +215,12 @@ def test_bulk_timers_fire_as_per_key_timers_do_through_rescales_and_crashes(tmp_
     ``per_key_after`` the bulk processor's timers fire in the per-key one's batches."""
     batches = [[{"k": k, "ts": t} for k, t in b] for b in batches]
     kw = dict(event_time_column="ts", watermark_delay_ms=0, table="lmdb" if lmdb else "heap", changelog=lmdb)
-    want = _run(RowQuiet, str(tmp_path_factory.mktemp("rowtimers")), batches, [(0, 2)], **kw)
+    want = run_rescaling(RowQuiet, str(tmp_path_factory.mktemp("rowtimers")), batches, [(0, 2)], **kw)
     root = str(tmp_path_factory.mktemp("bulktimers"))
     split = len(batches) // 2 if per_key_after else len(batches)
-    got = _run(BulkQuiet, root, batches[:split], [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
+    got = run_rescaling(BulkQuiet, root, batches[:split], [(0, ps[0]), (2, ps[1]), (4, ps[2])], crash_at=crash, **kw)
     if split < len(batches):
-        got |= _run(RowQuiet, root, batches, [(0, ps[2])], **kw)
+        got |= run_rescaling(RowQuiet, root, batches, [(0, ps[2])], **kw)
     assert got == want
 
 

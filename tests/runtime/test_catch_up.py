@@ -20,7 +20,6 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from model_job import OPS, Model, ModelJob
 from spate import Processor, ValueStateDescriptor
 from spate.changelog import restore as changelog_restore
 from spate.changelog.restore import restore_keyed_state
@@ -41,6 +40,7 @@ from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import SharedReaders
 from spate_tools.campaigns.fuzz import checkpointed
+from spate_tools.campaigns.model_job import OPS, Model, ModelJob
 
 MAXP = 16
 KEYS = ["a", "b", "c", "d", "e", "f", "1", "2", "3x"]  # a key column holds one type

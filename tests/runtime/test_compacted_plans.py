@@ -10,12 +10,17 @@ import os
 from typing import Any
 
 import pytest
-import test_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_model import batches_st, segment
-from test_model import run_scenario as model_scenario
 
+from helpers.model import (
+    batches_st,
+    scenario_changelog_throughout,
+    scenario_file_merging_across_with_rescales,
+    scenario_rescale_up_and_down_with_crash,
+    segment,
+)
+from helpers.model import run_scenario as model_scenario
 from spate import LocalRunner, load_checkpoint
 from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.protocol import ChangelogRef, SubtaskPlan
@@ -23,8 +28,7 @@ from spate.errors import CheckpointError
 from spate.fs import CheckpointStorage
 from spate.runtime.recovery.trust import listed
 from spate.runtime.subtask import Subtask
-
-from model_job import ModelJob  # isort: skip
+from spate_tools.campaigns.model_job import ModelJob
 
 
 def name_every_plan(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -47,9 +51,9 @@ def named_plans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_fixed_scenarios_with_named_logs(named_plans: list[int]) -> None:
-    test_model.test_model_scenario_rescale_up_and_down_with_crash()
-    test_model.test_model_scenario_changelog_throughout()
-    test_model.test_model_scenario_file_merging_across_with_rescales()
+    scenario_rescale_up_and_down_with_crash()
+    scenario_changelog_throughout()
+    scenario_file_merging_across_with_rescales()
     assert sum(named_plans) > 20, "the scenarios' plans had logs to name"
 
 

@@ -1,7 +1,8 @@
 """Online rescale (``LocalRunner.rescale``): the parallelism changes between two batches of a running runner,
 up and down, several times, with crashes during the rescaling batch (then the same runner retries, or a new
 one takes over). Outputs, checkpointed keyed state, timers and operator state always equal the plain model of
-``model_job``; with lmdb, the new subtasks build their state from the old subtasks' local copies."""
+``spate_tools.campaigns.model_job``; with lmdb, the new subtasks build their state from the old subtasks' local
+copies."""
 
 from __future__ import annotations
 
@@ -15,27 +16,27 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_model import (
+
+from helpers.model import (
     CHANGELOG,
     CRASH_STEPS,
     KEY_FAMILIES,
     MERGING,
     MERGING_MODES,
     Crash,
-    _norm,
-    _rows,
+    as_rows,
     check_against_model,
+    normalized,
     now_of,
     rows_of,
 )
-
-from model_job import OPS, ModelJob
 from spate import LocalRunner, Processor, load_checkpoint, operator_state_elements
 from spate.checkpoint.ackinfo import RESCALED
 from spate.errors import IncompatibleStateError
 from spate.fs import CheckpointStorage
 from spate.runtime.localstate import local_state_dir
 from spate.state.lmdb_table import LmdbTable
+from spate_tools.campaigns.model_job import OPS, ModelJob
 
 KEYS = ["a", "ü", "日本語", "", "z", "k", "b", "c", "d", "e", "f", "g", "h", "i"]  # a key column holds one type
 raw_st = st.sampled_from(KEY_FAMILIES).flatmap(lambda keys: st.lists(st.lists(rows_of(keys), max_size=14), min_size=2,
@@ -47,7 +48,7 @@ class Scenario:
     """One runner at a time on one checkpoint root and local directory, a sink that records every delivery."""
 
     def __init__(self, raw: list[list[tuple]], table: str, changelog: bool, merging: str) -> None:
-        self.batches = _rows(raw)
+        self.batches = as_rows(raw)
         self.root, self.local_dir = tempfile.mkdtemp(prefix="online-ckpt-"), tempfile.mkdtemp(prefix="online-local-")
         self.table, self.changelog, self.merging = table, changelog, merging
         self.deliveries: dict[int, list[list[str]]] = {}
@@ -63,7 +64,7 @@ class Scenario:
                            file_merging=MERGING[self.merging])
 
     def _sink(self, rows: list[dict], batch_id: int) -> None:
-        self.deliveries.setdefault(batch_id, []).append(_norm(rows))
+        self.deliveries.setdefault(batch_id, []).append(normalized(rows))
 
     def _fault(self, step: str, batch_id: int) -> None:
         if self.crash == (step, batch_id):

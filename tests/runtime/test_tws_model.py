@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from helpers.faults import CrashOnce
 from spate import LocalRunner
 from spate.spark.adapter import StatefulProcessorAdapter
 
@@ -41,18 +42,6 @@ class CountUntilQuiet(StatefulProcessor):
 
     def close(self) -> None:
         pass
-
-
-class CrashOnce:
-    """Fault injection (a fake crash): raises at protocol ``step`` of batch ``batch_id``, the first time only."""
-
-    def __init__(self, step: str | None, batch_id: int) -> None:
-        self.step, self.batch_id, self.crashed = step, batch_id, False
-
-    def __call__(self, at: str, batch_id: int) -> None:
-        if at == self.step and batch_id == self.batch_id and not self.crashed:
-            self.crashed = True
-            raise RuntimeError("injected crash")
 
 
 def model(batches):

@@ -7,26 +7,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_tws_model import CrashOnce
 
+from helpers.aggregates import CountSum
+from helpers.faults import CrashOnce
 from spate import LocalRunner
 from spate.windows import SessionWindows, SlidingWindows, TumblingWindows, Window, WindowedProcessor
 
 DELAY = 1_000
-
-
-class CountSum:
-    def create_accumulator(self):
-        return (0, 0)
-
-    def add(self, value, acc):
-        return (acc[0] + 1, acc[1] + value)
-
-    def get_result(self, acc):
-        return acc
-
-    def merge(self, a, b):
-        return (a[0] + b[0], a[1] + b[1])
 
 
 def late_row(key, row):

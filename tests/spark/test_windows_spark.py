@@ -35,10 +35,10 @@ import datetime as dt
 import sys
 
 import pytest
-import test_windows
 from pyspark import cloudpickle
-from test_windows import CountSum
 
+from helpers import aggregates
+from helpers.aggregates import CountSum
 from helpers.file_source import write_files
 from spate import load_checkpoint, verify_checkpoint
 from spate.fs import CheckpointStorage
@@ -47,7 +47,7 @@ from spate.windows import SessionWindows, SlidingWindows, TumblingWindows, Windo
 
 pytestmark = pytest.mark.spark
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import test modules
-cloudpickle.register_pickle_by_value(test_windows)  # nor CountSum's
+cloudpickle.register_pickle_by_value(aggregates)  # nor CountSum's
 INPUT = "user string, v long, ts timestamp"
 OUTPUT = "user string, start long, end long, n long, total long"
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
