@@ -31,11 +31,25 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.errors import (
     CheckpointError,
     CorruptFileError,
+    DiskFullError,
+    EventTimeError,
     FencedError,
     IncompatibleStateError,
+    InvalidKeyError,
+    InvalidParallelismError,
     MissingFileError,
+    MissingPackageError,
+    NotARootError,
+    OutputError,
+    ProcessorError,
     SerializationError,
+    SettingError,
     SpateError,
+    StateAccessError,
+    StateDescriptorError,
+    StorageError,
+    TableSinkError,
+    WindowError,
 )
 from spate.filemerging.config import FileMergingConfig
 from spate.fs import CheckpointStorage
@@ -70,4 +84,7 @@ __all__ = [
     "SessionWindows", "SlidingWindows", "TumblingWindows", "Window", "WindowedProcessor",
     "AutoscalePolicy", "ScalingDecision",
     "DeltaSink", "IcebergSink", "ParquetSink", "TableSink",
+    "DiskFullError", "EventTimeError", "InvalidKeyError", "InvalidParallelismError", "MissingPackageError",
+    "NotARootError", "OutputError", "ProcessorError", "SettingError", "StateAccessError", "StateDescriptorError",
+    "StorageError", "TableSinkError", "WindowError",
 ]

@@ -93,9 +93,54 @@ class InvalidKeyError(SpateError, TypeError, ValueError):
     cannot be encoded (a string with lone surrogates). Names the key column and the fix."""
 
 
-class DiskFullError(CheckpointError, OSError):
+class StorageError(CheckpointError, OSError):
+    """Checkpoint storage failed a write spate needed (a change set that could not be uploaded after its
+    retries); names what was lost and the way back. An ``OSError`` too, as the storage's own errors are."""
+
+
+class DiskFullError(StorageError):
     """Storage ran out of space (``ENOSPC``/``EDQUOT``) while writing a checkpoint file; names the file and the
     checkpoint. An ``OSError`` too, so retry policies treat it like the error it wraps."""
+
+
+class MissingPackageError(SpateError, RuntimeError):
+    """An optional package a feature needs is not installed (boto3 for an S3 root, deltalake, pyiceberg);
+    names the ``pip install`` that adds it."""
+
+
+class InvalidParallelismError(SettingError):
+    """A parallelism, max parallelism, subtask index or key group that is not an int in its range (a
+    ``TypeError`` for a wrong type, a ``ValueError`` for a value out of range: it is both); names the range."""
+
+
+class StateDescriptorError(SpateError, TypeError, ValueError):
+    """A state descriptor that cannot work (an empty name, a TTL that is not a positive int, a reducing or
+    aggregating state without its function), or one an API does not take (``bulk_state`` of reducing state)."""
+
+
+class StateAccessError(SpateError, RuntimeError, TypeError, ValueError):
+    """Keyed state, bulk state or timers used in a way that cannot work: outside a key, values that do not
+    match the keys they are for, a timer timestamp that is not an int, an unknown time domain."""
+
+
+class ProcessorError(SpateError, TypeError, ValueError):
+    """A processor the query cannot run: not a processor at all, or without the hook the query needs
+    (``process_initial``/``handleInitialState`` when given an initial state)."""
+
+
+class EventTimeError(SpateError, TypeError, ValueError):
+    """An event-time value that is missing from its row or is not a time (int milliseconds or a datetime)."""
+
+
+class WindowError(SpateError, ValueError):
+    """A window or windowed processor defined with arguments that cannot work (a size that is not a positive
+    int, a slide larger than the size, no or several window functions, lateness for processing time, ...)."""
+
+
+class TableSinkError(SpateError, ValueError):
+    """A table sink that cannot write or commit as configured: no location or table identifier, no output
+    schema, a table whose columns differ from the query's output schema, a sink the query's driver did not
+    open."""
 
 
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
