@@ -37,14 +37,15 @@ log = logging.getLogger(__name__)
 
 
 def validate_relative_path(rel: str) -> str:
-    """Return ``rel`` normalised, or raise ``ValueError`` if it could escape the storage root."""
+    """Return ``rel`` normalised, or raise :class:`SettingError` (a ``ValueError``) if it could escape the
+    storage root (a path read from metadata is then a :class:`CorruptFileError`, see ``read_metadata``)."""
     if not isinstance(rel, str) or not rel:
-        raise ValueError(f"invalid storage path {rel!r}: must be a non-empty relative path")
+        raise SettingError(f"invalid storage path {rel!r}: must be a non-empty relative path")
     if rel.startswith("/") or "\\" in rel or "://" in rel:
-        raise ValueError(f"invalid storage path {rel!r}: must be relative to the checkpoint root")
+        raise SettingError(f"invalid storage path {rel!r}: must be relative to the checkpoint root")
     norm = posixpath.normpath(rel)
     if norm == "." or norm.startswith("../") or norm == ".." or "/../" in f"/{norm}/":
-        raise ValueError(f"invalid storage path {rel!r}: escapes the checkpoint root")
+        raise SettingError(f"invalid storage path {rel!r}: escapes the checkpoint root; name a file below it")
     return norm
 
 
@@ -59,7 +60,14 @@ class CheckpointStorage(ABC):
 
     ``CheckpointStorage(uri, filesystem=None)`` makes the implementation for the URI's file system
     (:class:`LocalStorage` or :class:`ObjectStoreStorage`); calling an implementation directly checks that the
-    file system is of its kind. The file system is resolved once, when the storage is made."""
+    file system is of its kind. The file system is resolved once, when the storage is made.
+
+    Raises:
+        SettingError: a ``uri`` that is not a string, names a file, or that pyarrow cannot open (the message
+            names the fix); a relative path that is absolute or escapes the root.
+        MissingFileError / CorruptFileError: a file read is gone, truncated or reached through a link.
+        FileExistsError: ``create_exclusive`` of a file that exists (a builtin: the put-if-absent's answer).
+    """
 
     has_directories: bool  # real directories, which stay when emptied (``remove_empty_dirs`` removes them)
     open_files_readable: bool  # bytes written to a file of ``open_new`` are readable before it is closed
@@ -81,7 +89,8 @@ class CheckpointStorage(ABC):
         if cls is CheckpointStorage:
             cls = kind
         elif not issubclass(cls, kind):
-            raise ValueError(f"{uri}: a {cls.__name__} cannot hold a root on {type(fs).__name__}")
+            raise SettingError(f"{uri}: a {cls.__name__} cannot hold a root on {type(fs).__name__}: use "
+                               "CheckpointStorage(uri), which picks the implementation")
         storage = super().__new__(cls)
         storage._attach(uri, fs, root)
         return storage

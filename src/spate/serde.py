@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from spate.errors import InvalidKeyError, SerializationError, short_repr
+from spate.errors import InvalidKeyError, SerializationError, SettingError, short_repr
 
 _EXT_TUPLE = 1
 _EXT_DATE = 2
@@ -47,7 +47,8 @@ def _default(obj: Any) -> Any:
     item = getattr(obj, "item", None)  # numpy / pandas scalars
     if item is not None and type(obj).__module__.split(".")[0] in ("numpy", "pandas"):
         return item()
-    raise TypeError(f"cannot encode {type(obj).__qualname__}")
+    raise SerializationError(f"cannot encode {type(obj).__qualname__} with msgpack: convert it to plain data or "
+                             "use another serializer")
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -136,15 +137,25 @@ _CUSTOM: dict[str, Serializer] = {}
 
 
 def register_serializer(serializer: Serializer) -> Serializer:
-    """Make a custom serializer known by its ``name`` so state written with it can be restored."""
+    """Make a custom serializer known by its ``name`` so state written with it can be restored.
+
+    Raises:
+        SettingError: ``serializer.name`` is "msgpack" or "pickle", which name spate's own.
+    """
     if serializer.name in ("msgpack", "pickle"):
-        raise ValueError(f"serializer name {serializer.name!r} is reserved")
+        raise SettingError(f"serializer name {serializer.name!r} is reserved for spate's own serializer: give "
+                           "yours another name")
     _CUSTOM[serializer.name] = serializer
     return serializer
 
 
 def resolve_serializer(spec: str | Serializer | None, allow_pickle: bool = False) -> Serializer:
-    """``None``/"msgpack" → msgpack; "pickle" → pickle; any object with dumps/loads/name is used as is."""
+    """``None``/"msgpack" → msgpack; "pickle" → pickle; any object with dumps/loads/name is used as is.
+
+    Raises:
+        SettingError: a name no serializer is registered under, or a reserved name (see
+            :func:`register_serializer`).
+    """
     if spec is None or spec == "msgpack":
         return MSGPACK
     if spec == "pickle":
@@ -152,7 +163,8 @@ def resolve_serializer(spec: str | Serializer | None, allow_pickle: bool = False
     if isinstance(spec, str):
         if spec in _CUSTOM:
             return _CUSTOM[spec]
-        raise ValueError(f"unknown serializer {spec!r}: use 'msgpack' (default), 'pickle' or a Serializer")
+        raise SettingError(f"unknown serializer {spec!r}: use 'msgpack' (default), 'pickle' or a Serializer "
+                           "(spate.serde.register_serializer makes one known by its name)")
     return register_serializer(spec)
 
 

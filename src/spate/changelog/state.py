@@ -19,7 +19,7 @@ from spate.changelog.rolling_view import RollingView, trimmed
 from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
 from spate.changelog.writer import ChangelogWriter
-from spate.errors import CheckpointError
+from spate.errors import CheckpointError, SettingError
 from spate.fs import CheckpointStorage
 from spate.layout import KEY_GROUPS_SUFFIX, random_name, subtask_dir
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
@@ -34,7 +34,11 @@ Relocate = Callable[[Any], Any]
 
 @dataclass(frozen=True)
 class ChangelogConfig:
-    """Changelog settings (Flink defaults where Flink has one)."""
+    """Changelog settings (Flink defaults where Flink has one).
+
+    Raises:
+        SettingError: a materialization interval or threshold that is not positive.
+    """
 
     materialization_interval_ms: int = 600_000
     # beyond Flink: also materialize once the log since the last materialization is this long, so that a
@@ -49,9 +53,12 @@ class ChangelogConfig:
 
     def __post_init__(self) -> None:
         if self.materialization_interval_ms <= 0:
-            raise ValueError("materialization_interval_ms must be > 0")
+            raise SettingError(f"materialization_interval_ms must be > 0, got {self.materialization_interval_ms}: "
+                               "pass a positive number of milliseconds (default 600000)")
         if self.materialize_after_change_sets <= 0 or self.materialize_after_bytes <= 0:
-            raise ValueError("materialize_after_change_sets and materialize_after_bytes must be > 0")
+            raise SettingError("materialize_after_change_sets and materialize_after_bytes must be > 0, got "
+                               f"{self.materialize_after_change_sets} and {self.materialize_after_bytes}: pass "
+                               "positive limits (defaults: 50 change sets, 64 MB)")
 
 
 def _log_length(change_sets: list[ChangeSetHandle]) -> tuple[int, int]:

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from spate.changelog.changeset import ChangeSet
 from spate.changelog.format import change_set_handles, encode_change_file
-from spate.errors import CheckpointError
+from spate.errors import CheckpointError, SettingError
 from spate.fs import CheckpointStorage
 from spate.layout import CHANGE_FILE_SUFFIX, CHANGELOG_DIR
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
@@ -36,7 +36,11 @@ RECENT_UPLOADS = 1000  # uploads a scheduler remembers (for inspection); per-che
 
 @dataclass(frozen=True)
 class UploadConfig:
-    """Upload settings; defaults as Flink's ``dstl.dfs.*``."""
+    """Upload settings; defaults as Flink's ``dstl.dfs.*``.
+
+    Raises:
+        SettingError: ``max_attempts`` or ``num_threads`` below 1.
+    """
 
     persist_delay_s: float = 0.010
     persist_size_threshold: int = 10 * MB
@@ -49,9 +53,11 @@ class UploadConfig:
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+            raise SettingError(f"max_attempts must be >= 1, got {self.max_attempts}: pass a positive number of "
+                               "attempts (default 3)")
         if self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+            raise SettingError(f"num_threads must be >= 1, got {self.num_threads}: pass a positive number of "
+                               "upload threads (default 5)")
 
 
 class OwnedTimers:

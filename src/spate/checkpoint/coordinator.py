@@ -33,7 +33,7 @@ from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.checkpoint.savepoint import restore_source, take_savepoint
 from spate.checkpoint.takeover import TakeOver
-from spate.errors import CheckpointError, FencedError, naming_disk_full
+from spate.errors import CheckpointError, FencedError, InvalidParallelismError, SettingError, naming_disk_full
 from spate.filemerging.manager import in_grant_scope
 from spate.filemerging.registry import FileRegistry
 from spate.fs import CheckpointStorage
@@ -62,18 +62,32 @@ def _referenced(paths: list[str], handles: list[Any]) -> list[str]:
 
 
 class Coordinator:
-    """Driver-side checkpoint coordination for one checkpoint root."""
+    """Driver-side checkpoint coordination for one checkpoint root.
+
+    Raises:
+        InvalidParallelismError: ``parallelism`` below 1 or ``max_parallelism`` not in ``1..32768`` (both
+            ``ValueError``); :meth:`rescale` beyond the max parallelism raises IncompatibleStateError.
+        SettingError: ``retained`` below 1; a ``root`` that is not a path or URI, or a file.
+        FencedError: another driver took the root over (from :meth:`complete` and the protocol's writes).
+        CheckpointError: a protocol step out of order (``begin`` before ``start``, ``complete`` of a checkpoint
+            that is not pending or lacks acks), a root or ``restore_from`` that cannot be used (NotARootError,
+            IncompatibleStateError for another max parallelism); CorruptFileError, MissingFileError: a
+            checkpoint file that does not verify or is gone.
+    """
 
     def __init__(self, root: str | CheckpointStorage, parallelism: int, *, max_parallelism: int | None = None,
                  retained: int = DEFAULT_RETAINED, restore_from: str | None = None,
                  watermark_delay_ms: int | None = None, max_space_amplification: float = 2.0) -> None:
         self.storage = root if isinstance(root, CheckpointStorage) else CheckpointStorage(root)
         if parallelism < 1:
-            raise ValueError(f"parallelism must be >= 1, got {parallelism}")
+            raise InvalidParallelismError(f"parallelism must be >= 1, got {parallelism}: pass the number of subtasks "
+                                          "as a positive int")
         if max_parallelism is not None and not 1 <= max_parallelism <= MAX_MAX_PARALLELISM:
-            raise ValueError(f"max_parallelism must be in 1..{MAX_MAX_PARALLELISM}, got {max_parallelism}")
+            raise InvalidParallelismError(f"max_parallelism must be in 1..{MAX_MAX_PARALLELISM}, got "
+                                          f"{max_parallelism}: pass a number of key groups in that range, or None")
         if retained < 1:
-            raise ValueError(f"retained must be >= 1, got {retained}")
+            raise SettingError(f"retained must be >= 1, got {retained}: keep at least one complete checkpoint "
+                               f"(default {DEFAULT_RETAINED})")
         self.parallelism = parallelism
         self.requested_max_parallelism = max_parallelism
         self.retained = retained
@@ -181,7 +195,13 @@ class Coordinator:
     def rescale(self, parallelism: int, reason: str = "requested") -> None:
         """From the next :meth:`begin` on, plan ``parallelism`` subtasks (an online rescale: the base's state is
         redistributed as on a restart, keyed state by key group and operator state by the FLIP-8 rules).
-        ``reason`` is recorded in the metadata of the checkpoint that rescales."""
+        ``reason`` is recorded in the metadata of the checkpoint that rescales.
+
+        Raises:
+            CheckpointError: :meth:`start` was not called.
+            InvalidParallelismError: ``parallelism`` is not an int >= 1.
+            IncompatibleStateError: ``parallelism`` exceeds the max parallelism.
+        """
         if self.query is None:
             raise CheckpointError("Coordinator.start() must be called before rescale()")
         check_parallelism(parallelism, self.max_parallelism)
@@ -335,7 +355,13 @@ class Coordinator:
     # -- savepoints -----------------------------------------------------------------------------------
     def savepoint(self, target_uri: str | None = None, checkpoint_id: int | None = None) -> str:
         """Copy a retained checkpoint (default: the latest) into a self-contained, relocatable directory
-        (default ``<root>/savepoints/savepoint-<n>-<random>``). Returns its URI."""
+        (default ``<root>/savepoints/savepoint-<n>-<random>``). Returns its URI.
+
+        Raises:
+            CheckpointError: no such retained complete checkpoint.
+            SettingError: ``target_uri`` is inside the checkpoint root (outside ``savepoints/``), where orphan
+                cleanup would delete it.
+        """
         metas = {m.checkpoint_id: m for m in self.completed}
         cid = checkpoint_id if checkpoint_id is not None else (self.latest.checkpoint_id if self.latest else None)
         if cid is None or cid not in metas:

@@ -9,6 +9,7 @@ import dataclasses
 import uuid
 
 from spate.checkpoint.metadata import CheckpointMetadata
+from spate.errors import SettingError
 from spate.fs import CheckpointStorage, join_uri
 from spate.layout import METADATA_FILE, QUERY_FILE, SAVEPOINTS_DIR, checkpoint_id_of, metadata_path
 
@@ -35,14 +36,19 @@ def write_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target:
 
 def take_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target_uri: str | None = None) -> str:
     """Copy checkpoint ``meta`` of the root ``source`` into a self-contained, relocatable directory (default
-    ``<root>/savepoints/savepoint-<n>-<random>``). Returns its URI."""
+    ``<root>/savepoints/savepoint-<n>-<random>``). Returns its URI.
+
+    Raises:
+        SettingError: (a ``ValueError``) ``target_uri`` is inside the checkpoint root, outside ``savepoints/``.
+    """
     name = f"savepoint-{meta.checkpoint_id}-{uuid.uuid4().hex[:8]}"
     target = target_uri or join_uri(source.uri, f"{SAVEPOINTS_DIR}/{name}")
     target_storage = CheckpointStorage(target)
     root = source.root.rstrip("/") + "/"
     if (type(target_storage.fs) is type(source.fs) and (target_storage.root + "/").startswith(root)
             and not (target_storage.root + "/").startswith(root + SAVEPOINTS_DIR + "/")):
-        raise ValueError(f"savepoint target {target} is inside the checkpoint root {source.uri}, where "
-                         f"orphan cleanup would delete it; use a directory under {SAVEPOINTS_DIR}/ or outside the root")
+        raise SettingError(f"savepoint target {target} is inside the checkpoint root {source.uri}, where "
+                           f"orphan cleanup would delete it; use a directory under {SAVEPOINTS_DIR}/ or outside the "
+                           "root")
     write_savepoint(source, meta, target_storage)
     return target

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spate.errors import SettingError
+
 MB = 1 << 20
 WITHIN = "within"
 ACROSS = "across"
@@ -26,6 +28,9 @@ class FileMergingConfig:
             checkpoints that need them, so the files can go. Below 1 turns space control off.
         rewrite_budget: bytes of such re-writes one subtask's snapshot does at most (beyond Flink): the rest
             waits for later checkpoints, so a checkpoint never copies a large share of the state on its path.
+
+    Raises:
+        SettingError: an unknown ``mode``, a ``max_file_size`` below 1 or a negative ``rewrite_budget``.
     """
 
     mode: str = WITHIN
@@ -36,11 +41,13 @@ class FileMergingConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in (WITHIN, ACROSS):
-            raise ValueError(f"file-merging mode {self.mode!r} is unknown: use {WITHIN!r} or {ACROSS!r}")
+            raise SettingError(f"file-merging mode {self.mode!r} is unknown: use {WITHIN!r} or {ACROSS!r}")
         if self.max_file_size < 1:
-            raise ValueError(f"max_file_size must be >= 1 byte, got {self.max_file_size}")
+            raise SettingError(f"max_file_size must be >= 1 byte, got {self.max_file_size}: pass a positive size "
+                               f"(default {32 * MB})")
         if self.rewrite_budget < 0:
-            raise ValueError(f"rewrite_budget must be >= 0 bytes, got {self.rewrite_budget}")
+            raise SettingError(f"rewrite_budget must be >= 0 bytes, got {self.rewrite_budget}: pass 0 (no "
+                               f"re-writes) or a positive budget (default {16 * MB})")
 
     @property
     def across(self) -> bool:
@@ -48,7 +55,11 @@ class FileMergingConfig:
 
 
 def resolve_file_merging(setting: bool | str | FileMergingConfig | None) -> FileMergingConfig | None:
-    """``True``/``"within"``/``"across"``/a config → a config; ``False``/``None``/``"off"`` → None."""
+    """``True``/``"within"``/``"across"``/a config → a config; ``False``/``None``/``"off"`` → None.
+
+    Raises:
+        SettingError: any other value.
+    """
     if setting is None or setting is False or setting == "off":
         return None
     if setting is True:
@@ -57,5 +68,5 @@ def resolve_file_merging(setting: bool | str | FileMergingConfig | None) -> File
         return FileMergingConfig(mode=setting)
     if isinstance(setting, FileMergingConfig):
         return setting
-    raise TypeError(f"file_merging must be a bool, 'off', 'within', 'across' or a FileMergingConfig, "
-                    f"got {setting!r}")
+    raise SettingError(f"file_merging must be a bool, 'off', 'within', 'across' or a FileMergingConfig, "
+                       f"got {setting!r}")

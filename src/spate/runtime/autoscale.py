@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from spate.errors import InvalidParallelismError, SettingError
+
 log = logging.getLogger(__name__)
 DECISIONS_KEPT = 100  # scaling decisions an autoscaler remembers (each rescaling checkpoint records its own)
 
@@ -45,6 +47,11 @@ class AutoscalePolicy:
             the backlog is low: unknown, at most ``max_backlog_rows / 4`` when that is set, else 0.
         max_step: one decision changes the parallelism by at most ``×max_step`` up or ``÷max_step`` down (but
             always by at least 1, so that a small parallelism can still move).
+
+    Raises:
+        InvalidParallelismError: ``min_parallelism`` below 1 or above ``max_parallelism``.
+        SettingError: no rule to scale on, or a target, backlog, cooldown, band or step out of its range (the
+            message names the attribute and the range).
     """
 
     min_parallelism: int
@@ -63,42 +70,45 @@ class AutoscalePolicy:
 
     def _check_bounds(self) -> None:
         if self.min_parallelism < 1:
-            raise ValueError(f"AutoscalePolicy.min_parallelism must be >= 1, got {self.min_parallelism}")
+            raise InvalidParallelismError(f"AutoscalePolicy.min_parallelism must be >= 1, got {self.min_parallelism}: "
+                                          "pass a positive number of subtasks")
         if self.max_parallelism < self.min_parallelism:
-            raise ValueError(
+            raise InvalidParallelismError(
                 f"AutoscalePolicy.max_parallelism ({self.max_parallelism}) must be >= min_parallelism "
                 f"({self.min_parallelism}): raise max_parallelism or lower min_parallelism"
             )
 
     def _check_signals(self) -> None:
         if self.target_batch_ms is None and self.max_backlog_rows is None:
-            raise ValueError(
+            raise SettingError(
                 "AutoscalePolicy needs a signal to scale on: set target_batch_ms (keep batches near this "
                 "duration) and/or max_backlog_rows (scale up when this much input is waiting)"
             )
         if self.target_batch_ms is not None and not (math.isfinite(self.target_batch_ms) and self.target_batch_ms > 0):
-            raise ValueError(
+            raise SettingError(
                 f"AutoscalePolicy.target_batch_ms must be a positive number of milliseconds, got "
                 f"{self.target_batch_ms}; use None to disable the time rule"
             )
         if self.max_backlog_rows is not None and self.max_backlog_rows < 1:
-            raise ValueError(
+            raise SettingError(
                 f"AutoscalePolicy.max_backlog_rows must be >= 1, got {self.max_backlog_rows}; "
                 "use None to disable the backlog rule"
             )
 
     def _check_tuning(self) -> None:
         if self.cooldown_batches < 0:
-            raise ValueError(f"AutoscalePolicy.cooldown_batches must be >= 0, got {self.cooldown_batches}")
+            raise SettingError(f"AutoscalePolicy.cooldown_batches must be >= 0, got {self.cooldown_batches}: pass 0 "
+                               "for no cooldown")
         if not (math.isfinite(self.cooldown_s) and self.cooldown_s >= 0):
-            raise ValueError(f"AutoscalePolicy.cooldown_s must be a finite number >= 0, got {self.cooldown_s}")
+            raise SettingError(f"AutoscalePolicy.cooldown_s must be a finite number >= 0, got {self.cooldown_s}: pass "
+                               "0.0 for no cooldown")
         if not 0 < self.scale_down_below < 1:
-            raise ValueError(
+            raise SettingError(
                 f"AutoscalePolicy.scale_down_below must be a fraction strictly between 0 and 1, got "
                 f"{self.scale_down_below} (e.g. 0.5: scale down when a batch takes under half the target)"
             )
         if not (math.isfinite(self.max_step) and self.max_step > 1):
-            raise ValueError(
+            raise SettingError(
                 f"AutoscalePolicy.max_step must be a finite factor > 1, got {self.max_step} (e.g. 2.0: at most "
                 "double or halve the parallelism in one decision)"
             )
@@ -154,11 +164,14 @@ class Autoscaler:
 
     ``limit`` is the query's maximum parallelism (its number of key groups): the autoscaler never goes above
     ``min(policy.max_parallelism, limit)``. Not thread-safe: call it from the thread that runs the batches.
+
+    Raises:
+        InvalidParallelismError: ``limit`` is below ``policy.min_parallelism``.
     """
 
     def __init__(self, policy: AutoscalePolicy, limit: int) -> None:
         if limit < policy.min_parallelism:
-            raise ValueError(
+            raise InvalidParallelismError(
                 f"Autoscaler limit (the query's max parallelism / number of key groups) is {limit}, below "
                 f"AutoscalePolicy.min_parallelism {policy.min_parallelism}: lower min_parallelism or use more "
                 "key groups"

@@ -11,7 +11,7 @@ from typing import Any
 
 from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.coordinator import DEFAULT_RETAINED, Coordinator
-from spate.errors import SettingError
+from spate.errors import InvalidParallelismError, SettingError
 from spate.filemerging.config import FileMergingConfig, resolve_file_merging
 from spate.runtime.subtask import TABLE_KINDS, SubtaskConfig
 
@@ -21,7 +21,7 @@ CONF_PREFIX = "spark.spate."
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value not in ("true", "false"):
-        raise ValueError(f"expected true or false, got {text!r}")
+        raise SettingError(f"expected true or false, got {text!r}: set it to true or false")
     return value == "true"
 
 
@@ -79,6 +79,11 @@ class SpateSettings:
             Parquet file per subtask, which the sink's DataFrame reads in the JVM, no Python worker),
             ``"arrow"`` (framed in the checkpoint's files, read back by Python tasks) or ``"auto"`` (Parquet
             where Spark reads the checkpoint root as it is: a local or mounted shared file system).
+
+    Raises:
+        SettingError: no ``checkpoint_root``, a setting of the wrong type, an unknown ``table`` or
+            ``staged_outputs``, idle eviction limits out of range.
+        InvalidParallelismError: ``parallelism`` below 1 (a :class:`SettingError` too).
     """
 
     checkpoint_root: str = ""
@@ -100,8 +105,8 @@ class SpateSettings:
 
     def __post_init__(self) -> None:
         if not self.checkpoint_root:
-            raise ValueError("a stateful stream needs checkpoint_root (or spark.spate.checkpointRoot): where spate "
-                             "keeps its checkpoints")
+            raise SettingError("a stateful stream needs checkpoint_root (or spark.spate.checkpointRoot): where spate "
+                               "keeps its checkpoints")
         for name in ("parallelism", "max_parallelism", "retained", "watermark_delay_ms"):
             value = getattr(self, name)
             if value is None and name == "max_parallelism":
@@ -111,30 +116,37 @@ class SpateSettings:
                 raise SettingError(f"{name} must be an int, got {value!r} ({type(value).__name__}): pass {fix}")
             object.__setattr__(self, name, int(value))  # numpy's ints too
         if self.parallelism < 1:
-            raise ValueError(f"parallelism must be >= 1, got {self.parallelism}")
+            raise InvalidParallelismError(f"parallelism must be >= 1, got {self.parallelism}: pass the number of "
+                                          "subtasks as a positive int")
         if self.table not in TABLE_KINDS:
-            raise ValueError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
+            raise SettingError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
         if self.staged_outputs not in STAGED_OUTPUTS:
-            raise ValueError(f"unknown staged_outputs {self.staged_outputs!r}: use one of {STAGED_OUTPUTS}")
+            raise SettingError(f"unknown staged_outputs {self.staged_outputs!r}: use one of {STAGED_OUTPUTS}")
         if self.evict_idle_after_batches < 1 or self.evict_idle_after_s < 0:
-            raise ValueError(f"evict_idle_after_batches must be >= 1 and evict_idle_after_s >= 0, got "
-                             f"{self.evict_idle_after_batches} and {self.evict_idle_after_s}")
+            raise SettingError(f"evict_idle_after_batches must be >= 1 and evict_idle_after_s >= 0, got "
+                               f"{self.evict_idle_after_batches} and {self.evict_idle_after_s}: use values in "
+                               "those ranges (defaults: 10 batches, 300 s)")
 
     @staticmethod
     def from_conf(conf: Mapping[str, str], **overrides: Any) -> SpateSettings:
-        """Settings from ``spark.spate.*`` entries of ``conf``; keyword arguments (not None) win."""
+        """Settings from ``spark.spate.*`` entries of ``conf``; keyword arguments (not None) win.
+
+        Raises:
+            SettingError: an unknown ``spark.spate.*`` key, a value that does not parse (an int, true or false),
+                or settings that cannot work together (see :class:`SpateSettings`).
+        """
         values: dict[str, Any] = {}
         for key, text in conf.items():
             if not key.startswith(CONF_PREFIX):
                 continue
             name = key[len(CONF_PREFIX):]
             if name not in _CONF:
-                raise ValueError(f"unknown setting {key}; known: {sorted(CONF_PREFIX + k for k in _CONF)}")
+                raise SettingError(f"unknown setting {key}; known: {sorted(CONF_PREFIX + k for k in _CONF)}")
             field, parse = _CONF[name]
             try:
                 values[field] = parse(text)
             except ValueError as e:
-                raise ValueError(f"{key}={text!r}: {e}") from e
+                raise SettingError(f"{key}={text!r}: {e}") from e
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SpateSettings(**values)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spate.changelog.state import ChangelogConfig
+from spate.errors import SettingError
 from spate.filemerging.config import FileMergingConfig
 from spate.runtime.rescale import FOLD_PER_BATCH
 from spate.runtime.services import WorkerServices
@@ -19,7 +20,12 @@ STAGED_FORMATS = ("arrow", "parquet")  # outputs staged framed (Arrow IPC or row
 @dataclass(frozen=True)
 class SubtaskConfig:
     """Settings of a subtask's state (shared by every subtask of a query; a different setting is a new config,
-    e.g. ``dataclasses.replace(config, sticky=False)``)."""
+    e.g. ``dataclasses.replace(config, sticky=False)``).
+
+    Raises:
+        SettingError: an unknown ``table`` or ``staged_format``, the lmdb table without ``local_dir``.
+        SerializationError: pickle as the output serializer without ``allow_pickle``.
+    """
 
     table: str = "heap"
     local_dir: str | None = None
@@ -40,11 +46,12 @@ class SubtaskConfig:
 
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:
-            raise ValueError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
+            raise SettingError(f"unknown state table {self.table!r}: use one of {TABLE_KINDS}")
         if self.staged_format not in STAGED_FORMATS:
-            raise ValueError(f"unknown staged_format {self.staged_format!r}: use one of {STAGED_FORMATS}")
+            raise SettingError(f"unknown staged_format {self.staged_format!r}: use one of {STAGED_FORMATS}")
         if self.table == "lmdb" and not self.local_dir:
-            raise ValueError("the lmdb table needs local_dir (a directory on local disk for live state)")
+            raise SettingError("the lmdb table needs local_dir (a directory on local disk for live state): pass "
+                               "local_dir, or table='heap'")
         check_pickle_allowed(self.output_serializer, self.allow_pickle, "output_serializer")
 
 
