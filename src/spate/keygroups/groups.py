@@ -16,6 +16,12 @@ def key_group(key: Any, max_parallelism: int, key_types: Any = None) -> int:
     """Key group of ``key``: Spark's ``pmod(hash(cols...), max_parallelism)``, in ``[0, max_parallelism)``.
 
     For per-row use with a fixed schema prefer ``compile_key_hasher(key_types)(key) % max_parallelism``.
+
+    Raises:
+        InvalidParallelismError: ``max_parallelism`` is not an int in ``1..32768``.
+        InvalidKeyError: a key value whose type spate cannot hash, out of its Spark type's range, or with
+            another number of columns than ``key_types`` (a ``TypeError`` and a ``ValueError``).
+        SettingError: ``key_types`` spate cannot key by.
     """
     if type(max_parallelism) is not int or not 0 < max_parallelism <= MAX_MAX_PARALLELISM:
         check_max_parallelism(max_parallelism)

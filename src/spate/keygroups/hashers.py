@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from spate.errors import InvalidKeyError
 from spate.keygroups.inference import hash_inferred
 from spate.keygroups.memo import (
     MEMO_HASHERS,
@@ -32,7 +33,8 @@ def _one_column_hasher(type_name: str, upd: Update) -> KeyHasher:
     def generic(key: Any) -> int:
         if type(key) is tuple:
             if len(key) != 1:
-                raise ValueError(f"expected a 1-column key, got a tuple of {len(key)} values")
+                raise InvalidKeyError(f"expected a 1-column key, got a tuple of {len(key)} values: key_types names "
+                                      "one key column; give one type per column")
             key = key[0]
         if key is None:
             return SEED
@@ -46,7 +48,8 @@ def _one_column_hasher(type_name: str, upd: Update) -> KeyHasher:
 def _two_column_hasher(u0: Update, u1: Update) -> KeyHasher:
     def hasher(key: Any) -> int:
         if (type(key) is not tuple and not isinstance(key, (tuple, list))) or len(key) != 2:
-            raise ValueError(f"expected a 2-column key (tuple), got {key!r}")
+            raise InvalidKeyError(f"expected a 2-column key (tuple), got {key!r}: give a tuple of 2 values, one per "
+                                  "type of key_types")
         v0, v1 = key
         h = SEED if v0 is None else u0(v0, SEED)
         if v1 is not None:
@@ -61,7 +64,8 @@ def _many_column_hasher(updates: Sequence[Update]) -> KeyHasher:
 
     def hasher(key: Any) -> int:
         if not isinstance(key, (tuple, list)) or len(key) != n:
-            raise ValueError(f"expected a {n}-column key (tuple), got {key!r}")
+            raise InvalidKeyError(f"expected a {n}-column key (tuple), got {key!r}: give a tuple of {n} values, one "
+                                  "per type of key_types")
         h = SEED
         for u, v in zip(updates, key, strict=True):
             if v is not None:
@@ -108,9 +112,12 @@ def compile_key_hasher(key_types: Any = None) -> KeyHasher:
     """Return a fast ``key -> spark_hash(key)`` function for one key schema.
 
     With ``key_types`` (see :func:`spark_hash`) the per-column hash functions are resolved once; the
-    returned hasher raises ``ValueError`` if a key has the wrong number of columns and ``TypeError`` if a
-    value does not match its column type. Without ``key_types`` the hasher infers types per value.
-    Hashers are cached per (hashable) ``key_types``.
+    returned hasher raises :class:`~spate.errors.InvalidKeyError` (a ``ValueError`` and a ``TypeError``) if a
+    key has the wrong number of columns or a value does not match its column type. Without ``key_types`` the
+    hasher infers types per value. Hashers are cached per (hashable) ``key_types``.
+
+    Raises:
+        SettingError: ``key_types`` that spate cannot key by (see :func:`normalize_key_types`).
     """
     if key_types is None:
         return hash_dynamic

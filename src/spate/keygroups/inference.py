@@ -6,6 +6,7 @@ import datetime as dt
 import decimal
 from typing import Any
 
+from spate.errors import InvalidKeyError
 from spate.keygroups.murmur3 import SEED
 from spate.keygroups.updates import (
     Update,
@@ -41,7 +42,7 @@ def _infer_update(v: Any) -> Update:
     for cls in (bool, int, float, str, bytes, bytearray, memoryview, dt.datetime, dt.date, decimal.Decimal):
         if isinstance(v, cls):
             return _INFERRED[cls]
-    raise TypeError(
+    raise InvalidKeyError(
         f"cannot infer a Spark type for key value of type {type(v).__name__}; supported Python types: "
         "bool, int, float, str, bytes/bytearray/memoryview, datetime.date, datetime.datetime, "
         "decimal.Decimal (or None); pass key_types=[...] with Spark type names for other keys"

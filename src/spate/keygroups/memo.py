@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from spate.errors import InvalidKeyError
 from spate.keygroups.murmur3 import SEED, hash_bytes, hash_int, hash_long
 from spate.keygroups.updates import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
@@ -38,14 +39,15 @@ def _remember(cache: dict[Any, int], key: Any, unsigned: int) -> int:
 def long_miss(key: int) -> int:
     """Signed hash of an exact ``int`` as bigint, memoised in ``LONG_CACHE``."""
     if not INT64_MIN <= key <= INT64_MAX:
-        raise ValueError(f"int {key} does not fit Spark's LongType (int64); pass key_types for another type")
+        raise InvalidKeyError(f"int {key} does not fit Spark's LongType (int64); pass key_types for another type")
     return _remember(LONG_CACHE, key, hash_long(key, SEED))
 
 
 def int32_miss(key: int) -> int:
     """Signed hash of an exact ``int`` as Spark int, memoised in ``INT32_CACHE``."""
     if not INT32_MIN <= key <= INT32_MAX:
-        raise ValueError(f"value {key} out of range for Spark type 'int' [{INT32_MIN}, {INT32_MAX}]")
+        raise InvalidKeyError(f"value {key} out of range for Spark type 'int' [{INT32_MIN}, {INT32_MAX}]: pass "
+                              "key_types with a wider type (bigint)")
     return _remember(INT32_CACHE, key, hash_int(key, SEED))
 
 

@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from spate.errors import SettingError
 from spate.keygroups.updates import UPDATES, Update, make_decimal_update
 
 _ALIASES = {
@@ -33,7 +34,8 @@ def _canonical_type(t: Any) -> str:
     elif hasattr(t, "simpleString") and callable(t.simpleString):
         name = t.simpleString()
     else:
-        raise TypeError(f"key type must be a Spark DDL type name or a pyspark DataType, got {type(t).__name__}: {t!r}")
+        raise SettingError(f"key type must be a Spark DDL type name or a pyspark DataType, got {type(t).__name__}: "
+                           f"{t!r}; pass e.g. key_types=['string', 'bigint']")
     name = " ".join(name.strip().lower().split())
     name = _ALIASES.get(name, name)
     if name in UPDATES:
@@ -43,9 +45,9 @@ def _canonical_type(t: Any) -> str:
         precision = int(m.group(1)) if m.group(1) else 10
         scale = int(m.group(2)) if m.group(2) else 0
         if not 1 <= precision <= 38 or not 0 <= scale <= precision:
-            raise ValueError(f"invalid decimal type {t!r}: need 1 <= precision <= 38 and 0 <= scale <= precision")
+            raise SettingError(f"invalid decimal type {t!r}: need 1 <= precision <= 38 and 0 <= scale <= precision")
         return f"decimal({precision},{scale})"
-    raise TypeError(f"unsupported Spark key type {t!r}; supported types: {_SUPPORTED_TYPES_TEXT}")
+    raise SettingError(f"unsupported Spark key type {t!r}; supported types: {_SUPPORTED_TYPES_TEXT}")
 
 
 def normalize_key_types(key_types: Any) -> tuple[str, ...]:
@@ -53,6 +55,10 @@ def normalize_key_types(key_types: Any) -> tuple[str, ...]:
 
     Accepts a sequence of DDL type names / pyspark DataTypes, a pyspark ``StructType`` (its fields'
     types), or a single type name / DataType for a one-column key.
+
+    Raises:
+        SettingError: not a sequence of types, no type, or a type spate does not key by (the message lists the
+            supported ones).
     """
     if isinstance(key_types, str):
         items: Iterable[Any] = [key_types]
@@ -64,12 +70,13 @@ def normalize_key_types(key_types: Any) -> tuple[str, ...]:
         try:
             items = list(key_types)
         except TypeError:
-            raise TypeError(
-                f"key_types must be a sequence of Spark types or a StructType, got {type(key_types).__name__}"
+            raise SettingError(
+                f"key_types must be a sequence of Spark types or a StructType, got {type(key_types).__name__}: "
+                "pass e.g. key_types=['string'] (one type per key column)"
             ) from None
     result = tuple(_canonical_type(t) for t in items)
     if not result:
-        raise ValueError("key_types must name at least one key column")
+        raise SettingError("key_types must name at least one key column: pass one Spark type per key column")
     return result
 
 

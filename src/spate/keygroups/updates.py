@@ -21,6 +21,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from spate.errors import InvalidKeyError
 from spate.keygroups.murmur3 import hash_bytes, hash_int, hash_long
 
 # An update takes a column value and the running (unsigned 32-bit) hash and returns the new unsigned hash.
@@ -43,8 +44,9 @@ _unpack_Q = struct.Struct("<Q").unpack
 _MAX_LONG_DIGITS = 18
 
 
-def type_error(value: Any, type_name: str) -> TypeError:
-    return TypeError(f"cannot hash {type(value).__name__} value {value!r} as Spark type {type_name!r}")
+def type_error(value: Any, type_name: str) -> InvalidKeyError:
+    return InvalidKeyError(f"cannot hash {type(value).__name__} value {value!r} as Spark type {type_name!r}: give "
+                           "the key column values of that type, or key_types matching the values")
 
 
 def make_integral_update(type_name: str, lo: int, hi: int) -> Update:
@@ -52,7 +54,8 @@ def make_integral_update(type_name: str, lo: int, hi: int) -> Update:
         if not isinstance(v, int):
             raise type_error(v, type_name)
         if v < lo or v > hi:
-            raise ValueError(f"value {v} out of range for Spark type {type_name!r} [{lo}, {hi}]")
+            raise InvalidKeyError(f"value {v} out of range for Spark type {type_name!r} [{lo}, {hi}]: pass key_types "
+                                  "with a wider type")
         return hash_int(v, h)
 
     return update
@@ -62,7 +65,7 @@ def update_bigint(v: Any, h: int) -> int:
     if type(v) is not int and not isinstance(v, int):
         raise type_error(v, "bigint")
     if v < INT64_MIN or v > INT64_MAX:
-        raise ValueError(f"int {v} does not fit Spark's LongType (int64); pass key_types for another type")
+        raise InvalidKeyError(f"int {v} does not fit Spark's LongType (int64); pass key_types for another type")
     return hash_long(v, h)
 
 
@@ -158,7 +161,7 @@ def _decimal_unscaler(precision: int, scale: int) -> Callable[[Any], int | None]
             if not v.is_finite():
                 if v.is_nan():
                     return None  # PySpark treats Decimal('NaN') as null
-                raise ValueError(f"cannot hash {v!r} as Spark type {type_name!r}")
+                raise InvalidKeyError(f"cannot hash {v!r} as Spark type {type_name!r}: a decimal key must be finite")
             sign, digits, exp = v.as_tuple()
             coef = int("".join(map(str, digits))) if digits else 0
             assert isinstance(exp, int)
@@ -177,7 +180,8 @@ def _decimal_unscaler(precision: int, scale: int) -> Callable[[Any], int | None]
         else:
             raise type_error(v, type_name)
         if not -limit < u < limit:
-            raise ValueError(f"{v!r} cannot be represented as Spark type {type_name!r}")
+            raise InvalidKeyError(f"{v!r} cannot be represented as Spark type {type_name!r}: pass key_types with a "
+                                  "larger precision")
         return u
 
     return unscaled

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spate.errors import InvalidKeyError
 from spate.keygroups.murmur3 import C1, C2, M32, SEED
 from spate.keygroups.type_names import normalize_key_types
 from spate.keygroups.updates import (
@@ -49,12 +50,12 @@ def numpy_key_groups(keys: Any, max_parallelism: int, key_types: Any) -> list[in
         h = _np_hash_long(bits)
     elif type_name == "bigint":
         if dtype.kind == "u" and arr.size and int(arr.max()) > INT64_MAX:
-            raise ValueError("unsigned value does not fit Spark's LongType (int64)")
+            raise InvalidKeyError("unsigned value does not fit Spark's LongType (int64): key by values below 2**63")
         h = _np_hash_long(arr.astype(np.int64, copy=False).view(np.uint64))
     elif type_name in _INT_RANGES:
         lo, hi = _INT_RANGES[type_name]
         if arr.size and (int(arr.min()) < lo or int(arr.max()) > hi):
-            raise ValueError(f"value out of range for Spark type {type_name!r}")
+            raise InvalidKeyError(f"value out of range for Spark type {type_name!r}: pass key_types with a wider type")
         h = _np_hash_int(arr.astype(np.int64, copy=False).astype(np.uint32))
     else:
         return None

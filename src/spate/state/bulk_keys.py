@@ -68,12 +68,13 @@ def _check(scope: KeyScope, kgs: Sequence[int], encoded: list[bytes]) -> None:
         raise _bad_key(scope, kg, kb)
 
 
-def _bad_key(scope: KeyScope, kg: int, kb: bytes) -> Exception:
+def _bad_key(scope: KeyScope, kg: int, kb: bytes) -> InvalidKeyError:
     key = decode_key(kb)
     if len(kb) > _MAX_KEY_BYTES:
         return InvalidKeyError(f"key {short_repr(key)} encodes to {len(kb)} bytes; the limit is 65535")
-    return ValueError(f"key {short_repr(key)} is in key group {kg}, which this subtask does not own "
-                      f"({scope.key_groups.start}..{scope.key_groups.stop - 1})")
+    return InvalidKeyError(f"key {short_repr(key)} is in key group {kg}, which this subtask does not own "
+                           f"({scope.key_groups.start}..{scope.key_groups.stop - 1}): pass only keys of this subtask "
+                           "(a batch's keys, or keys routed with spate.keygroups.key_group)")
 
 
 __all__ = ["KeySet", "Keys", "key_parts", "plain_values"]

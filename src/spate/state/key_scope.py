@@ -39,9 +39,9 @@ class KeyScope:
         key = normalize_key(key)
         kg = self._hash(key) % self.max_parallelism if key_group is None else key_group
         if kg not in self.key_groups:
-            raise ValueError(f"key {short_repr(key)} is in key group {kg}, which this subtask does not own "
-                             f"({self.key_groups.start}..{self.key_groups.stop - 1}); route keys with "
-                             "spate.keygroups.key_group")
+            raise InvalidKeyError(f"key {short_repr(key)} is in key group {kg}, which this subtask does not own "
+                                  f"({self.key_groups.start}..{self.key_groups.stop - 1}); route keys with "
+                                  "spate.keygroups.key_group")
         kb = encode_key(key)
         if len(kb) > 0xFFFF:
             raise InvalidKeyError(f"key {short_repr(key)} encodes to {len(kb)} bytes; the limit is 65535: key by "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import struct
 
+from spate.errors import InvalidKeyError
+
 U16 = struct.Struct(">H")
 KEY_GROUP_LIMIT = 0x8000  # key groups are < 32768; prefixes >= 0xFF00 are reserved
 META_PREFIX = b"\xff\xff"  # table-level metadata (state registry, checkpoint tag)
@@ -18,7 +20,8 @@ TOMBSTONE_PREFIX = b"\xff\xfe"  # in a table over read-only bases: this key of a
 
 def length_prefixed(data: bytes) -> bytes:
     if len(data) > 0xFFFF:
-        raise ValueError(f"encoded key or namespace is {len(data)} bytes; the limit is 65535")
+        raise InvalidKeyError(f"encoded key or namespace is {len(data)} bytes; the limit is 65535: use a shorter "
+                              "value (e.g. a hash of it)")
     return U16.pack(len(data)) + data
 
 
