@@ -13,7 +13,7 @@ from spate.changelog.format import read_change_set
 from spate.changelog.restore import restore_keyed_state
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo, read_delivered, read_metadata
-from spate.errors import CheckpointError, SpateError
+from spate.errors import CheckpointError, SpateError, StateAccessError
 from spate.fs import CheckpointStorage
 from spate.keygroups import key_group_range
 from spate.layout import METADATA_FILE, QUERY_FILE, delivered_path, metadata_path
@@ -31,7 +31,13 @@ from spate.state.timers import TIMER_SIDS
 
 def load_checkpoint(storage: CheckpointStorage, checkpoint_id: int | None = None) -> CheckpointMetadata:
     """Metadata of checkpoint ``checkpoint_id`` (default: the latest complete one, or the savepoint if
-    ``storage`` is a savepoint directory)."""
+    ``storage`` is a savepoint directory).
+
+    Raises:
+        CheckpointError: no complete checkpoint, or no checkpoint ``checkpoint_id`` (the message lists those
+            there are).
+        CorruptFileError / MissingFileError: its metadata does not verify, or a file it lists is gone.
+    """
     if checkpoint_id is None:
         ids = list_complete_checkpoints(storage)
         if not ids:
@@ -47,7 +53,12 @@ def load_checkpoint(storage: CheckpointStorage, checkpoint_id: int | None = None
 
 def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> list[str]:
     """Read every segment ``meta`` references and check every checksum (each frame of each segment), and that
-    every physical file holds all its segments; returns the problems found."""
+    every physical file holds all its segments; returns the problems found.
+
+    Raises:
+        Nothing for a problem it finds (each is a line of the result); an unreadable root raises its
+        storage's error.
+    """
     problems = []
     context = f"checkpoint {meta.checkpoint_id}"
     for path, end in meta.files().items():
@@ -152,11 +163,17 @@ def keyed_state_entries(storage: CheckpointStorage, meta: CheckpointMetadata, na
     """Every live entry of keyed state ``name`` (or "timers:event"/"timers:processing") in a checkpoint.
 
     Each subtask's state is rebuilt in memory exactly as a restore would (materialized snapshots, then the
-    changelog), so what this shows is what a restarted query would see."""
+    changelog), so what this shows is what a restarted query would see.
+
+    Raises:
+        StateAccessError: (a ``ValueError``) a ``timers:`` name of an unknown time domain.
+        CheckpointError: the checkpoint has no keyed state ``name`` (the message lists those it has).
+        SerializationError: the state is pickled and ``allow_pickle`` is False, or its serializer is unknown.
+    """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     timer_domain = name.split(":", 1)[1] if name.startswith("timers:") else None
     if timer_domain is not None and timer_domain not in TIMER_SIDS:
-        raise ValueError(f"unknown timer domain in {name!r}: use timers:event or timers:processing")
+        raise StateAccessError(f"unknown timer domain in {name!r}: use timers:event or timers:processing")
     if timer_domain is None:
         check_keyed_state(meta, name)
     for i in range(len(meta.subtasks)):
@@ -261,7 +278,12 @@ def _stored_items(meta: StateMeta, raw: bytes, loads: Callable[[bytes], Any],
 
 def operator_state_elements(storage: CheckpointStorage, meta: CheckpointMetadata, name: str,
                             allow_pickle: bool = False) -> list[list[Any]]:
-    """Per subtask, the decoded elements of operator state ``name`` ((key, value) pairs for broadcast)."""
+    """Per subtask, the decoded elements of operator state ``name`` ((key, value) pairs for broadcast).
+
+    Raises:
+        CheckpointError: the checkpoint has no operator state ``name`` (the message lists those it has).
+        SerializationError: the state is pickled and ``allow_pickle`` is False, or its serializer is unknown.
+    """
     out: list[list[Any]] = []
     found = False
     for st in meta.subtasks:

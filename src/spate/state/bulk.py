@@ -12,7 +12,7 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from spate.errors import short_repr
+from spate.errors import StateAccessError, short_repr
 from spate.serde import packb_many
 from spate.state.bulk_keys import Keys, KeySet, key_parts, plain_values
 from spate.state.keyed import KeyedStateBackend
@@ -84,7 +84,8 @@ class BulkValueState(BulkState):
         touched = bool(primaries)
         values = plain_values(values)
         if len(values) != len(primaries):
-            raise ValueError(f"put_many on state {self.name!r}: {len(values)} values for {len(primaries)} keys")
+            raise StateAccessError(f"put_many on state {self.name!r}: {len(values)} values for {len(primaries)} "
+                                   "keys: pass one value per key, in the keys' order")
         expiry = pack_expiry(self._b.now_ms + self._ttl) if self._ttl else b""
         cleared = [i for i, v in enumerate(values) if v is None]
         for i in cleared:
@@ -163,13 +164,13 @@ class BulkListState(BulkState):
     def _encode(self, lists: Sequence[Any], op: str, n: int) -> list[bytes]:
         lists = plain_values(lists)
         if len(lists) != n:
-            raise ValueError(f"{op} on state {self.name!r}: {len(lists)} lists for {n} keys")
+            raise StateAccessError(f"{op} on state {self.name!r}: {len(lists)} lists for {n} keys")
         element, state = self._state._element, self._state
         out = []
         for values in lists:
             if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
-                raise TypeError(f"{op} on state {self.name!r}: each key's elements must be a list, got "
-                                f"{short_repr(values)}")
+                raise StateAccessError(f"{op} on state {self.name!r}: each key's elements must be a list, got "
+                                       f"{short_repr(values)}")
             try:
                 out.append(b"".join(element(v) for v in plain_values(values)))
             except Exception as e:  # noqa: BLE001

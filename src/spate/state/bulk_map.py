@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from spate.errors import short_repr
+from spate.errors import StateAccessError, short_repr
 from spate.serde import decode_key, encode_key, encode_keys
 from spate.state.bulk import BulkState
 from spate.state.bulk_keys import Keys, plain_values
@@ -89,7 +89,8 @@ class BulkMapState(BulkState):
         user_keys = self._user_keys(user_keys, "put_entries", len(primaries))
         values = plain_values(values)
         if len(values) != len(primaries):
-            raise ValueError(f"put_entries on state {self.name!r}: {len(values)} values for {len(primaries)} keys")
+            raise StateAccessError(f"put_entries on state {self.name!r}: {len(values)} values for {len(primaries)} "
+                                   "keys: pass one value per key, in the keys' order")
         put, dumps = self._table.map_put, self._state._dumps
         for kg, primary, uk, value in zip(kgs, primaries, user_keys, values, strict=True):
             put(kg, primary, uk, dumps(value))
@@ -108,17 +109,18 @@ class BulkMapState(BulkState):
     def _user_keys(self, user_keys: Sequence[Any], op: str, n: int) -> list[bytes]:
         plain = plain_values(user_keys)
         if len(plain) != n:
-            raise ValueError(f"{op} on state {self.name!r}: {len(plain)} user keys for {n} keys")
+            raise StateAccessError(f"{op} on state {self.name!r}: {len(plain)} user keys for {n} keys")
         return encode_keys(plain)
 
     def _mappings(self, mappings: Sequence[Mapping[Any, Any]], op: str, n: int) -> Sequence[Mapping[Any, Any]]:
         mappings = plain_values(mappings)
         if len(mappings) != n:
-            raise ValueError(f"{op} on state {self.name!r}: {len(mappings)} mappings for {n} keys")
+            raise StateAccessError(f"{op} on state {self.name!r}: {len(mappings)} mappings for {n} keys: pass one "
+                                   "dict per key, in the keys' order")
         for m in mappings:
             if not isinstance(m, Mapping):
-                raise TypeError(f"{op} on state {self.name!r}: each key's entries must be a mapping (a dict), got "
-                                f"{short_repr(m)}")
+                raise StateAccessError(f"{op} on state {self.name!r}: each key's entries must be a mapping (a dict), "
+                                       f"got {short_repr(m)}: pass a dict per key")
         return mappings
 
 

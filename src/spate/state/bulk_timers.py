@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from spate.errors import StateAccessError
 from spate.state.bulk_keys import Keys, key_parts, plain_values
 from spate.state.key_scope import KeyScope
 from spate.state.timers import EVENT_TIME, TimerService
@@ -28,7 +29,8 @@ class BulkTimers:
     def _timestamps(self, timestamps: Sequence[int], op: str, n: int) -> Sequence[int]:
         plain = plain_values(timestamps)
         if len(plain) != n:
-            raise ValueError(f"{op}: {len(plain)} timestamps for {n} keys")
+            raise StateAccessError(f"{op}: {len(plain)} timestamps for {n} keys: pass one timestamp per key, in the "
+                                   "keys' order")
         return plain
 
     def register_many(self, keys: Keys, timestamps: Sequence[int], domain: str = EVENT_TIME,

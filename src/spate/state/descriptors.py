@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from spate.errors import StateDescriptorError
 from spate.serde import Serializer
 
 T = TypeVar("T")
@@ -33,7 +34,13 @@ class AggregateFunction(Protocol):
 
 @dataclass(frozen=True)
 class StateDescriptor:
-    """Common part of every keyed-state descriptor."""
+    """Common part of every keyed-state descriptor.
+
+    Raises:
+        StateDescriptorError: (a ``ValueError``) ``name`` is not a non-empty string, or ``ttl_ms`` is not a
+            positive int. Using a name again with another kind, serializer or TTL, or restoring a state as
+            another kind, raises :class:`~spate.errors.IncompatibleStateError` when the state is obtained.
+    """
 
     name: str
     ttl_ms: int | None = field(default=None, kw_only=True)
@@ -43,10 +50,11 @@ class StateDescriptor:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"state name must be a non-empty string, got {self.name!r}")
+            raise StateDescriptorError(f"state name must be a non-empty string, got {self.name!r}: name the state, "
+                                       "e.g. ValueStateDescriptor('count')")
         if self.ttl_ms is not None and (not isinstance(self.ttl_ms, int) or self.ttl_ms <= 0):
-            raise ValueError(f"state {self.name!r}: ttl_ms must be a positive int (milliseconds), got "
-                             f"{self.ttl_ms!r}")
+            raise StateDescriptorError(f"state {self.name!r}: ttl_ms must be a positive int (milliseconds), got "
+                                       f"{self.ttl_ms!r}: pass e.g. ttl_ms=60_000, or None for no TTL")
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,11 @@ class MapStateDescriptor(StateDescriptor):
 
 @dataclass(frozen=True)
 class ReducingStateDescriptor(StateDescriptor, Generic[T]):
-    """Keeps ``reduce_fn(acc, value)`` of everything added."""
+    """Keeps ``reduce_fn(acc, value)`` of everything added.
+
+    Raises:
+        StateDescriptorError: (a ``ValueError``) ``reduce_fn`` is not callable, or as :class:`StateDescriptor`.
+    """
 
     reduce_fn: Callable[[Any, Any], Any] | None = None
     kind = REDUCING
@@ -81,12 +93,17 @@ class ReducingStateDescriptor(StateDescriptor, Generic[T]):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not callable(self.reduce_fn):
-            raise ValueError(f"reducing state {self.name!r} needs reduce_fn=callable(acc, value)")
+            raise StateDescriptorError(f"reducing state {self.name!r} needs reduce_fn=callable(acc, value)")
 
 
 @dataclass(frozen=True)
 class AggregatingStateDescriptor(StateDescriptor):
-    """Keeps an accumulator of an :class:`AggregateFunction`; ``get()`` returns its result."""
+    """Keeps an accumulator of an :class:`AggregateFunction`; ``get()`` returns its result.
+
+    Raises:
+        StateDescriptorError: (a ``ValueError``) ``aggregate_fn`` lacks ``create_accumulator``, ``add`` or
+            ``get_result``, or as :class:`StateDescriptor`.
+    """
 
     aggregate_fn: Any = None
     kind = AGGREGATING
@@ -95,5 +112,5 @@ class AggregatingStateDescriptor(StateDescriptor):
         super().__post_init__()
         fn = self.aggregate_fn
         if fn is None or not all(hasattr(fn, m) for m in ("create_accumulator", "add", "get_result")):
-            raise ValueError(f"aggregating state {self.name!r} needs aggregate_fn with create_accumulator(), "
-                             "add(value, acc) and get_result(acc)")
+            raise StateDescriptorError(f"aggregating state {self.name!r} needs aggregate_fn with "
+                                       "create_accumulator(), add(value, acc) and get_result(acc)")

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any
 
-from spate.errors import IncompatibleStateError, SerializationError
+from spate.errors import IncompatibleStateError, SerializationError, StateAccessError
 from spate.serde import Serializer, decode_key, encode_key
 from spate.state import descriptors as d
 from spate.state.key_scope import KeyScope
@@ -81,9 +81,9 @@ class KeyedState:
         return True, self._ser.loads(raw)
 
 
-def no_key_error(state: KeyedState) -> RuntimeError:
-    return RuntimeError(f"keyed state {state.name!r} used outside a key: keyed state is only available in "
-                        "process() and on_timer(); use operator state in open() and end_batch()")
+def no_key_error(state: KeyedState) -> StateAccessError:
+    return StateAccessError(f"keyed state {state.name!r} used outside a key: keyed state is only available in "
+                            "process() and on_timer(); use operator state in open() and end_batch()")
 
 
 def encode_error(state: KeyedState, value: Any, e: Exception) -> SerializationError:

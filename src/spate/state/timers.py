@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+from spate.errors import StateAccessError
 from spate.serde import decode_key, encode_key
 from spate.state.key_scope import KeyScope
 from spate.state.layout import U16, length_prefixed, split_primary
@@ -51,7 +52,8 @@ class TimerService:
 
     def _primary(self, domain: str, namespace: Any) -> bytes:
         if self._b._kg < 0:
-            raise RuntimeError("timers belong to a key: register and delete them in process() or on_timer()")
+            raise StateAccessError("timers belong to a key: register and delete them in process() or on_timer() "
+                                   "(or for many keys at once with ctx.bulk_timers())")
         return self.primary_of(domain, self._b._key_part, namespace)
 
     def primary_of(self, domain: str, key_part: bytes, namespace: Any = None) -> bytes:
@@ -66,7 +68,8 @@ class TimerService:
     def register_at(self, domain: str, timestamp: int, kg: int, primary: bytes) -> None:
         """Register a timer of the key whose timer primary (:meth:`primary_of`) is ``primary``."""
         if not isinstance(timestamp, int) or isinstance(timestamp, bool):
-            raise TypeError(f"timer timestamp must be an int (ms), got {timestamp!r}")
+            raise StateAccessError(f"timer timestamp must be an int (ms), got {timestamp!r}: pass epoch milliseconds "
+                                   "as an int")
         self._b.table.map_put(kg, primary, _ts_bytes(timestamp), b"")
         heapq.heappush(self._heaps[domain], (timestamp, kg, primary))
         self._b.dirty = True
@@ -147,5 +150,5 @@ class TimerService:
     @staticmethod
     def _domain(domain: str) -> str:
         if domain not in TIMER_SIDS:
-            raise ValueError(f"unknown time domain {domain!r}: use 'event' or 'processing'")
+            raise StateAccessError(f"unknown time domain {domain!r}: use 'event' or 'processing'")
         return domain
