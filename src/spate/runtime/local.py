@@ -21,7 +21,7 @@ from spate.checkpoint.ackinfo import RESTORED
 from spate.checkpoint.coordinator import DEFAULT_RETAINED
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
-from spate.errors import SpateError, short_repr
+from spate.errors import SettingError, SpateError, TableSinkError, short_repr
 from spate.filemerging.config import FileMergingConfig
 from spate.keygroups import compile_key_hasher
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision
@@ -60,14 +60,19 @@ def _is_factory(processor: Any) -> bool:
 
 
 def key_extractor(key: KeySpec) -> Callable[[Row], Any]:
-    """A column name → that column; several names → a tuple; a callable is used as is."""
+    """A column name → that column; several names → a tuple; a callable is used as is.
+
+    Raises:
+        SettingError: an empty sequence of columns.
+    """
     if callable(key):
         return key
     if isinstance(key, str):
         return lambda row: row[key]
     cols = tuple(key)
     if not cols:
-        raise ValueError("key needs at least one column")
+        raise SettingError("key needs at least one column: pass key='column', key=['a', 'b'] or a function of the "
+                           "row")
     if len(cols) == 1:
         return lambda row: row[cols[0]]
     return lambda row: tuple(row[c] for c in cols)
@@ -117,6 +122,17 @@ class LocalRunner:
             :class:`~spate.runtime.driver.DriverLoop`); may raise, as a crash there would. For fault injection.
         progress: a line on standard error before and after a batch that restores or rescales state (which can
             take long); None (the default): only when standard error is a terminal.
+
+    Raises:
+        ProcessorError: ``processor`` is not a processor, a processor class or a factory (a ``TypeError``).
+        SettingError: an argument that cannot work (a wrong type, an unknown ``table``, a root that is a file,
+            a URI pyarrow cannot open, ``key_types`` spate does not key by, ...).
+        InvalidParallelismError: ``parallelism`` or ``max_parallelism`` not an int in its range.
+        TableSinkError: a table sink without ``output_schema``, or a table whose columns differ from it.
+        IncompatibleStateError: the root's state cannot be used as asked (``parallelism`` above its max
+            parallelism, another ``max_parallelism``).
+        NotARootError: ``checkpoint_root`` holds files but is not a spate root.
+        CheckpointError / CorruptFileError / MissingFileError: the root or ``restore_from`` cannot be read.
     """
 
     def __init__(self, processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory, *, key: KeySpec,
@@ -137,8 +153,8 @@ class LocalRunner:
         self._hash = compile_key_hasher(key_types)
         table_sink = sink if isinstance(sink, TableSink) else None
         if table_sink is not None and output_schema is None:
-            raise SpateError(f"sink={table_sink!r} writes the outputs to a table: pass output_schema=pyarrow.schema"
-                             "([...]) with the table's columns")
+            raise TableSinkError(f"sink={table_sink!r} writes the outputs to a table: pass "
+                                 "output_schema=pyarrow.schema([...]) with the table's columns")
         self._sink = None if table_sink is not None else cast("Sink | None", sink)  # not a TableSink
         self._initial_state = initial_state
         self._clock = clock or (lambda: int(time.time() * 1000))
@@ -189,7 +205,12 @@ class LocalRunner:
         :mod:`spate.runtime.rescale`), which are deleted once a checkpoint at the new parallelism completed.
         Refused beyond the max parallelism. Outputs and state stay exactly once: if the rescaling batch fails,
         the next attempt runs at the new parallelism from the same base. ``reason`` is recorded in the metadata
-        of the checkpoint that rescales (``rescale_reason``)."""
+        of the checkpoint that rescales (``rescale_reason``).
+
+        Raises:
+            InvalidParallelismError: ``parallelism`` is not an int >= 1 (a ``ValueError``).
+            IncompatibleStateError: ``parallelism`` exceeds the query's max parallelism.
+        """
         self._driver.request_rescale(parallelism, reason)
         self._apply_rescale()
 
@@ -246,7 +267,21 @@ class LocalRunner:
         """One micro-batch = one checkpoint (:class:`DriverLoop`). If processing or the checkpoint fails, the
         checkpoint is aborted and the error raised. If the sink fails, the checkpoint stays complete; the
         batch's staged outputs are given to the sink again before the next batch starts (or by the next
-        runner)."""
+        runner).
+
+        Raises:
+            InvalidKeyError: a row's key cannot be used (a type spate does not key by, types mixed in a key
+                column); SpateError: a row without the key column, or a key function that failed. Nothing is
+                written for the batch; run it again corrected.
+            OutputError: a processor produced an output row that is not valid (names processor, key, field).
+            StateAccessError / StateDescriptorError / IncompatibleStateError / SerializationError: the
+                processor used its state wrongly (see :class:`~spate.runtime.processor.Context`).
+            ProcessorError: the processor lacks a hook the query needs (``process_initial``).
+            FencedError: another driver took the checkpoint root over; this runner must stop.
+            CheckpointError: the checkpoint could not be taken or completed (StorageError, DiskFullError:
+                storage failed; an ``OSError`` too). The processor's own exceptions propagate as they are,
+                with a note naming the processor, batch, subtask and key.
+        """
         self._driver.redeliver()  # outputs of complete checkpoints the sink did not confirm, same batch ids
         self._apply_rescale()
         started = time.perf_counter()
@@ -329,7 +364,12 @@ class LocalRunner:
                           f"row must be a dict holding the key= columns; its columns: {have}")
 
     def savepoint(self, target_uri: str | None = None) -> str:
-        """A self-contained copy of the latest checkpoint; see :meth:`Coordinator.savepoint`."""
+        """A self-contained copy of the latest checkpoint; see :meth:`Coordinator.savepoint`.
+
+        Raises:
+            CheckpointError: no complete checkpoint yet.
+            SettingError: ``target_uri`` is inside the checkpoint root, where cleanup would delete it.
+        """
         return self._driver.savepoint(target_uri)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any, overload
 
+from spate.errors import EventTimeError, ProcessorError, StateDescriptorError
 from spate.state.bulk import BulkListState, BulkValueState
 from spate.state.bulk_map import BulkMapState
 from spate.state.bulk_timers import BulkTimers
@@ -23,6 +24,13 @@ class Context:
     """What a processor sees: its subtask, the time, the current key, state and timers.
 
     The same object is passed to ``open``, ``process``, ``on_timer`` and ``end_batch``.
+
+    Raises (from the state and timer calls, named on each):
+        StateAccessError: keyed state or timers used outside a key (a ``RuntimeError``), bulk calls whose
+            values do not match their keys, a timer timestamp that is not an int.
+        InvalidKeyError: a key this subtask does not own, or one that cannot be encoded.
+        IncompatibleStateError: a state name obtained with another descriptor, or restored as another kind.
+        SerializationError: a state value its serializer cannot encode.
     """
 
     def __init__(self, keyed: KeyedStateBackend, operator: OperatorStateBackend, index: int,
@@ -40,7 +48,13 @@ class Context:
 
     # -- keyed state ----------------------------------------------------------------------------------
     def state(self, descriptor: StateDescriptor) -> Any:
-        """The keyed state object of ``descriptor``, scoped to whichever key is being processed."""
+        """The keyed state object of ``descriptor``, scoped to whichever key is being processed.
+
+        Raises:
+            IncompatibleStateError: the name was obtained with another descriptor, or is stored as another kind,
+                with another serializer or TTL.
+            SerializationError: the descriptor's serializer is pickle and the query did not allow pickle.
+        """
         return self._keyed.get_state(descriptor)
 
     @overload
@@ -57,15 +71,20 @@ class Context:
         ``state(descriptor)`` gives key by key. Value state: ``get_many`` / ``put_many`` / ``clear_many``; list
         state: ``get_many`` / ``add_many`` / ``update_many`` / ``clear_many``; map state: whole maps
         (``get_many`` / ``put_many`` / ``update_many`` / ``clear_many``) or one entry per key
-        (``get_entries`` / ``put_entries`` / ``remove_entries``)."""
+        (``get_entries`` / ``put_entries`` / ``remove_entries``).
+
+        Raises:
+            StateDescriptorError: (a ``TypeError``) a descriptor of another kind (reducing, aggregating).
+            IncompatibleStateError: as :meth:`state`.
+        """
         if isinstance(descriptor, ValueStateDescriptor):
             return BulkValueState(self._keyed, self._keyed.get_state(descriptor))
         if isinstance(descriptor, ListStateDescriptor):
             return BulkListState(self._keyed, self._keyed.get_state(descriptor))
         if isinstance(descriptor, MapStateDescriptor):
             return BulkMapState(self._keyed, self._keyed.get_state(descriptor))
-        raise TypeError(f"bulk_state supports value, list and map state; {descriptor.name!r} is "
-                        f"{type(descriptor).__name__}: use state(descriptor) key by key")
+        raise StateDescriptorError(f"bulk_state supports value, list and map state; {descriptor.name!r} is "
+                                   f"{type(descriptor).__name__}: use state(descriptor) key by key")
 
     def bulk_timers(self) -> BulkTimers:
         """Timers of many keys at once, for a ``BatchProcessor`` (its ``on_timers`` receives them when due)."""
@@ -95,14 +114,23 @@ class Context:
 
     # -- timers ---------------------------------------------------------------------------------------
     def register_event_time_timer(self, timestamp_ms: int, namespace: Any = None) -> None:
-        """Call ``on_timer`` for the current key once the watermark reaches ``timestamp_ms``."""
+        """Call ``on_timer`` for the current key once the watermark reaches ``timestamp_ms``.
+
+        Raises:
+            StateAccessError: no key is current (in ``open``, ``start_batch``, ``end_batch``: a ``RuntimeError``),
+                or ``timestamp_ms`` is not an int (a ``TypeError``).
+        """
         self._keyed.timers.register(EVENT_TIME, timestamp_ms, namespace)
 
     def delete_event_time_timer(self, timestamp_ms: int, namespace: Any = None) -> None:
         self._keyed.timers.delete(EVENT_TIME, timestamp_ms, namespace)
 
     def register_processing_time_timer(self, timestamp_ms: int, namespace: Any = None) -> None:
-        """Call ``on_timer`` for the current key at the first batch starting at or after ``timestamp_ms``."""
+        """Call ``on_timer`` for the current key at the first batch starting at or after ``timestamp_ms``.
+
+        Raises:
+            StateAccessError: as :meth:`register_event_time_timer`.
+        """
         self._keyed.timers.register(PROCESSING_TIME, timestamp_ms, namespace)
 
     def delete_processing_time_timer(self, timestamp_ms: int, namespace: Any = None) -> None:
@@ -138,10 +166,13 @@ class Processor(ABC):
     when firing began (Spark's order; ``False``: Flink's, the timer is gone when ``on_timer`` runs and timers
     registered during firing fire in the same batch when due); ``idle_batch_on_watermark_move`` runs a batch
     without input whenever the watermark moved (Spark's rule for transformWithState in event time; ``False``: only
-    when an event-time timer is due then, see :mod:`spate.runtime.idle`).
+    when an event-time timer is due then, see :mod:`spate.runtime.idle`); ``may_have_timers = False`` declares
+    that the processor never registers a timer, so its stream never needs a batch without input (on Spark: no
+    source of ticks is added, which saves the start of its Python processes).
     """
 
     processing_timers_first: bool = False
+    may_have_timers: bool = True
     watermark_floor_ms: int | None = None
     drop_late_rows: bool = False
     timers_deleted_after_firing: bool = False
@@ -160,9 +191,14 @@ class Processor(ABC):
 
     def process_initial(self, key: Any, rows: Sequence[Row], ctx: Context) -> Iterable[Row] | None:
         """The key's rows of the query's initial state: in the first batch of a new query only (no checkpoint
-        to restore), before the batch's input. A processor given an initial state must override it."""
-        raise ValueError(f"{type(self).__qualname__} does not override process_initial, but the query was given an "
-                         "initial state: write the key's state from its initial rows there, or drop initial_state")
+        to restore), before the batch's input. A processor given an initial state must override it.
+
+        Raises:
+            ProcessorError: (a ``ValueError``) not overridden, but the query was given an initial state.
+        """
+        raise ProcessorError(f"{type(self).__qualname__} does not override process_initial, but the query was given "
+                             "an initial state: write the key's state from its initial rows there, or drop "
+                             "initial_state")
 
     def on_timer(self, key: Any, timestamp_ms: int, ctx: Context) -> Iterable[Row] | None:
         """A timer of ``key`` fired (``ctx.timer_domain`` is "event" or "processing")."""
@@ -177,13 +213,19 @@ class Processor(ABC):
 
 
 def to_epoch_ms(value: Any) -> int:
-    """An event-time column value as epoch milliseconds (int ms, float seconds are not guessed)."""
+    """An event-time column value as epoch milliseconds (int ms, float seconds are not guessed).
+
+    Raises:
+        EventTimeError: (a ``TypeError``) ``value`` is neither an int nor a datetime.
+    """
     if isinstance(value, bool):
-        raise TypeError(f"event time must be int milliseconds or a datetime, got {value!r}")
+        raise EventTimeError(f"event time must be int milliseconds or a datetime, got {value!r}: give the event-time "
+                             "column epoch milliseconds (int) or datetimes")
     if isinstance(value, int):
         return value
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=_dt.UTC)
         return int(value.timestamp() * 1000)
-    raise TypeError(f"event time must be int milliseconds or a datetime, got {type(value).__name__}")
+    raise EventTimeError(f"event time must be int milliseconds or a datetime, got {type(value).__name__}: give the "
+                         "event-time column epoch milliseconds (int) or datetimes (float seconds are not guessed)")

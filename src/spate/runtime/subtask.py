@@ -19,7 +19,7 @@ from typing import Any
 from spate.changelog.state import ChangelogKeyedState
 from spate.checkpoint.ackinfo import RecoveryInfo
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
-from spate.errors import short_repr
+from spate.errors import ProcessorError, short_repr
 from spate.runtime.batch import AnyProcessor, BatchProcessor, KeyedBatch, KeyedRow, ProcessorFactory
 from spate.runtime.fired_timers import FiredTimers
 from spate.runtime.outputs import NO_KEY, OutputBuffer, Outputs
@@ -49,12 +49,17 @@ def _floored(watermark_ms: int | None, floor_ms: int | None) -> int | None:
 
 def processor_factory(processor: AnyProcessor | type[AnyProcessor] | ProcessorFactory) -> ProcessorFactory:
     """Accept a Processor or BatchProcessor instance (deep-copied per subtask), a class, or a zero-argument
-    factory."""
+    factory.
+
+    Raises:
+        ProcessorError: (a ``TypeError``) anything else.
+    """
     if isinstance(processor, (Processor, BatchProcessor)):
         return lambda: copy.deepcopy(processor)
     if callable(processor):
         return processor  # type: ignore[return-value]
-    raise TypeError(f"processor must be a Processor, a Processor class or a factory, got {processor!r}")
+    raise ProcessorError(f"processor must be a Processor, a Processor class or a factory, got {processor!r}: pass "
+                         "an instance or subclass of spate.Processor or spate.BatchProcessor, or a function making one")
 
 
 @dataclass
@@ -205,7 +210,7 @@ class Subtask:
         out = OutputBuffer(proc, self.config.output_schema, self.config.output_serializer)
         if isinstance(proc, BatchProcessor):
             if initial is not None and len(initial):
-                raise ValueError("a BatchProcessor takes no initial state: bootstrap its state with a savepoint")
+                raise ProcessorError("a BatchProcessor takes no initial state: bootstrap its state with a savepoint")
             ctx.watermark_ms = plan.watermark_ms
             out.add_columns(proc.process_batch(batch, ctx), "process_batch")
             self._fire_bulk(PROCESSING_TIME, plan.processing_time_ms, out)

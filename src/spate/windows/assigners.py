@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
+from spate.errors import WindowError
+
 
 class Window(NamedTuple):
     """The time interval ``[start, end)`` in ms."""
@@ -42,12 +44,16 @@ class WindowAssigner(ABC):
 
 def _positive(name: str, value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int (milliseconds), got {value!r}")
+        raise WindowError(f"{name} must be a positive int (milliseconds), got {value!r}: pass e.g. {name}=60_000")
     return value
 
 
 class TumblingWindows(WindowAssigner):
-    """Fixed, non-overlapping windows of ``size_ms``."""
+    """Fixed, non-overlapping windows of ``size_ms``.
+
+    Raises:
+        WindowError: (a ``ValueError``) ``size_ms`` is not a positive int.
+    """
 
     def __init__(self, size_ms: int, offset_ms: int = 0) -> None:
         self.size_ms, self.offset_ms = _positive("size_ms", size_ms), offset_ms % size_ms
@@ -61,13 +67,18 @@ class TumblingWindows(WindowAssigner):
 
 
 class SlidingWindows(WindowAssigner):
-    """Windows of ``size_ms`` starting every ``slide_ms``: an element is in ``ceil(size / slide)`` of them."""
+    """Windows of ``size_ms`` starting every ``slide_ms``: an element is in ``ceil(size / slide)`` of them.
+
+    Raises:
+        WindowError: (a ``ValueError``) ``size_ms`` or ``slide_ms`` is not a positive int, or the slide is larger
+            than the size.
+    """
 
     def __init__(self, size_ms: int, slide_ms: int, offset_ms: int = 0) -> None:
         self.size_ms, self.slide_ms = _positive("size_ms", size_ms), _positive("slide_ms", slide_ms)
         if slide_ms > size_ms:
-            raise ValueError(f"slide_ms ({slide_ms}) larger than size_ms ({size_ms}) leaves gaps: use a slide at "
-                             "most the size")
+            raise WindowError(f"slide_ms ({slide_ms}) larger than size_ms ({size_ms}) leaves gaps: use a slide at "
+                              "most the size")
         self.offset_ms = offset_ms % slide_ms
 
     def assign(self, ts: int) -> list[Window]:
@@ -80,7 +91,11 @@ class SlidingWindows(WindowAssigner):
 
 
 class SessionWindows(WindowAssigner):
-    """A key's elements less than ``gap_ms`` apart form one session ``[first, last + gap)``."""
+    """A key's elements less than ``gap_ms`` apart form one session ``[first, last + gap)``.
+
+    Raises:
+        WindowError: (a ``ValueError``) ``gap_ms`` is not a positive int.
+    """
 
     merging = True
 

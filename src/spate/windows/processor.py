@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from spate.errors import EventTimeError, WindowError
 from spate.runtime.processor import Context, Processor, Row, to_epoch_ms
 from spate.state.descriptors import (
     AggregateFunction,
@@ -55,6 +56,12 @@ class WindowedProcessor(Processor):
         late_rows: ``"drop"`` or ``late(key, row) -> row``, emitted for each late row (a side output).
         early_fire_ms: fire a window with contents every this many ms of processing time before it is
             complete.
+
+    Raises:
+        WindowError: (a ``ValueError``) an unknown ``time``, event time without ``timestamp``, not exactly one
+            of ``aggregate``/``reduce``/``process``, a negative lateness or lateness in processing time, a
+            ``late_rows`` that is neither "drop" nor a function, an ``early_fire_ms`` that is not positive.
+        EventTimeError: (while running) a row without its event time, or one that is not int ms or a datetime.
     """
 
     def __init__(self, assigner: WindowAssigner, *, time: str = "event", timestamp: str | None = None,
@@ -230,7 +237,8 @@ class WindowedProcessor(Processor):
         assert self.timestamp is not None
         value = row.get(self.timestamp)
         if value is None:
-            raise ValueError(f"row {row!r} has no event time in column {self.timestamp!r}")
+            raise EventTimeError(f"row {row!r} has no event time in column {self.timestamp!r}: give every row a "
+                                 "value there (int ms or a datetime), or use time='processing'")
         return to_epoch_ms(value)
 
     def _watermark(self, ctx: Context) -> int | None:
@@ -244,21 +252,21 @@ class WindowedProcessor(Processor):
 def _check_arguments(time: str, timestamp: str | None, functions: tuple[Any, ...], lateness: int,
                      late_rows: Any, early_fire_ms: int | None) -> None:
     if time not in TIMES:
-        raise ValueError(f"time must be one of {TIMES}, got {time!r}")
+        raise WindowError(f"time must be one of {TIMES}, got {time!r}")
     if time == "event" and not timestamp:
-        raise ValueError("event-time windows need timestamp= (the event-time column; the stream's "
-                         "event_time_column drives the watermark)")
+        raise WindowError("event-time windows need timestamp= (the event-time column; the stream's "
+                          "event_time_column drives the watermark)")
     if sum(f is not None for f in functions) != 1:
-        raise ValueError("give exactly one of aggregate= (an AggregateFunction), reduce= (a function of two "
-                         "values) or process= (a function of key, window and the window's rows)")
+        raise WindowError("give exactly one of aggregate= (an AggregateFunction), reduce= (a function of two "
+                          "values) or process= (a function of key, window and the window's rows)")
     if not isinstance(lateness, int) or lateness < 0:
-        raise ValueError(f"allowed_lateness_ms must be an int >= 0, got {lateness!r}")
+        raise WindowError(f"allowed_lateness_ms must be an int >= 0, got {lateness!r}")
     if lateness and time == "processing":
-        raise ValueError("allowed_lateness_ms is for event time: processing-time windows are never late")
+        raise WindowError("allowed_lateness_ms is for event time: processing-time windows are never late")
     if late_rows != "drop" and not callable(late_rows):
-        raise ValueError(f"late_rows must be 'drop' or a function (key, row) -> output row, got {late_rows!r}")
+        raise WindowError(f"late_rows must be 'drop' or a function (key, row) -> output row, got {late_rows!r}")
     if early_fire_ms is not None and (not isinstance(early_fire_ms, int) or early_fire_ms <= 0):
-        raise ValueError(f"early_fire_ms must be a positive int, got {early_fire_ms!r}")
+        raise WindowError(f"early_fire_ms must be a positive int, got {early_fire_ms!r}")
 
 
 __all__ = ["WindowedProcessor", "default_output"]
