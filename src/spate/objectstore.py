@@ -14,6 +14,8 @@ import time
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from spate.errors import MissingPackageError
+
 _EXISTS = {"PreconditionFailed", "412"}
 _CONFLICT = {"ConditionalRequestConflict", "409"}  # another conditional write of the key is in flight: retry
 _CONFLICT_RETRIES = 5
@@ -61,8 +63,8 @@ def _s3_client(options: tuple[tuple[str, str], ...]) -> Any:
     try:
         import boto3
     except ImportError as e:
-        raise RuntimeError("checkpoints on S3 need boto3 for conditional writes (If-None-Match), which "
-                           "pyarrow.fs cannot send: pip install 'spate[s3]' (or boto3)") from e
+        raise MissingPackageError("checkpoints on S3 need boto3 for conditional writes (If-None-Match), which "
+                                  "pyarrow.fs cannot send: pip install 'spate[s3]' (or boto3)") from e
     opts = dict(options)
     endpoint = opts.get("endpoint_override")
     if endpoint and "://" not in endpoint:

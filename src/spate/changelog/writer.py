@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from spate.changelog.changeset import ChangeSet
 from spate.changelog.upload import BatchingUploadScheduler, UploadStats, UploadTask
-from spate.errors import CheckpointError
+from spate.errors import CheckpointError, StorageError
 from spate.snapshot.handles import ChangeSetHandle
 
 MB = 1 << 20
@@ -86,8 +86,8 @@ class ChangelogWriter:
         set in ``[from_sqn, next_sequence_number())`` once all are durable."""
         with self._lock:
             if self.highest_failed >= from_sqn:
-                raise OSError(f"changelog {self.log_id}: changes from sequence number {from_sqn} failed to upload "
-                              f"({self._failures.get(self.highest_failed)!r}); restore from the last checkpoint")
+                raise StorageError(f"changelog {self.log_id}: changes from sequence number {from_sqn} failed to upload "
+                                   f"({self._failures.get(self.highest_failed)!r}); restore from the last checkpoint")
             if self.lowest > from_sqn:
                 raise CheckpointError(f"changelog {self.log_id}: requested changes from {from_sqn} were truncated "
                                       f"(lowest is {self.lowest})")

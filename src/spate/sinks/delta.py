@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spate.errors import SpateError
+from spate.errors import MissingPackageError
 from spate.sinks.table_sink import SinkFile, TableSink, check_columns
 
 
@@ -17,7 +17,7 @@ def _deltalake() -> Any:
     try:
         import deltalake
     except ImportError as e:
-        raise SpateError("DeltaSink needs the deltalake package: pip install 'spate[tables]'") from e
+        raise MissingPackageError("DeltaSink needs the deltalake package: pip install 'spate[tables]'") from e
     return deltalake
 
 
@@ -26,7 +26,12 @@ class DeltaSink(TableSink):
     not exist), one commit per batch holding every subtask's file and an app transaction
     (``spate-<query>``, version = the batch id): a batch is committed once, whatever crashes, and readers see
     all of it or none. ``location`` is a path or a ``pyarrow.fs`` URI; ``storage_options`` are deltalake's
-    (credentials, endpoint) for an object store."""
+    (credentials, endpoint) for an object store.
+
+    Raises:
+        As :class:`~spate.sinks.table_sink.TableSink`; MissingPackageError: deltalake is not installed (when the
+        table is opened).
+    """
 
     format = "delta"
 

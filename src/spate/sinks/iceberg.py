@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spate.errors import SpateError
+from spate.errors import MissingPackageError, TableSinkError
 from spate.sinks.table_sink import SinkFile, TableSink, check_columns
 
 APP_PROPERTY = "spate.app-id"
@@ -19,7 +19,7 @@ def _catalogs() -> Any:
     try:
         import pyiceberg.catalog
     except ImportError as e:
-        raise SpateError("IcebergSink needs pyiceberg: pip install 'spate[tables]'") from e
+        raise MissingPackageError("IcebergSink needs pyiceberg: pip install 'spate[tables]'") from e
     return pyiceberg.catalog
 
 
@@ -30,16 +30,22 @@ class IcebergSink(TableSink):
     whatever crashes, and readers see all of it or none.
 
     The catalog is pyiceberg's ``load_catalog(**catalog)`` when ``catalog`` (its properties) is given, else an
-    embedded SQLite catalog in ``warehouse`` (``<warehouse>/catalog.db``, data under ``<warehouse>``)."""
+    embedded SQLite catalog in ``warehouse`` (``<warehouse>/catalog.db``, data under ``<warehouse>``).
+
+    Raises:
+        TableSinkError: ``table`` is not ``"namespace.name"``, or not exactly one of ``warehouse`` and
+            ``catalog`` is given; as :class:`~spate.sinks.table_sink.TableSink`.
+        MissingPackageError: pyiceberg is not installed (when the table is opened).
+    """
 
     format = "iceberg"
 
     def __init__(self, table: str, *, warehouse: str | None = None, catalog: dict[str, str] | None = None) -> None:
         if not isinstance(table, str) or "." not in table:
-            raise SpateError(f"IcebergSink needs a table identifier 'namespace.name', got {table!r}")
+            raise TableSinkError(f"IcebergSink needs a table identifier 'namespace.name', got {table!r}")
         if (warehouse is None) == (catalog is None):
-            raise SpateError("IcebergSink needs either warehouse= (a directory for an embedded SQLite catalog) or "
-                             "catalog= (pyiceberg catalog properties), not both")
+            raise TableSinkError("IcebergSink needs either warehouse= (a directory for an embedded SQLite catalog) or "
+                                 "catalog= (pyiceberg catalog properties), not both")
         super().__init__(warehouse or catalog.get("warehouse", table))  # type: ignore[union-attr]
         self.table, self.warehouse, self.catalog_properties = table, warehouse, catalog
         self._upto: int | None = None  # the newest batch of this query the table holds, once looked up

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spate.errors import SpateError
+from spate.errors import MissingFileError, SpateError, TableSinkError
 from spate.fs import CheckpointStorage, storage_for
 
 STAGING_DIR = "_spate_staging"
@@ -71,13 +71,21 @@ class TableSink(ABC):
 
     The driver opens it (:meth:`open`: creates the table or checks its schema) and commits; subtasks, in-process
     or on Spark executors, write the data files: the sink is pickled into their tasks, with the table's data
-    directory resolved on the driver. Its outputs need an output schema (the table's)."""
+    directory resolved on the driver. Its outputs need an output schema (the table's).
+
+    Raises:
+        TableSinkError: (a ``ValueError``) no ``location``; :meth:`open` without an output schema or of a table
+            whose columns differ from it; :meth:`write` of a sink the query's driver did not open.
+        MissingFileError: :meth:`commit` of a batch whose staged data file was deleted outside spate.
+        MissingPackageError: the table format's package (deltalake, pyiceberg) is not installed.
+    """
 
     format: str = ""
 
     def __init__(self, location: str) -> None:
         if not isinstance(location, str) or not location:
-            raise SpateError(f"{type(self).__name__} needs the table's location (a path or URI), got {location!r}")
+            raise TableSinkError(f"{type(self).__name__} needs the table's location (a path or URI), got "
+                                 f"{location!r}: pass the table's directory, e.g. {type(self).__name__}('/data/t')")
         self.location = location.rstrip("/")
         self.data_uri = self.location  # where its data files go; a table format may resolve another
         self.app_id: str | None = None
@@ -91,7 +99,7 @@ class TableSink(ABC):
         """Bind the sink to the query (``query_id``) and its output ``schema``: the table is created if it does
         not exist, else its schema must agree."""
         if not isinstance(schema, pa.Schema):
-            raise SpateError(f"{self!r}: a table sink needs the query's output schema (output_schema=...)")
+            raise TableSinkError(f"{self!r}: a table sink needs the query's output schema (output_schema=...)")
         self.app_id, self.schema = app_id_of(query_id), schema
         self._open_table(schema)
 
@@ -105,8 +113,8 @@ class TableSink(ABC):
             if storage.exists(f.path):
                 storage.move(f.path, f.final_name)
             elif not storage.exists(f.final_name):
-                raise SpateError(f"{storage.path(f.path)}: a staged data file of batch {batch_id} is missing, "
-                                 f"and so is {f.final_name}: it was deleted outside spate")
+                raise MissingFileError(f"{storage.path(f.path)}: a staged data file of batch {batch_id} is missing, "
+                                       f"and so is {f.final_name}: it was deleted outside spate")
         self._commit_files(batch_id, files)
 
     def clean_staging(self, delivered_upto: int, latest_completed: int | None) -> list[str]:
@@ -130,7 +138,8 @@ class TableSink(ABC):
         """Pre-commit: stage ``table`` (one subtask's outputs of batch ``batch_id``) as a Parquet file; None
         without rows."""
         if self.app_id is None or self.schema is None:
-            raise SpateError(f"{self!r} was not opened by the query's driver (TableSink.open)")
+            raise TableSinkError(f"{self!r} was not opened by the query's driver (TableSink.open): give the sink to "
+                                 "LocalRunner or StatefulStream, which open it")
         if table.num_rows == 0:
             return None
         if table.schema != self.schema:
@@ -171,5 +180,5 @@ def check_columns(sink: TableSink, existing: pa.Schema, schema: pa.Schema) -> No
     have = [(f.name, kind(f.type)) for f in existing]
     want = [(f.name, kind(f.type)) for f in schema]
     if have != want:
-        raise SpateError(f"{sink!r}: the table exists with columns {have}, the query's output schema has {want}; "
-                         "write to a new table, or change the output schema to the table's")
+        raise TableSinkError(f"{sink!r}: the table exists with columns {have}, the query's output schema has "
+                             f"{want}; write to a new table, or change the output schema to the table's")
