@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.errors import PySparkValueError
 
-from spate.errors import SparkErrorClass, SpateError
+from spate.errors import ProcessorError, SettingError, SparkErrorClass, SpateError
 from spate.runtime.batch import KeyedBatch, KeyRows
 from spate.runtime.output_values import PandasConversion
 from spate.runtime.outputs import ColumnChunk, SparkRows
@@ -101,12 +101,12 @@ class StatefulProcessorAdapter(Processor):
     def __init__(self, processor: Any, flavour: str = "pandas", time_mode: str = "None",
                  worker_conf: PythonWorkerConf | None = None, max_records_per_batch: int | None = None) -> None:
         if flavour not in FLAVOURS:
-            raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
+            raise SettingError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
         time_mode = time_mode_of(time_mode)
         conf = worker_conf or PythonWorkerConf()
         if max_records_per_batch is not None:
             if not isinstance(max_records_per_batch, int) or max_records_per_batch <= 0:
-                raise ValueError(f"max_records_per_batch must be a positive int, got {max_records_per_batch!r}")
+                raise SettingError(f"max_records_per_batch must be a positive int, got {max_records_per_batch!r}")
             conf = dataclasses.replace(conf, max_records_per_batch=max_records_per_batch)
         self.processor, self.flavour, self.time_mode = processor, flavour, time_mode
         self.worker_conf = conf
@@ -114,6 +114,7 @@ class StatefulProcessorAdapter(Processor):
         self.watermark_floor_ms = 0 if time_mode == "EventTime" else None
         self.drop_late_rows = time_mode == "EventTime"
         self.idle_batch_on_watermark_move = time_mode == "EventTime"  # Spark's no-data batch when it moved
+        self.may_have_timers = time_mode != "None"  # no timers (and no TTL) in time mode None, as on Spark
         self._schemas: StateSchemas | None = None
         self._running: Any = None  # this batch's copy of the processor, after its init
         self._opened = False  # open began the first batch's copy
@@ -161,8 +162,8 @@ class StatefulProcessorAdapter(Processor):
         """``handleInitialState`` per DataFrame chunk (pandas) or per ``Row``, as Spark calls it."""
         handler = getattr(self._running, "handleInitialState", None)
         if handler is None:
-            raise ValueError(f"{self.display_name} has no handleInitialState, but the query was given an initial "
-                             "state")
+            raise ProcessorError(f"{self.display_name} has no handleInitialState, but the query was given an initial "
+                                 "state")
         spark_key, timers = self._spark_key(key), self._timers(ctx)
         for item in self._inputs(rows):
             handler(spark_key, item, timers)

@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from spate.errors import CheckpointError
+from spate.errors import CheckpointError, SettingError
 from spate.fs import CheckpointStorage, join_uri, validate_relative_path
 
 log = logging.getLogger(__name__)
@@ -136,28 +136,28 @@ def check_locations(spark: Any, root: str, spark_checkpoint: str | None, cache_d
     """Refuse, with the fix, a root or Spark checkpoint location that cannot work; nothing is written yet."""
     scheme = urlsplit(root).scheme if "://" in root else ""
     if scheme in ("s3a", "s3n"):
-        raise ValueError(f"checkpoint_root {_redact(root)!r} is a Hadoop URI; spate's root is a pyarrow.fs URI: "
-                         f"use {_redact('s3://' + root.split('://', 1)[1])} (add "
-                         "?endpoint_override=HOST:PORT&scheme=http for an S3-compatible server)")
+        raise SettingError(f"checkpoint_root {_redact(root)!r} is a Hadoop URI; spate's root is a pyarrow.fs URI: "
+                           f"use {_redact('s3://' + root.split('://', 1)[1])} (add "
+                           "?endpoint_override=HOST:PORT&scheme=http for an S3-compatible server)")
     if spark_checkpoint is None:
         return
     if cache_dir is not None:
-        raise ValueError("give spark_checkpoint (a location Spark writes itself) or spark_checkpoint_cache (a "
-                         "driver-local directory spate mirrors into the root), not both")
+        raise SettingError("give spark_checkpoint (a location Spark writes itself) or spark_checkpoint_cache (a "
+                           "driver-local directory spate mirrors into the root), not both")
     if "://" in spark_checkpoint and urlsplit(spark_checkpoint).query:
-        raise ValueError(f"spark_checkpoint {_redact(spark_checkpoint)!r} carries ?options, which Spark (Hadoop) "
-                         "does not read: set the endpoint and credentials in the Hadoop conf "
-                         "(spark.hadoop.fs.s3a.endpoint, ...) and pass a plain s3a:// path, or omit "
-                         "spark_checkpoint: spate then keeps Spark's checkpoint in a driver-local directory and "
-                         "copies it to <checkpoint_root>/_spark with the root's own options")
+        raise SettingError(f"spark_checkpoint {_redact(spark_checkpoint)!r} carries ?options, which Spark (Hadoop) "
+                           "does not read: set the endpoint and credentials in the Hadoop conf "
+                           "(spark.hadoop.fs.s3a.endpoint, ...) and pass a plain s3a:// path, or omit "
+                           "spark_checkpoint: spate then keeps Spark's checkpoint in a driver-local directory and "
+                           "copies it to <checkpoint_root>/_spark with the root's own options")
     ckpt_scheme = urlsplit(spark_checkpoint).scheme if "://" in spark_checkpoint else ""
     if ckpt_scheme and not _hadoop_has_scheme(spark, ckpt_scheme):
         hint = (' (for S3 Hadoop\'s scheme is "s3a://", which needs the hadoop-aws jar and its fs.s3a.* settings)'
                 if ckpt_scheme in ("s3", "s3a", "s3n") else "")
-        raise ValueError(f"Spark cannot open spark_checkpoint {_redact(spark_checkpoint)!r}: Hadoop has no file "
-                         f"system for the scheme {ckpt_scheme!r} in this Spark{hint}. Omit spark_checkpoint: spate "
-                         "then keeps Spark's checkpoint in a driver-local directory and copies it to "
-                         "<checkpoint_root>/_spark")
+        raise SettingError(f"Spark cannot open spark_checkpoint {_redact(spark_checkpoint)!r}: Hadoop has no file "
+                           f"system for the scheme {ckpt_scheme!r} in this Spark{hint}. Omit spark_checkpoint: spate "
+                           "then keeps Spark's checkpoint in a driver-local directory and copies it to "
+                           "<checkpoint_root>/_spark")
 
 
 def _hadoop_has_scheme(spark: Any, scheme: str) -> bool:
@@ -174,16 +174,25 @@ def _hadoop_has_scheme(spark: Any, scheme: str) -> bool:
 
 @dataclass
 class SparkCheckpoint:
-    """Spark's checkpoint location for one run of a stream, and the mirror that copies it into the root (None
-    when Spark writes it under the root itself)."""
+    """Spark's checkpoint location for one run of a stream, the mirror that copies it into the root (None
+    when Spark writes it under the root itself), and the same directory as spate reads it (None: a location
+    given to ``start(spark_checkpoint=...)``, which only Hadoop may open)."""
 
     location: str
     mirror: SparkCheckpointMirror | None = None
+    readable: CheckpointStorage | None = None
 
     def sync(self) -> None:
         """Call first thing in every ``foreachBatch``: copies what Spark wrote since into the root."""
         if self.mirror is not None:
             self.mirror.sync()
+
+    def newest_offsets(self) -> list[str] | None:
+        """The source offsets Spark logged for its newest batch (one JSON line per source, in the query's
+        order), or None if it logged none or spate cannot read the location."""
+        if self.readable is None or (newest := max(_offsets_in(self.readable), default=None)) is None:
+            return None
+        return self.readable.read(f"offsets/{newest}").decode().splitlines()[2:]  # after the version, metadata
 
 
 def check_not_behind(latest_checkpoint_id: int | None, offsets: list[int], where: str, note: str = "") -> None:
@@ -228,13 +237,14 @@ def open_spark_checkpoint(spark: Any, coordinator: Any, spark_checkpoint: str | 
     if hadoop_opens(storage.uri):  # Spark writes it under the root: refused as the mirror's if it is behind
         spark_dir = storage.sub(SPARK_CHECKPOINT_DIR)
         check_not_behind(latest.checkpoint_id if latest is not None else None, _offsets_in(spark_dir), spark_dir.uri)
-        return SparkCheckpoint(join_uri(storage.uri, SPARK_CHECKPOINT_DIR))
+        return SparkCheckpoint(join_uri(storage.uri, SPARK_CHECKPOINT_DIR), readable=spark_dir)
     query = coordinator.query
     mirror = SparkCheckpointMirror(storage.sub(SPARK_CHECKPOINT_DIR),
                                    os.path.join(cache_dir or default_cache_dir(), query.query_id),
                                    fence=lambda: coordinator.epochs.check(query.epoch))
     mirror.open(latest.checkpoint_id if latest is not None else None)
-    return SparkCheckpoint(Path(mirror.local_checkpoint).resolve().as_uri(), mirror)
+    return SparkCheckpoint(Path(mirror.local_checkpoint).resolve().as_uri(), mirror,
+                           CheckpointStorage(mirror.local_checkpoint))
 
 
 class SparkCheckpointMirror:

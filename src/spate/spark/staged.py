@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from spate.checkpoint.metadata import CheckpointMetadata
+from spate.errors import SettingError
 from spate.fs import CheckpointStorage, LocalStorage, storage_for
 from spate.snapshot.outputs import PARQUET, OutputsHandle, read_outputs_table
 
@@ -42,12 +43,12 @@ def staged_format(setting: str, storage: CheckpointStorage, schema: pa.Schema | 
     if setting == "auto":
         return PARQUET if spark_readable(storage) and parquet_writable(schema) else "arrow"
     if setting == PARQUET and not spark_readable(storage):
-        raise ValueError(f"staged_outputs='parquet' needs a checkpoint root Spark reads by path (a local or "
-                         f"mounted file system, no glob characters {_GLOB!r} in its path); {storage.uri} is not "
-                         "one: use staged_outputs='auto' or 'arrow'")
+        raise SettingError(f"staged_outputs='parquet' needs a checkpoint root Spark reads by path (a local or "
+                           f"mounted file system, no glob characters {_GLOB!r} in its path); {storage.uri} is not "
+                           "one: use staged_outputs='auto' or 'arrow'")
     if setting == PARQUET and not parquet_writable(schema):
-        raise ValueError("staged_outputs='parquet': Spark's Parquet source reads no column of the null type, which "
-                         "the output schema has: use staged_outputs='auto' or 'arrow'")
+        raise SettingError("staged_outputs='parquet': Spark's Parquet source reads no column of the null type, which "
+                           "the output schema has: use staged_outputs='auto' or 'arrow'")
     return setting
 
 

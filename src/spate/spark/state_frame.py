@@ -28,7 +28,7 @@ from spate.checkpoint.inspect import (
     subtask_state_records,
 )
 from spate.checkpoint.metadata import CheckpointMetadata
-from spate.errors import CheckpointError
+from spate.errors import CheckpointError, InvalidKeyError, ProcessorError, SettingError
 from spate.fs import CheckpointStorage, join_uri
 from spate.layout import METADATA_FILE
 from spate.runtime.processor import Context, Processor, Row
@@ -70,6 +70,10 @@ def read_state(spark: Any, root: str, state: str, checkpoint_id: int | None = No
     Raises:
         CheckpointError: the root does not exist or has no complete checkpoint, ``checkpoint_id`` does not
             exist, or the checkpoint has no keyed state ``state`` (the message lists those it has).
+        SettingError: a schema that is not DDL or a ``DataType``, a ``value_schema`` for a state with a recorded
+            schema, or values of no common type without a ``value_schema``.
+        InvalidKeyError: a key with another number of columns than ``key_schema`` (while the rows are read).
+        SerializationError: pickled values without ``allow_pickle``.
     """
     storage = open_root(root)
     meta = load_checkpoint(storage, checkpoint_id)
@@ -150,8 +154,8 @@ def _frame_schema(spark: Any, rows: Any, info: _StateInfo, key_schema: Any, valu
 
     recorded_value, user_key_type = info.value_type(), info.user_key_type()
     if recorded_value is not None and value_schema is not None:
-        raise ValueError(f"state {info.name!r} has the schema {recorded_value.simpleString()} recorded in the "
-                         "checkpoint; value_schema is only for states without one")
+        raise SettingError(f"state {info.name!r} has the schema {recorded_value.simpleString()} recorded in the "
+                           "checkpoint; value_schema is only for states without one")
     key_type = _parse_type(spark, key_schema, struct=True) if key_schema is not None else None
     value_type = recorded_value or (_parse_type(spark, value_schema) if value_schema is not None else None)
     # a StatefulProcessor's states need no sample once the key is typed; spate's own may hold namespaces
@@ -175,7 +179,7 @@ def _parse_type(spark: Any, schema: Any, struct: bool = False) -> Any:
     from pyspark.sql.types import DataType, StructField, StructType, _parse_datatype_string
 
     if not isinstance(schema, (str, DataType)):
-        raise TypeError(f"a schema must be a DDL string or a pyspark DataType, got {schema!r}")
+        raise SettingError(f"a schema must be a DDL string or a pyspark DataType, got {schema!r}")
     parsed = _parse_datatype_string(schema) if isinstance(schema, str) else schema
     if struct and not isinstance(parsed, StructType):
         return StructType([StructField("_1", parsed)])
@@ -201,7 +205,7 @@ def _infer(state: str, what: str, values: list[Any], option: str | None) -> Any:
             found = _merge_type(found, _infer_type(v, infer_dict_as_struct=True))
     except (TypeError, ValueError) as e:
         hint = f"; pass {option}= to read them as one type" if option else ""
-        raise ValueError(f"state {state!r}: the {what} have no common type ({e}){hint}") from e
+        raise SettingError(f"state {state!r}: the {what} have no common type ({e}){hint}") from e
     return StringType() if isinstance(found, NullType) else found
 
 
@@ -216,8 +220,8 @@ class _RowShaper:
         key, user_key, value, index, key_group, expires, namespace = row
         types = {f.name: f.dataType for f in self.schema.fields}
         if len(key) != len(types["key"].fields):
-            raise ValueError(f"key {key!r} has {len(key)} column(s), key_schema "
-                             f"{types['key'].simpleString()} has {len(types['key'].fields)}")
+            raise InvalidKeyError(f"key {key!r} has {len(key)} column(s), key_schema "
+                                  f"{types['key'].simpleString()} has {len(types['key'].fields)}")
         out = [_shape(key, types["key"]), _shape(user_key, types["user_key"]), _shape(value, types["value"])]
         if "list_index" in types:
             out.append(index)
@@ -262,13 +266,20 @@ def write_savepoint(df: Any, key: str | Sequence[str], target: str, processor: A
     ``max_parallelism`` key groups, which the restoring query keeps; ``settings`` are further
     :class:`SpateSettings` (``table``, ``local_dir``, ...). The work is done in a checkpoint root under
     ``target``, removed once the savepoint is written. Returns the savepoint's metadata.
+
+    Raises:
+        SettingError: ``df`` is a stream, or a setting that cannot work (see :class:`SpateSettings`).
+        CheckpointError: ``target`` already holds a savepoint or other files.
+        ProcessorError: ``processor`` is neither a spate processor nor a ``StatefulProcessor``, or a
+            ``StatefulProcessor`` without ``handleInitialState``.
+        ExecutorPythonError: the executors cannot run spate.
     """
     from pyspark.sql.streaming import StatefulProcessor
 
     from spate.spark.executors import check_executor_python
 
     if df.isStreaming:
-        raise ValueError("write_savepoint bootstraps state from a batch DataFrame (spark.read...), not a stream")
+        raise SettingError("write_savepoint bootstraps state from a batch DataFrame (spark.read...), not a stream")
     target_storage = CheckpointStorage(target)
     if target_storage.exists(METADATA_FILE):
         raise CheckpointError(f"{target} already holds a savepoint; write to a new directory")
@@ -341,8 +352,8 @@ class Bootstrap(Processor):
     def open(self, ctx: Context) -> None:
         inner = self.factory()
         if not isinstance(inner, Processor):
-            raise TypeError(f"a bootstrap processor must be a spate Processor or a pyspark StatefulProcessor, got "
-                            f"{type(inner).__qualname__}")
+            raise ProcessorError(f"a bootstrap processor must be a spate Processor or a pyspark StatefulProcessor, got "
+                                 f"{type(inner).__qualname__}")
         self.inner = inner
         inner.open(ctx)
 
@@ -376,8 +387,8 @@ class InitialStateBootstrap(StatefulProcessorAdapter):
         from pyspark.sql.streaming import StatefulProcessor
 
         if type(processor).handleInitialState is StatefulProcessor.handleInitialState:
-            raise ValueError(f"{type(processor).__qualname__} does not implement handleInitialState, which "
-                             "writes the bootstrapped state of a key from its rows")
+            raise ProcessorError(f"{type(processor).__qualname__} does not implement handleInitialState, which "
+                                 "writes the bootstrapped state of a key from its rows")
         super().__init__(processor, flavour, time_mode)
         self.drop_late_rows = False  # initial state is never late
 

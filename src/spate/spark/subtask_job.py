@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from spate.checkpoint.protocol import SubtaskAck
+from spate.errors import SettingError
 from spate.runtime.settings import SpateSettings
 from spate.runtime.subtask import ProcessorFactory
 from spate.spark.placement import Placement, alive_executors, placed_batch
@@ -128,14 +129,14 @@ def initial_state_of(initial_state: Any, key_columns: tuple[str, ...]) -> tuple[
     elif hasattr(initial_state, "isStreaming"):
         df, keys = initial_state, list(key_columns)
     else:
-        raise TypeError("initial_state must be df.groupBy(key) of a batch DataFrame (as Spark's transformWithState "
-                        f"takes it) or a batch DataFrame with the key columns, got {type(initial_state).__name__}")
+        raise SettingError("initial_state must be df.groupBy(key) of a batch DataFrame (as Spark's transformWithState "
+                           f"takes it) or a batch DataFrame with the key columns, got {type(initial_state).__name__}")
     if df.isStreaming:
-        raise ValueError("initial_state must be a batch DataFrame (spark.read...), not a streaming one, as on Spark")
+        raise SettingError("initial_state must be a batch DataFrame (spark.read...), not a streaming one, as on Spark")
     missing = [k for k in keys if k not in df.columns]
     if len(keys) != len(key_columns) or missing:
-        raise ValueError(f"initial_state is grouped by {keys}, the stream by {list(key_columns)}: group it by as "
-                         "many columns, in the same order" + (f" ({missing} are not its columns)" if missing else ""))
+        raise SettingError(f"initial_state is grouped by {keys}, the stream by {list(key_columns)}: group it by as "
+                           "many columns, in the same order" + (f" ({missing} are not its columns)" if missing else ""))
     return df, keys
 
 
