@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.readme_blocks import REPO, plain_block
 from spate.spark.java import ensure_java_home
 from spate.spark.procfs import is_running
 from spate_tools.standalone import LOOPBACK, QUICK_JVM_OPTIONS, StandaloneCluster, spark_home
-from test_readme import REPO, plain_block
 
 pytestmark = pytest.mark.spark
 DOC = REPO / "docs" / "spark.md"

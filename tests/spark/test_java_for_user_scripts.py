@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_readme import python_block
+from helpers.readme_blocks import python_block
 
 pytestmark = pytest.mark.spark
 

@@ -30,10 +30,10 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 
+from helpers.readme_blocks import REPO, plain_block, python_block
 from spate import load_checkpoint
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.fs import CheckpointStorage
-from test_readme import REPO, plain_block, python_block
 
 pytestmark = pytest.mark.spark
 

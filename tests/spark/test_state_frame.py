@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from helpers.file_source import write_files
+from helpers.readme_blocks import python_block, run_block
 from spate import ListStateDescriptor, LocalRunner, MapStateDescriptor, Processor, ValueStateDescriptor
 from spate.errors import CheckpointError
 from spate.spark.adapter import StatefulProcessorAdapter
@@ -367,7 +368,5 @@ def test_bootstrap_stateful_processor_restored_by_spark_and_locally(spark, tmp_p
 
 
 def test_readme_state_frame_example_runs(spark, capsys):
-    from test_readme import python_block, run_block
-
     run_block(python_block("write_savepoint("), "readme_state_frame_example")
     assert capsys.readouterr().out.splitlines() == ["[('ann', 15, None), ('bob', 3, None)]"]
