@@ -353,10 +353,12 @@ class BatchProcessor(ABC):
 
 
 def uses_timers(processor: Any) -> bool:
-    """Whether a processor (instance or class) may have timers: every per-key one, and a
-    :class:`BatchProcessor` that overrides :meth:`~BatchProcessor.on_timers`."""
+    """Whether a processor (instance or class) may have timers: every per-key one that does not declare
+    ``may_have_timers = False``, and a :class:`BatchProcessor` that overrides :meth:`~BatchProcessor.on_timers`."""
     cls = processor if isinstance(processor, type) else type(processor)
-    return not issubclass(cls, BatchProcessor) or cls.on_timers is not BatchProcessor.on_timers
+    if issubclass(cls, BatchProcessor):
+        return cls.on_timers is not BatchProcessor.on_timers
+    return bool(getattr(processor, "may_have_timers", True))
 
 
 AnyProcessor: TypeAlias = Processor | BatchProcessor  # what a subtask runs: per key, or the whole batch at once

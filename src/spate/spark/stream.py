@@ -25,7 +25,6 @@ from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.fs import storage_for
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision, progress_observation
-from spate.runtime.batch import uses_timers
 from spate.runtime.idle import IdleBatches
 from spate.runtime.processor import Processor
 from spate.runtime.query import QueryDriver
@@ -48,7 +47,7 @@ from spate.spark.spark_checkpoint import (
 from spate.spark.staged import staged_format, staged_outputs_frame
 from spate.spark.stream_metrics import BatchMetrics, summarize
 from spate.spark.subtask_job import JobCounter, SubtaskJob, initial_state_of
-from spate.spark.ticks import AVAILABLE_NOW, TICK_COLUMN, WakeFile, no_data_batches_enabled, tick_stream
+from spate.spark.ticks import TICK_COLUMN, WakeFile, logs_ticks, ticks_by_default, with_ticks
 from spate.spark.tws_handle import declared_states
 from spate.spark.worker_errors import BatchFailedError
 
@@ -73,11 +72,12 @@ class StatefulStream:
             (Kafka's offsets behind latest); :meth:`summary` and each rescaling checkpoint say what it decided.
         idle_batches: run a batch without input when a timer is due or the watermark moves (Spark does this
             for its own stateful operators), by adding a source of ticks to the query (:mod:`spate.spark.ticks`).
-            On by default for processors with timers (per-key ones, and a :class:`BatchProcessor` that defines
-            ``on_timers``) from pyspark 4.2 on, unless the session turns Spark's own off
+            On by default for processors with timers (per-key ones that do not declare ``may_have_timers =
+            False``, as a ``StatefulProcessor`` in time mode ``None`` does, and a :class:`BatchProcessor` that
+            defines ``on_timers``) from pyspark 4.2 on, unless the session turns Spark's own off
             (``spark.sql.streaming.noDataMicroBatches.enabled=false``); before 4.2, opt in (there
-            ``Trigger.AvailableNow`` then runs as one batch). It changes the sources of
-            Spark's checkpoint, so a root keeps the setting it started with.
+            ``Trigger.AvailableNow`` then runs as one batch). It changes the sources of Spark's checkpoint, so
+            a root whose Spark checkpoint logged the ticks keeps them, whatever this says.
         progress: a line on the driver's standard error before and after a batch that restores or rescales
             state (which can take long); None (the default): only when standard error is a terminal. Always
             logged at INFO (``spate.runtime.recovery_progress``).
@@ -103,7 +103,7 @@ class StatefulStream:
             raise ValueError(f"key columns {missing or '(none)'} are not columns of the stream {df.columns}")
         self.factory = processor_factory(processor)
         if idle_batches is None:
-            idle_batches = uses_timers(processor) and AVAILABLE_NOW and no_data_batches_enabled(self.spark)
+            idle_batches = ticks_by_default(processor, self.spark)
         self.idle_batches = idle_batches
         self.progress = progress
         self._idle = IdleBatches.of(processor) if isinstance(processor, (Processor, type)) else IdleBatches()
@@ -224,14 +224,10 @@ class StatefulStream:
                                                                        spark_checkpoint, spark_checkpoint_cache)
         self._deliver_staged()
         source = self.df
-        if self.idle_batches:
-            if trigger and "availableNow" in trigger and not AVAILABLE_NOW:
-                log.warning("batches without input with Trigger.AvailableNow before pyspark 4.2: Spark runs the "
-                            "query as one batch (a Python source cannot take part); use idle_batches=False for "
-                            "this root, or another trigger")
+        if self.idle_batches or logs_ticks(self.spark_checkpoint.newest_offsets()):
             self._wake = WakeFile(os.path.join(folder.path, "wake.json"))
             self._write_wake()
-            source = source.unionByName(tick_stream(self.spark, self._wake.path), allowMissingColumns=True)
+            source = with_ticks(source, self._wake, trigger)
         writer = source.writeStream.foreachBatch(self._process_batch).option(
             "checkpointLocation", self.spark_checkpoint.location)
         if trigger:

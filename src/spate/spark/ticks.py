@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from spate.runtime.batch import uses_timers
 
 try:  # pyspark 4.2 on: a Python source may take part in Trigger.AvailableNow
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
@@ -40,6 +43,7 @@ except ImportError:  # pyspark 4.0 and 4.1: a query with such a source runs Trig
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         """Not in this pyspark."""
 
+log = logging.getLogger(__name__)
 SOURCE_NAME = "spate_ticks"
 TICK_COLUMN = "__spate_tick"
 _INITIAL = {"after": -1}
@@ -141,13 +145,41 @@ class TickReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         os.replace(temporary, self._answered)
 
 
+def logs_ticks(offsets: list[str] | None) -> bool:
+    """Whether a Spark checkpoint whose newest batch logged the source offsets ``offsets`` ran with the tick
+    source: it is the query's last source, its offset ``{"after": n}``. Such a root keeps it (Spark refuses a
+    checkpoint whose sources changed), whether or not its processor still needs batches without input."""
+    try:
+        last = json.loads(offsets[-1]) if offsets else None
+    except ValueError:
+        return False
+    return isinstance(last, dict) and set(last) == {"after"} and isinstance(last["after"], int)
+
+
 def tick_stream(spark: Any, wake_path: str) -> Any:
     """The ticks as a streaming DataFrame (the source registered with the session first)."""
     spark.dataSource.register(TickSource)
     return spark.readStream.format(SOURCE_NAME).option("wake", wake_path).load()
 
 
-__all__ = ["AVAILABLE_NOW", "SOURCE_NAME", "TICK_COLUMN", "TickReader", "TickSource", "WakeFile", "tick_stream"]
+def with_ticks(source: Any, wake: WakeFile, trigger: dict[str, Any] | None) -> Any:
+    """The streaming DataFrame ``source`` with the ticks of ``wake`` added (always its last source)."""
+    if trigger and "availableNow" in trigger and not AVAILABLE_NOW:
+        log.warning("batches without input with Trigger.AvailableNow before pyspark 4.2: Spark runs the query as "
+                    "one batch (a Python source cannot take part); use idle_batches=False for this root, or another "
+                    "trigger")
+    return source.unionByName(tick_stream(source.sparkSession, wake.path), allowMissingColumns=True)
+
+
+def ticks_by_default(processor: Any, spark: Any) -> bool:
+    """Whether a stream of ``processor`` runs batches without input unless told: when the processor may have
+    timers (:func:`~spate.runtime.batch.uses_timers`; a ``StatefulProcessor`` in time mode ``None`` has none),
+    from pyspark 4.2 on, and unless the session turned Spark's own off."""
+    return uses_timers(processor) and AVAILABLE_NOW and no_data_batches_enabled(spark)
+
+
+__all__ = ["AVAILABLE_NOW", "SOURCE_NAME", "TICK_COLUMN", "TickReader", "TickSource", "WakeFile", "logs_ticks",
+           "tick_stream", "ticks_by_default", "with_ticks"]
 
 
 def no_data_batches_enabled(spark: Any) -> bool:
