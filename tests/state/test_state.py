@@ -30,7 +30,6 @@ from spate.state.lmdb_table import LmdbTable
 from spate.state.timers import EVENT_TIME, PROCESSING_TIME
 
 MAXP = 128
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(params=["heap", "lmdb"])
@@ -358,11 +357,11 @@ def test_lmdb_state_handed_between_processes(tmp_path):
     a.put(1, b"\x00\x00first", b"1")
     a.unlock()
     assert "in use by another process" in _open_elsewhere_while_locked(path, a)
-    code = ("import sys; sys.path.insert(0, 'src'); from spate.state.lmdb_table import LmdbTable\n"
+    code = ("from spate.state.lmdb_table import LmdbTable\n"
             f"t = LmdbTable({path!r})\n"
             "for i in range(30000): t.put(i % 128, b'\\x00\\x00k%d' % i, b'v' * 400)\n"
             "t.put(1, b'\\x00\\x00second', b'2'); t.close()\n")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    subprocess.run([sys.executable, "-c", code], check=True)  # the venv's python: spate is installed there
     a.lock()
     assert a.get(1, b"\x00\x00second") == b"2" and a.get(1, b"\x00\x00first") == b"1"
     a.put(2, b"\x00\x00third", b"3")
@@ -375,10 +374,9 @@ def _open_elsewhere_while_locked(path, holder) -> str:
     """What another process gets when it opens the table while ``holder`` has the lock (its stderr)."""
     holder.lock()
     try:
-        code = ("import sys; sys.path.insert(0, 'src'); from spate.state.lmdb_table import LmdbTable\n"
+        code = ("from spate.state.lmdb_table import LmdbTable\n"
                 f"LmdbTable({path!r})")
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              cwd=REPO).stderr
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stderr
     finally:
         holder.unlock()
 
