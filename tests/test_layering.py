@@ -1,4 +1,4 @@
-"""The layering of DESIGN.md and docs/architecture.md, enforced: every module under ``src/spate`` (the library)
+"""The layering of docs/architecture.md ("Layers"), enforced: every module under ``src/spate`` (the library)
 and ``src/spate_tools`` (the workshop) imports only modules of its own layer or of a more basic one, nothing in
 the library imports ``spark/`` except ``spark/`` itself, the library never imports the workshop, and no modules
 import each other in a cycle. Every import counts, also one inside a function (a lazy import is still a
@@ -11,8 +11,9 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
-# From the most basic up; a module may import its own layer and the layers before it. The first entry of each
-# row is the DESIGN.md layer; the modules DESIGN.md does not name are placed with a reason.
+# From the most basic up; a module may import its own layer and the layers before it. Each row is a row of the
+# layer table of docs/architecture.md, in its order (the doc names every entry); a comment says why where the
+# place is not obvious.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "layout", "objectstore", "report"),  # no spate imports: errors, path rules, S3 calls, tables
     ("frames",),  # the checksummed frame of every spate file: below fs, which re-exports part of it

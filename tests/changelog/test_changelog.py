@@ -1,5 +1,6 @@
-"""FLIP-158 changelog: writer (digest §4 scenarios 1–2), batching (3), retry and hedging (4), file registry
-(5–6), materialization gating (7), round trip (8), the seed's state change lifecycle, and faults."""
+"""FLIP-158 changelog (docs/formats.md, "Change files (.chg)"): writer (scenarios 1–2), batching (3), retry and
+hedging (4), file registry (5–6), materialization gating (7), round trip (8), the seed's state change lifecycle,
+and faults."""
 
 from __future__ import annotations
 

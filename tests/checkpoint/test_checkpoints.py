@@ -1,5 +1,6 @@
-"""Coordinator invariants (DESIGN.md): completeness, retention and deletion, orphans, attempt-unique acks,
-fencing, max parallelism, clear errors for missing or corrupt files, savepoints, the shared registry."""
+"""Coordinator invariants (docs/formats.md: "Atomicity, completeness and retention", "Epochs"): completeness,
+retention and deletion, orphans, attempt-unique acks, fencing, max parallelism, clear errors for missing or
+corrupt files, savepoints, the shared registry."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""FLIP-306 file merging: digest §4 scenarios 10–15, the worker/coordinator protocol, space control, and
-crashes with open physical files."""
+"""FLIP-306 file merging (docs/formats.md, "Segments (file merging)"): scenarios 10–15, the worker/coordinator
+protocol, space control, and crashes with open physical files."""
 
 from __future__ import annotations
 

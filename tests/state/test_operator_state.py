@@ -1,4 +1,5 @@
-"""FLIP-8 operator state redistribution (digest §3.3, scenario 16) and its invariants."""
+"""FLIP-8 operator state redistribution (scenario 16; the split, union and broadcast states of docs/formats.md,
+"Operator state files (.op)") and its invariants."""
 
 from __future__ import annotations
 
