@@ -22,6 +22,7 @@ from typing import Any, cast
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.errors import SettingError
 from spate.fs import storage_for
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision, progress_observation
@@ -45,6 +46,7 @@ from spate.spark.spark_checkpoint import (
     open_spark_checkpoint,
 )
 from spate.spark.staged import staged_format, staged_outputs_frame
+from spate.spark.stream_inputs import key_columns_of, output_schema_of, settings_of
 from spate.spark.stream_metrics import BatchMetrics, summarize
 from spate.spark.subtask_job import JobCounter, SubtaskJob, initial_state_of
 from spate.spark.ticks import TICK_COLUMN, WakeFile, logs_ticks, ticks_by_default, with_ticks
@@ -83,6 +85,12 @@ class StatefulStream:
             logged at INFO (``spate.runtime.recovery_progress``).
 
     :meth:`rescale` changes the parallelism of the running query from its next batch on (no restart).
+
+    Raises:
+        SettingError: ``df`` is not streaming, a key column is not one of its columns, ``output_schema`` is
+            neither a ``StructType`` nor a DDL string, or a setting cannot work (a parallelism beyond the max
+            parallelism is an :class:`~spate.errors.InvalidParallelismError`).
+        ProcessorError: ``processor`` is neither a processor nor a class or factory of one.
     """
 
     def __init__(self, df: Any, key: str | Sequence[str],
@@ -90,17 +98,9 @@ class StatefulStream:
                  settings: SpateSettings | None = None, initial_state: Any = None,
                  autoscale: AutoscalePolicy | None = None, idle_batches: bool | None = None,
                  progress: bool | None = None, **overrides: Any) -> None:
-        from pyspark.sql.types import StructType, _parse_datatype_string
-
-        if not df.isStreaming:
-            raise ValueError("StatefulStream needs a streaming DataFrame (spark.readStream...); for a batch "
-                             "DataFrame use LocalRunner")
+        self.key_columns = key_columns_of(df, key)
         self.df = df
         self.spark = df.sparkSession
-        self.key_columns = (key,) if isinstance(key, str) else tuple(key)
-        missing = [c for c in self.key_columns if c not in df.columns]
-        if not self.key_columns or missing:
-            raise ValueError(f"key columns {missing or '(none)'} are not columns of the stream {df.columns}")
         self.factory = processor_factory(processor)
         if idle_batches is None:
             idle_batches = ticks_by_default(processor, self.spark)
@@ -109,17 +109,9 @@ class StatefulStream:
         self._idle = IdleBatches.of(processor) if isinstance(processor, (Processor, type)) else IdleBatches()
         self._wake: WakeFile | None = None
         self.initial_state = initial_state_of(initial_state, self.key_columns)
-        schema = _parse_datatype_string(output_schema) if isinstance(output_schema, str) else output_schema
-        if not isinstance(schema, StructType):
-            raise TypeError(f"output_schema must be a StructType or a DDL string, got {output_schema!r}")
-        self.output_schema = schema
-        self.arrow_output_schema = arrow_schema(schema)  # what the outputs are checked against
-        if settings is None:
-            conf = dict(self.spark.sparkContext.getConf().getAll()) | {
-                k: v for k, v in self.spark.conf.getAll.items() if k.startswith("spark.spate.")}
-            settings = SpateSettings.from_conf(conf, **overrides)
-        elif overrides:
-            settings = settings.replace(**overrides)
+        self.output_schema = output_schema_of(output_schema)
+        self.arrow_output_schema = arrow_schema(self.output_schema)  # what the outputs are checked against
+        settings = settings_of(self.spark, settings, overrides)
         self._settings = settings  # until start(); then the query driver's
         self._driver: QueryDriver | None = None
         self.sink: Sink | None = None
@@ -187,7 +179,13 @@ class StatefulStream:
 
         First checks the locations, before touching the checkpoint root; whether executors can import spate is
         checked beside the first batch, which fails with an :class:`~spate.spark.executors.ExecutorPythonError`
-        if they cannot (:class:`~spate.spark.executors.ExecutorCheck`)."""
+        if they cannot (:class:`~spate.spark.executors.ExecutorCheck`).
+
+        Raises:
+            SettingError: a location Spark or spate cannot use (the root, ``spark_checkpoint``, the cache).
+            CheckpointError: the root cannot be taken over (:class:`~spate.errors.NotARootError`: a folder that
+                was never a spate root; another query's root; a Spark checkpoint behind spate's).
+            FencedError: another driver took the root over meanwhile."""
         s = self.settings
         check_locations(self.spark, s.checkpoint_root, spark_checkpoint, spark_checkpoint_cache)
         self._executor_check = ExecutorCheck(self.spark)
@@ -477,18 +475,20 @@ def transform_with_state(df: Any, key: str | Sequence[str], processor: Any, outp
     ``maxBytesPerBatch``, the output conversion's), so input and outputs are converted as this session's
     ``transformWithStateInPandas`` converts them.
 
-    Raises, with Spark's error class in the message and ``getCondition()``:
+    Raises :class:`~spate.errors.SettingError` for an ``output_mode`` other than ``"Update"`` or ``"Append"`` and
+    for ``"EventTime"`` without ``event_time_column``; and, with Spark's error class in the message and
+    ``getCondition()``:
     :class:`~spate.spark.adapter.UnknownTimeModeError` (``time_mode`` is read in any case, as on Spark),
     :class:`~spate.spark.tws_handle.TtlError` (a ``ValueError``: a TTL in time mode ``None``, or one that is not
     positive), :class:`~spate.spark.state_schema.StateSchemaError` (a schema Spark refuses)."""
     if output_mode not in OUTPUT_MODES:
-        raise ValueError(f"output_mode {output_mode!r} is not supported: transformWithState emits what the processor "
-                         "yields, once (\"Update\" or \"Append\"); for \"Complete\" keep the full result in an "
-                         "external table the sink upserts into")
+        raise SettingError(f"output_mode {output_mode!r} is not supported: transformWithState emits what the "
+                           "processor yields, once (\"Update\" or \"Append\"); for \"Complete\" keep the full result "
+                           "in an external table the sink upserts into")
     time_mode = time_mode_of(time_mode)
     if time_mode == "EventTime" and not event_time_column:
-        raise ValueError("timeMode 'EventTime' needs event_time_column (and watermark_delay_ms): the column the "
-                         "watermark follows, as Spark's withWatermark")
+        raise SettingError("timeMode 'EventTime' needs event_time_column (and watermark_delay_ms): the column the "
+                           "watermark follows, as Spark's withWatermark")
     if event_time_column:
         overrides = {**overrides, "event_time_column": event_time_column, "watermark_delay_ms": watermark_delay_ms}
     declared_states(processor, time_mode)
