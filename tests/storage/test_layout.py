@@ -3,6 +3,8 @@ builder whose output were not recognized would leak files, and one recognizing t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from spate import layout
@@ -47,12 +49,17 @@ DIRS = [EPOCHS_DIR, checkpoint_dir(7), layout.SHARED_DIR, subtask_dir(1, 4), CHA
 TEMPORARY = [temporary_path(p) for p in MARKERS if p != layout.claim_path(3)]
 
 
-@pytest.mark.parametrize("path", MARKERS + TEMPORARY)
+def _named(path: str) -> str:
+    """A test id without the path's random names, the same in every process that collects the tests."""
+    return re.sub(r"[0-9a-f]{16,32}", "<hex>", path)
+
+
+@pytest.mark.parametrize("path", MARKERS + TEMPORARY, ids=_named)
 def test_markers_are_recognized(path):
     assert is_spate_file(path) and is_marker(path)
 
 
-@pytest.mark.parametrize("path", DATA_FILES)
+@pytest.mark.parametrize("path", DATA_FILES, ids=_named)
 def test_data_files_are_recognized(path):
     assert is_spate_file(path) and not is_marker(path)
 
