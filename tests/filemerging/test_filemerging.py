@@ -228,7 +228,7 @@ def test_space_control_rewrites_stay_within_the_budget_per_snapshot(tmp_path):
     for a later checkpoint); segments in another subtask's directory are always re-written."""
     from spate.runtime.snapshot_files import Relocator
     from spate.snapshot.handles import KeyGroupsHandle
-    from spate.snapshot.keyed import write_key_groups
+    from spate.snapshot.keyed import SnapshotScope, write_key_groups
 
     storage = CheckpointStorage(str(tmp_path))
     manager = FileMergingManager(storage, FileMergingConfig("across"))
@@ -238,7 +238,8 @@ def test_space_control_rewrites_stay_within_the_budget_per_snapshot(tmp_path):
             return [b"\0\0k%d" % kg, b"v" * 1000]
 
     def handle(index: int, parallelism: int) -> KeyGroupsHandle:
-        h = write_key_groups(View(), range(4), [], {}, manager.shared_writer(index, parallelism, 1, alone=True))
+        h = write_key_groups(View(), SnapshotScope(range(4), (), {}),
+                             manager.shared_writer(index, parallelism, 1, alone=True))
         assert h is not None
         return h
 

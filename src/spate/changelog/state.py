@@ -24,7 +24,7 @@ from spate.fs import CheckpointStorage
 from spate.layout import KEY_GROUPS_SUFFIX, random_name, subtask_dir
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
-from spate.snapshot.keyed import expiry_filters, write_key_groups
+from spate.snapshot.keyed import SnapshotScope, write_key_groups
 from spate.state.keyed import KeyedStateBackend
 from spate.state.table import StateTable, TableView
 
@@ -262,12 +262,12 @@ class ChangelogKeyedState:
             return table.consistent_view()
 
         view = RollingView(open_view, sqn)  # opened now, atomically with ``sqn``; read in the background
-        metas, filters, kgs = backend.state_metas, expiry_filters(backend), backend.key_groups
+        scope = SnapshotScope.of(backend)
         out = self._materialized_writer(self.checkpoint_id + 1 if referenced_by is None else referenced_by)
 
         def work() -> KeyGroupsHandle | None:
             try:
-                return write_key_groups(view, kgs, metas, filters, out)
+                return write_key_groups(view, scope, out)
             finally:
                 view.close()
 

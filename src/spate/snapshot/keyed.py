@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from itertools import chain
 
 import msgpack
@@ -21,6 +22,24 @@ from spate.state.lmdb_digest import key_group_digest
 from spate.state.table import StateTable, TableView
 from spate.state.timers import RESERVED_SIDS
 
+ExpiryFilters = Mapping[bytes, Callable[[bytes], bytes | None]]
+
+
+@dataclass(frozen=True)
+class SnapshotScope:
+    """What a keyed snapshot of one backend holds: its key groups, the descriptors of its states (recorded in the
+    handle) and, per state-id prefix of a TTL'd state, what of a stored value is still live (as of the backend's
+    ``now_ms`` when the scope was taken: :meth:`of`)."""
+
+    key_groups: range
+    metas: tuple[StateMeta, ...]
+    filters: ExpiryFilters
+
+    @staticmethod
+    def of(backend: KeyedStateBackend) -> SnapshotScope:
+        """The scope of a snapshot of ``backend`` taken now."""
+        return SnapshotScope(backend.key_groups, tuple(backend.state_metas), expiry_filters(backend))
+
 
 def write_keyed_snapshot(backend: KeyedStateBackend, out: SegmentWriter,
                          compress: bool = False) -> KeyGroupsHandle | None:
@@ -31,8 +50,7 @@ def write_keyed_snapshot(backend: KeyedStateBackend, out: SegmentWriter,
     table.commit()
     expired: list[tuple[int, bytes, bytes | None]] = []
     with gc_paused(), table.consistent_view() as view:
-        handle = write_key_groups(view, backend.key_groups, backend.state_metas, expiry_filters(backend), out,
-                                  compress, expired)
+        handle = write_key_groups(view, SnapshotScope.of(backend), out, compress=compress, expired=expired)
     _purge(table, expired)
     return handle
 
@@ -42,15 +60,14 @@ def expiry_filters(backend: KeyedStateBackend) -> dict[bytes, Callable[[bytes], 
     return {U16.pack(m.sid): f for m in backend.state_metas if (f := backend.expiry_filter(m.sid))}
 
 
-def write_key_groups(view: TableView, key_groups: range, metas: list[StateMeta],
-                     filters: dict[bytes, Callable[[bytes], bytes | None]], out: SegmentWriter,
-                     compress: bool = False, expired: list[tuple[int, bytes, bytes | None]] | None = None,
-                     ) -> KeyGroupsHandle | None:
-    """Write the key groups of ``view`` as a keyed snapshot file (works from any thread for a view that is
-    consistent); expired data is left out and, if ``expired`` is given, noted there. The frames are written
-    as they are made: the snapshot is never whole in memory."""
+def write_key_groups(view: TableView, scope: SnapshotScope, out: SegmentWriter, *, compress: bool = False,
+                     expired: list[tuple[int, bytes, bytes | None]] | None = None) -> KeyGroupsHandle | None:
+    """Write the key groups of ``scope`` from ``view`` as a keyed snapshot file (works from any thread for a view
+    that is consistent); expired data is left out and, if ``expired`` is given, noted there. The frames are
+    written as they are made: the snapshot is never whole in memory."""
     offsets: dict[int, tuple[int, int]] = {}
     dropped: list[tuple[int, bytes, bytes | None]] = [] if expired is None else expired
+    key_groups, filters = scope.key_groups, scope.filters
 
     def frames() -> Iterator[bytes]:
         pos = 0
@@ -71,10 +88,10 @@ def write_key_groups(view: TableView, key_groups: range, metas: list[StateMeta],
         return None
     ref = out.write_parts(chain((first,), made))
     return KeyGroupsHandle(ref.path, key_groups.start, key_groups.stop - 1, offsets, ref.length,
-                           tuple(m.to_dict() for m in metas), ref.offset)
+                           tuple(m.to_dict() for m in scope.metas), ref.offset)
 
 
-def _drop_expired(kg: int, flat: list[bytes], filters: dict[bytes, Callable[[bytes], bytes | None]],
+def _drop_expired(kg: int, flat: list[bytes], filters: ExpiryFilters,
                   expired: list[tuple[int, bytes, bytes | None]]) -> list[bytes]:
     """``flat`` without expired data; every entry that changed is noted in ``expired`` (new value or None)."""
     out: list[bytes] = []
