@@ -75,27 +75,40 @@ class _Materialization:
     view: RollingView
 
 
+@dataclass(frozen=True)
+class ChangelogServices:
+    """What the changelogs of one worker's subtasks share, made once by the worker's services
+    (:class:`spate.runtime.services.WorkerServices`), which own them: the upload scheduler their uploads batch
+    into (one file), the threads that write their materializations and, with file merging, the writer of a
+    subtask's materializations (``materialized(index, parallelism, checkpoint_id)``; None: a file of its own in
+    the subtask's directory)."""
+
+    scheduler: BatchingUploadScheduler
+    materializers: Executor
+    materialized: Callable[[int, int, int], SegmentWriter] | None = None
+
+
 class ChangelogKeyedState:
     """The changelog side of a subtask's keyed state: writer, materialized handles, materialization.
 
-    A worker's subtasks share its upload ``scheduler`` (their uploads batch into one file) and its
-    ``materializers`` (the threads that write materializations), both owned by the worker's services
-    (:class:`spate.runtime.services.WorkerServices`). Without them (tests, tools) it makes and closes its own."""
+    A worker's subtasks share its :class:`ChangelogServices`. Without them (tests, tools) it makes and closes its
+    own."""
 
     def __init__(self, inner: StateTable, storage: CheckpointStorage, config: ChangelogConfig, index: int,
-                 parallelism: int, scheduler: BatchingUploadScheduler | None = None,
-                 materialized: Callable[[int], SegmentWriter] | None = None,
-                 materializers: Executor | None = None) -> None:
+                 parallelism: int, *, services: ChangelogServices | None = None) -> None:
         self.config = config
         self.storage = storage
         self.index, self.parallelism = index, parallelism
-        self._owns_services = scheduler is None, materializers is None
-        self._materializers: Executor = materializers or ThreadPoolExecutor(1, thread_name_prefix="spate-materialize")
-        self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}",
-                                      scheduler or BatchingUploadScheduler(storage, config.upload),
+        self._owns_services = services is None
+        if services is None:
+            services = ChangelogServices(BatchingUploadScheduler(storage, config.upload),
+                                         ThreadPoolExecutor(1, thread_name_prefix="spate-materialize"))
+        self._materializers = services.materializers
+        self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}", services.scheduler,
                                       config.preemptive_threshold, config.coalesce)
-        self._materialized_writer = materialized or functools.partial(
-            WholeFileWriter, storage, subtask_dir(index, parallelism), KEY_GROUPS_SUFFIX)
+        self._materialized_writer: Callable[[int], SegmentWriter] = (
+            functools.partial(services.materialized, index, parallelism) if services.materialized is not None
+            else functools.partial(WholeFileWriter, storage, subtask_dir(index, parallelism), KEY_GROUPS_SUFFIX))
         self.checkpoint_id = 0  # the checkpoint being taken (or next to be)
         self.table = ChangelogTable(inner, self.writer)
         self.materialized: list[KeyGroupsHandle] = []
@@ -341,8 +354,6 @@ class ChangelogKeyedState:
             # (if it did not, orphan cleanup removes them on the next start)
             self.writer.confirm(listed)
         self.writer.close()
-        owns_scheduler, owns_materializers = self._owns_services
-        if owns_scheduler:
+        if self._owns_services:
             self.writer.scheduler.close()
-        if owns_materializers:
             self._materializers.shutdown(wait=True)

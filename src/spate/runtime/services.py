@@ -9,9 +9,10 @@ of the same root starts afresh (a new worker directory for merged files).
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import Executor, ThreadPoolExecutor
 
-from spate.changelog.state import ChangelogConfig
+from spate.changelog.state import ChangelogConfig, ChangelogServices
 from spate.changelog.upload import BatchingUploadScheduler
 from spate.filemerging.config import FileMergingConfig
 from spate.filemerging.manager import FileMergingManager
@@ -37,12 +38,15 @@ class WorkerServices:
                  changelog: ChangelogConfig | None = None, readers: SharedReaders | None = None) -> None:
         self.storage = CheckpointStorage(uri)
         self.merging = FileMergingManager(self.storage, file_merging) if file_merging is not None else None
-        self.scheduler: BatchingUploadScheduler | None = None
-        self.materializers: Executor | None = None
+        # what the changelogs of the worker's subtasks share (None: changelog off)
+        self.changelog_services: ChangelogServices | None = None
         if changelog is not None:
-            segments = self.merging.changelog_writer if self.merging is not None else None
-            self.scheduler = BatchingUploadScheduler(self.storage, changelog.upload, segments)
-            self.materializers = ThreadPoolExecutor(MATERIALIZER_THREADS, thread_name_prefix="spate-materialize")
+            merging = self.merging
+            self.changelog_services = ChangelogServices(
+                BatchingUploadScheduler(self.storage, changelog.upload,
+                                        merging.changelog_writer if merging is not None else None),
+                ThreadPoolExecutor(MATERIALIZER_THREADS, thread_name_prefix="spate-materialize"),
+                functools.partial(merging.shared_writer, alone=True) if merging is not None else None)
         self._read_only: dict[str, CheckpointStorage] = {}
         self._verified: dict[str, VerifiedSpans] = {}  # per checkpoint URI read: spans checked (bounded each)
         self.trusted_local: set[str] = set()  # local lmdb directories this worker wrote or checked (digest)
@@ -54,6 +58,16 @@ class WorkerServices:
     @property
     def uri(self) -> str:
         return self.storage.uri
+
+    @property
+    def scheduler(self) -> BatchingUploadScheduler | None:
+        """The changelog upload scheduler of the worker's subtasks (None: changelog off)."""
+        return self.changelog_services.scheduler if self.changelog_services is not None else None
+
+    @property
+    def materializers(self) -> Executor | None:
+        """The threads that write the worker's subtasks' materializations (None: changelog off)."""
+        return self.changelog_services.materializers if self.changelog_services is not None else None
 
     def storage_of(self, uri: str) -> CheckpointStorage:
         """Storage to read ``uri`` (the root itself, or a savepoint a query was restored from)."""

@@ -10,7 +10,6 @@ from checkpoint storage (:meth:`StateOwner.operator_state`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import shutil
 import time
@@ -146,12 +145,9 @@ class StateOwner:
         cfg = self.config.changelog
         if cfg is None:
             return Target(table, None)
-        services, materialized = self.services, None
-        manager = services.merging
-        if manager is not None:
-            materialized = functools.partial(manager.shared_writer, self.index, self.parallelism, alone=True)
+        services = self.services
         clog = ChangelogKeyedState(table, services.storage, cfg, self.index, self.parallelism,
-                                   services.scheduler, materialized, services.materializers)
+                                   services=services.changelog_services)
         return Target(clog.table, clog)
 
     def operator_state(self, plan: SubtaskPlan) -> dict[str, RestoredOperatorState]:
