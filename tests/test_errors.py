@@ -257,7 +257,7 @@ MISTAKES = [
      TypeError, r"parallelism must be an int, got str: pass the number of subtasks as an int"),
     ("autoscale minimum 0", lambda t, m: AutoscalePolicy(0, 4, target_batch_ms=100),
      errors.InvalidParallelismError, ValueError, r"min_parallelism must be >= 1, got 0: pass a positive number"),
-    ("coordinator parallelism 0", lambda t, m: Coordinator(str(t / "root"), 0), errors.InvalidParallelismError,
+    ("coordinator parallelism 0", lambda t, m: Coordinator(str(t / "root")).start(0), errors.InvalidParallelismError,
      ValueError, r"parallelism must be >= 1, got 0: pass the number of subtasks"),
     # settings
     ("unknown table", lambda t, m: _runner(t, table="rocksdb"), errors.SettingError, ValueError,
@@ -273,7 +273,7 @@ MISTAKES = [
      r"file_merging must be a bool, 'off', 'within', 'across' or a FileMergingConfig, got 3"),
     ("changelog interval 0", lambda t, m: ChangelogConfig(materialization_interval_ms=0), errors.SettingError,
      ValueError, r"materialization_interval_ms must be > 0, got 0: pass a positive number of milliseconds"),
-    ("retained 0", lambda t, m: Coordinator(str(t / "root"), 1, retained=0), errors.SettingError, ValueError,
+    ("retained 0", lambda t, m: Coordinator(str(t / "root"), retained=0), errors.SettingError, ValueError,
      r"retained must be >= 1, got 0: keep at least one complete checkpoint"),
     ("key types of a list of lists", lambda t, m: _runner(t, key_types=[["string"]]), errors.SettingError,
      TypeError, r"key type must be a Spark DDL type name or a pyspark DataType, got list: .*pass e\.g\. key_types="),

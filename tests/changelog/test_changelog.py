@@ -319,8 +319,8 @@ def test_scenario_7_materialization_gating(tmp_path):
 # -- scenario 8: round trip --------------------------------------------------------------------------------------
 def test_scenario_8_round_trip(tmp_path):
     root = str(tmp_path)
-    coord = Coordinator(root, 1)
-    coord.start()
+    coord = Coordinator(root)
+    coord.start(1)
     clog = ChangelogKeyedState(HeapTable(), CheckpointStorage(root), ChangelogConfig(upload=NOW), 0, 1)
     backend = KeyedStateBackend(clog.table, 128, range(128))
     v = backend.get_state(ValueStateDescriptor("v"))
@@ -342,7 +342,7 @@ def test_scenario_8_round_trip(tmp_path):
     for key, ts in (("a", 100), ("a", 10), ("a", 20), ("b", 9), ("c", 9), ("c", 8)):
         backend.set_current_key(key)
         backend.timers.register(EVENT_TIME, ts)
-    coord.begin(0, 0)
+    coord.begin(0, 1, 0)
     materialized, changelog, _ = clog.snapshot(0, backend)
     coord.acknowledge(SubtaskAck(0, 0, coord.query.epoch, materialized, changelog))
     meta = coord.complete(0)
@@ -382,15 +382,15 @@ def test_seed_state_change_lifecycle(tmp_path):
     root = str(tmp_path)
     storage = GatedStorage(root)
     storage.gate = threading.Event()
-    coord = Coordinator(root, 1, retained=1)
-    coord.start()
+    coord = Coordinator(root, retained=1)
+    coord.start(1)
     clog = ChangelogKeyedState(HeapTable(), storage, ChangelogConfig(upload=NOW), 0, 1)
     backend = KeyedStateBackend(clog.table, 128, range(128))
     lst = backend.get_state(ListStateDescriptor("list"))
     backend.set_current_key("op")
 
     def checkpoint(n):
-        coord.begin(n, 0)
+        coord.begin(n, 1, 0)
         materialized, changelog, _ = clog.snapshot(n, backend)
         coord.acknowledge(SubtaskAck(n, 0, coord.query.epoch, materialized, changelog))
         meta = coord.complete(n)

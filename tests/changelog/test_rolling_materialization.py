@@ -54,8 +54,8 @@ class Job:
     """One subtask's keyed state with the changelog on, its checkpoints, and the model of what it must hold."""
 
     def __init__(self, root: str, table_path: str | None) -> None:
-        self.coord = Coordinator(root, 1)
-        self.coord.start()
+        self.coord = Coordinator(root)
+        self.coord.start(1)
         self.storage = PausingStorage(root)
         self.storage.paused, self.storage.resume = threading.Event(), threading.Event()
         table = LmdbTable(table_path) if table_path else HeapTable()
@@ -80,7 +80,7 @@ class Job:
     def checkpoint(self):
         cid = self.checkpoints
         self.checkpoints += 1
-        self.coord.begin(cid, 0)
+        self.coord.begin(cid, 1, 0)
         self.clog.begin(cid)
         materialized, changelog, _ = self.clog.snapshot(cid, self.backend)
         self.coord.acknowledge(SubtaskAck(cid, 0, self.coord.query.epoch, materialized, changelog))

@@ -108,7 +108,7 @@ def test_exactly_one_ack_per_subtask(tmp_path):
     root = str(tmp_path / "c")
     r = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2)
     coord = r.coordinator
-    plans = coord.begin(0, 0)
+    plans = coord.begin(0, 2, 0)
     acks = [r.subtasks[p.index].run(p, []).ack for p in plans]
     retry = r.subtasks[0].run(plans[0], []).ack  # a retried attempt of subtask 0
     assert coord.acknowledge(acks[0]) and coord.acknowledge(acks[1])
@@ -118,7 +118,7 @@ def test_exactly_one_ack_per_subtask(tmp_path):
     assert retry.files and all(not CheckpointStorage(root).exists(p) for p in retry.files), \
         "rejected attempt's files deleted once the checkpoint completed"
     assert meta.subtasks[0].operator == acks[0].operator
-    stale = r.subtasks[1].run(coord.begin(1, 0)[1], []).ack
+    stale = r.subtasks[1].run(coord.begin(1, 2, 0)[1], []).ack
     stale.checkpoint_id = 0
     assert not coord.acknowledge(stale), "an ack for another checkpoint is refused"
     r.close()
@@ -221,9 +221,9 @@ def test_registry_scenario_9(tmp_path):
 
 
 def test_coordinator_requires_acks_from_every_subtask(tmp_path):
-    c = Coordinator(str(tmp_path / "c"), 2)
-    c.start()
-    c.begin(0)
+    c = Coordinator(str(tmp_path / "c"))
+    c.start(2)
+    c.begin(0, 2)
     with pytest.raises(Exception, match=r"lacks acks of subtasks \[0, 1\]"):
         c.complete(0)
 

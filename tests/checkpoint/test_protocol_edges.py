@@ -38,9 +38,9 @@ def _rows(coord, keys):
 
 
 def test_a_resent_ack_never_deletes_the_accepted_files(tmp_path):
-    coord = Coordinator(str(tmp_path), 1)
-    coord.start()
-    plan = coord.begin(0, 0)[0]
+    coord = Coordinator(str(tmp_path))
+    coord.start(1)
+    plan = coord.begin(0, 1, 0)[0]
     ack = Subtask(0, 1, processor_factory(C), SubtaskConfig(), WorkerServices(coord.storage.uri)).run(
         plan, _rows(coord, ["x"])).ack
     assert coord.acknowledge(ack) and not coord.acknowledge(copy.deepcopy(ack))
@@ -51,14 +51,14 @@ def test_a_resent_ack_never_deletes_the_accepted_files(tmp_path):
 
 def test_a_rejected_attempt_does_not_reuse_its_deleted_files(tmp_path):
     root = str(tmp_path)
-    coord = Coordinator(root, 1)
-    coord.start()
+    coord = Coordinator(root)
+    coord.start(1)
     a, b = (Subtask(0, 1, processor_factory(C), SubtaskConfig(), WorkerServices(root)) for _ in range(2))
-    plan = coord.begin(0, 0)[0]
+    plan = coord.begin(0, 1, 0)[0]
     accepted, rejected = b.run(plan, _rows(coord, ["x"])), a.run(plan, _rows(coord, ["x"]))
     assert coord.acknowledge(accepted.ack) and not coord.acknowledge(rejected.ack)
     coord.complete(0)
-    again = a.run(coord.begin(1, 0)[0], [])
+    again = a.run(coord.begin(1, 1, 0)[0], [])
     assert again.ack.recovery == "restored", "its live state is not the accepted attempt's"
     assert again.ack.keyed == accepted.ack.keyed, "a snapshot it reuses is the accepted one"
     coord.acknowledge(again.ack)
@@ -89,16 +89,16 @@ class _FailsToOpenOnce(C):
 def test_a_processor_that_fails_to_open_on_restored_state_leaves_nothing_open_and_the_retry_restores(
         tmp_path, table):
     root, local = str(tmp_path / "c"), str(tmp_path / "local")
-    coord = Coordinator(root, 1)
-    coord.start()
+    coord = Coordinator(root)
+    coord.start(1)
     config = SubtaskConfig(table=table, local_dir=local if table == "lmdb" else None)
     first = Subtask(0, 1, processor_factory(C), config, WorkerServices(root))
-    coord.acknowledge(first.run(coord.begin(0, 0)[0], _rows(coord, ["x"])).ack)
+    coord.acknowledge(first.run(coord.begin(0, 1, 0)[0], _rows(coord, ["x"])).ack)
     coord.complete(0)
     first.close(destroy=True)  # the next subtask restores from checkpoint storage
     _FailsToOpenOnce.failures[0] = 1
     second = Subtask(0, 1, processor_factory(_FailsToOpenOnce), config, WorkerServices(root))
-    plan = coord.begin(1, 0)[0]
+    plan = coord.begin(1, 1, 0)[0]
     with pytest.raises(RuntimeError, match="open failed"):
         second.run(plan, _rows(coord, ["x"]))
     assert (second.keyed, second.processor, second.clog) == (None, None, None)

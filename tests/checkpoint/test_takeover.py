@@ -39,16 +39,16 @@ def test_two_drivers_reading_the_same_epoch_cannot_both_own_it(tmp_path):
     _run(root, 2)
     storage = CheckpointStorage(root)
     stale, stale_query = EpochLog(storage).read(), QueryInfo.read(storage)
-    first, second = Coordinator(root, 2), Coordinator(root, 2)
-    first.start()
+    first, second = Coordinator(root), Coordinator(root)
+    first.start(2)
     before = _files(root)
     second.epochs.read = lambda: stale  # both read the root before either claimed
     second.take_over._query_file = lambda savepoint, *settings: stale_query  # type: ignore[method-assign]
     with pytest.raises(FencedError, match="same time"):
-        second.start()
+        second.start(2)
     assert _files(root) == before, "the loser wrote and deleted nothing"
     assert first.query is not None and first.query.epoch == stale.latest + 1
-    first.begin(2)
+    first.begin(2, 2)
 
 
 def test_a_later_start_fences_the_running_driver_before_its_commit(tmp_path):
@@ -71,7 +71,7 @@ def test_checkpoint_completed_while_a_new_driver_starts_is_kept(tmp_path):
     root, src = str(tmp_path / "c"), batches(5)
     old = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, retained=1)
     old.run(src, until=2)
-    new = Coordinator(root, 3, retained=1)
+    new = Coordinator(root, retained=1)
     claim = new.epochs.claim
 
     def old_driver_commits_first(after: int) -> int:
@@ -79,7 +79,7 @@ def test_checkpoint_completed_while_a_new_driver_starts_is_kept(tmp_path):
         return claim(after)
 
     new.epochs.claim = old_driver_commits_first  # type: ignore[method-assign]
-    base = new.start()
+    base = new.start(3)
     assert base is not None and base.checkpoint_id == 2
     storage = CheckpointStorage(root)
     assert verify_checkpoint(storage, load_checkpoint(storage, 2)) == []
@@ -110,12 +110,12 @@ def _old_driver_commits_after_take_over(root: str, src: list) -> tuple[LocalRunn
     cleanup); then the old driver writes its metadata."""
     old = LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, retained=1)
     old.run(src, until=2)
-    check, new = old.coordinator.epochs.check, Coordinator(root, 3, retained=1)
+    check, new = old.coordinator.epochs.check, Coordinator(root, retained=1)
 
     def new_driver_takes_over_after_check(epoch: int) -> None:
         check(epoch)
         if new.query is None:
-            new.start()
+            new.start(3)
 
     old.coordinator.epochs.check = new_driver_takes_over_after_check  # type: ignore[method-assign]
     with pytest.raises(FencedError):
@@ -216,8 +216,8 @@ def test_a_handle_through_a_link_is_a_corrupt_file(tmp_path):
 def test_documented_epoch_seal_is_what_a_take_over_writes(tmp_path):
     root = str(tmp_path / "c")
     _run(root, 2)
-    coordinator = Coordinator(root, 2)
-    coordinator.start()
+    coordinator = Coordinator(root)
+    coordinator.start(2)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
     example = re.search(r"## Epochs.*?```json\n(.*?)\n```", doc, re.S).group(1)  # type: ignore[union-attr]
     storage = CheckpointStorage(root)

@@ -104,7 +104,7 @@ def test_scenario_12_within_checkpoint_subsume_and_abort(tmp_path):
         coord = r.coordinator  # checkpoint 3 is aborted after every subtask wrote and acknowledged it
         before = {p for p, _ in coord.storage.list_files()}
         h = compile_key_hasher(None)
-        for plan in coord.begin(3, 0):
+        for plan in coord.begin(3, r.parallelism, 0):
             rows = [(h(x["k"]) % 128, x["k"], x) for x in _rows_for_subtask(plan.index, 2, 1, 2000)]
             coord.acknowledge(r.subtasks[plan.index].run(plan, rows).ack)
         written = {p for p, _ in coord.storage.list_files()} - before
@@ -161,7 +161,7 @@ def test_a_plan_grants_only_its_subtasks_files_and_a_shared_worker_keeps_appendi
             r.run_batch(n, [{"k": k} for k in "abcdefgh"])
         r.coordinator.drain()
         assert [_files(root, subtask_dir(i, p)) for i in range(p)] == files
-        plans = r.coordinator.begin(4)
+        plans = r.coordinator.begin(4, p)
         granted = r.coordinator.registry.open_files
         for plan in plans:
             assert all(f.startswith((subtask_dir(plan.index, p) + "/", "taskowned/")) for f in plan.open_files)

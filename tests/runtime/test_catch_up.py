@@ -101,6 +101,7 @@ class Cluster:
                         for name in WORKERS}
         self.hash = compile_key_hasher(None)
         self.coord: Coordinator | None = None
+        self.parallelism = 1  # the driver's: each plan is at it
         self.recoveries: Counter[str] = Counter()  # of every attempt
         self.completed: Counter[str] = Counter()  # of the attempts whose checkpoint completed
 
@@ -108,15 +109,16 @@ class Cluster:
         """A driver (re)starts: it takes the root over; workers drop the subtasks of the previous run."""
         if self.coord is not None:
             self.coord.close()
-        self.coord = Coordinator(self.root, parallelism, max_parallelism=MAXP)
-        self.coord.start()
+        self.coord = Coordinator(self.root, max_parallelism=MAXP)
+        self.coord.start(parallelism)
+        self.parallelism = parallelism
         for w in self.workers.values():
             w.evict()
         return self.coord
 
     def plans(self, batch_id: int, now: int) -> list[SubtaskPlan]:
         assert self.coord is not None
-        return self.coord.begin(batch_id, now)
+        return self.coord.begin(batch_id, self.parallelism, now)
 
     def rows_of(self, plan: SubtaskPlan, rows: list[dict]) -> list[tuple[int, Any, dict]]:
         out = []

@@ -86,7 +86,7 @@ def _long_log_root(tmp_path: Any) -> tuple[str, SubtaskPlan]:
                      clock=lambda: 1000) as r:
         for n in range(6):
             r.run_batch(n, [{"k": f"k{i}", "op": "vput", "x": n, "i": 10 * n + i} for i in range(6)])
-        plan = r.coordinator.begin(6, 1000)[0]
+        plan = r.coordinator.begin(6, r.parallelism, 1000)[0]
     return root, plan
 
 

@@ -64,21 +64,23 @@ def test_a_subtask_takes_only_services_made_for_its_settings_and_root(tmp_path):
         Subtask(0, 1, Count, SubtaskConfig(changelog=ChangelogConfig()), WorkerServices(str(tmp_path)))
     with pytest.raises(ValueError, match="made with file merging on, the subtask has it off"):
         Subtask(0, 1, Count, SubtaskConfig(), WorkerServices(str(tmp_path), file_merging=FileMergingConfig()))
-    coord = Coordinator(str(tmp_path / "a"), 1)
-    coord.start()
+    coord = Coordinator(str(tmp_path / "a"))
+    coord.start(1)
     services = WorkerServices(str(tmp_path / "b"))
     with pytest.raises(ValueError, match="plan for checkpoint root .* given to a subtask serving"):
-        Subtask(0, 1, Count, SubtaskConfig(), services).run(coord.begin(0, 0)[0], [])
+        Subtask(0, 1, Count, SubtaskConfig(), services).run(coord.begin(0, 1, 0)[0], [])
     coord.close()
 
 
 # -- the Spark worker's registry, driven without Spark ---------------------------------------------------------
 class _Query:
-    """A query of parallelism 2 on ``root`` whose subtasks run in the worker registries a test names."""
+    """A query of parallelism 2 (a test may change it: an online rescale) on ``root`` whose subtasks run in the
+    worker registries a test names."""
 
     def __init__(self, root: str) -> None:
-        self.coord = Coordinator(root, 2)
-        self.coord.start()
+        self.parallelism = 2
+        self.coord = Coordinator(root)
+        self.coord.start(self.parallelism)
         self.hash = compile_key_hasher(None)
         self.next = 0
 
@@ -92,7 +94,7 @@ class _Query:
         objects that ran them."""
         n, self.next = self.next, self.next + 1
         ran = {}
-        for plan in self.coord.begin(n, n):
+        for plan in self.coord.begin(n, self.parallelism, n):
             worker, spec = where[plan.index]
             subtask = ran[plan.index] = worker.get(spec, plan)
             rows = [(kg, k, {"k": k}) for k in range(10) if (kg := self.hash(k) % plan.max_parallelism)
@@ -194,7 +196,7 @@ def test_a_new_parallelism_closes_the_old_subtasks_and_removes_their_copies(tmp_
     spec = query.spec(str(tmp_path / "local"))
     (a,) = _workers(1, _Clock())
     query.batch({0: (a, spec), 1: (a, spec)})
-    query.coord.rescale(3)  # online rescaling: the same run goes on at parallelism 3
+    query.parallelism = 3  # online rescaling: the same run goes on at parallelism 3
     query.batch({i: (a, spec) for i in range(3)})
     assert a.served(query.coord.storage.uri) == {(0, 3), (1, 3), (2, 3)}
     base = os.path.join(str(tmp_path / "local"), query.coord.query.query_id)

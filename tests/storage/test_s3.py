@@ -65,12 +65,12 @@ def test_take_over_and_metadata_are_conditional_writes_on_s3(s3_uri):
         r.run(batches(2))
     storage = CheckpointStorage(root)
     stale, stale_query = EpochLog(storage).read(), QueryInfo.read(storage)
-    first, second = Coordinator(root, 2), Coordinator(root, 2)
-    first.start()
+    first, second = Coordinator(root), Coordinator(root)
+    first.start(2)
     second.epochs.read = lambda: stale
     second.take_over._query_file = lambda savepoint, *settings: stale_query
     with pytest.raises(FencedError, match="same time"):
-        second.start()
+        second.start(2)
     with pytest.raises(FileExistsError):
         storage.create_exclusive("chk-1/_metadata", b"a second commit")
     assert list_complete_checkpoints(storage) == [0, 1] and load_checkpoint(storage).checkpoint_id == 1

@@ -4,10 +4,12 @@ protocol, composed of the parts that own the other lifecycles of a root.
 A checkpoint is complete iff its metadata file exists and verifies. ``start`` takes the root over
 (:class:`~spate.checkpoint.takeover.TakeOver`: claim the next fencing epoch, find the latest complete
 checkpoint visible under the epochs' seals) and removes orphan files
-(:class:`~spate.checkpoint.cleanup.RootCleanup`). ``begin`` plans a checkpoint for every subtask;
-``acknowledge`` accepts exactly one ack per subtask; ``complete`` checks the fence, writes the metadata with
-put-if-absent and checks the fence again (a commit that raced a take-over is reported as fenced, and the new
-driver's seal keeps it from ever being restored), registers the logical files it references, subsumes
+(:class:`~spate.checkpoint.cleanup.RootCleanup`). ``begin`` plans a checkpoint for every subtask, at the
+parallelism the caller gives (the coordinator keeps none of its own: a query's parallelism is its driver's,
+:class:`~spate.runtime.query.QueryDriver`); ``acknowledge`` accepts exactly one ack per subtask; ``complete``
+checks the fence, writes the metadata with put-if-absent and checks the fence again (a commit that raced a
+take-over is reported as fenced, and the new driver's seal keeps it from ever being restored;
+:mod:`~spate.checkpoint.completion`), registers the logical files it references, subsumes
 checkpoints beyond the retention and has the :class:`~spate.checkpoint.janitor.Janitor` delete every physical
 file that is closed and holds nothing a retained checkpoint references (the file registry, shared with file
 merging). The sink's side is :class:`~spate.checkpoint.delivery.SinkDelivery`.
@@ -22,9 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from spate.checkpoint.assignment import assign_keyed_state, assign_operator_state, rescale_sources
-from spate.checkpoint.changelists import extend_lists, reused_lists
 from spate.checkpoint.cleanup import RootCleanup, live_dirs
-from spate.checkpoint.completion import completed_metadata
+from spate.checkpoint.completion import PlannedCheckpoint, completed_metadata, list_change_sets, write_metadata
 from spate.checkpoint.delivery import SinkDelivery
 from spate.checkpoint.discovery import list_complete_checkpoints
 from spate.checkpoint.epochs import EpochLog
@@ -33,7 +34,7 @@ from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.checkpoint.savepoint import restore_source, take_savepoint
 from spate.checkpoint.takeover import TakeOver
-from spate.errors import CheckpointError, FencedError, InvalidParallelismError, SettingError, naming_disk_full
+from spate.errors import CheckpointError, InvalidParallelismError, SettingError
 from spate.filemerging.manager import in_grant_scope
 from spate.filemerging.registry import FileRegistry
 from spate.fs import CheckpointStorage
@@ -48,11 +49,17 @@ DEFAULT_RETAINED = 3
 
 @dataclass
 class _Pending:
-    checkpoint_id: int
-    parallelism: int
-    processing_time_ms: int
+    planned: PlannedCheckpoint
     acks: dict[int, SubtaskAck]
     unused: set[str]  # physical files an ack of this checkpoint (accepted or not) reported no longer in use
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.planned.checkpoint_id
+
+    @property
+    def parallelism(self) -> int:
+        return self.planned.parallelism
 
 
 def _referenced(paths: list[str], handles: list[Any]) -> list[str]:
@@ -65,8 +72,8 @@ class Coordinator:
     """Driver-side checkpoint coordination for one checkpoint root.
 
     Raises:
-        InvalidParallelismError: ``parallelism`` below 1 or ``max_parallelism`` not in ``1..32768`` (both
-            ``ValueError``); :meth:`rescale` beyond the max parallelism raises IncompatibleStateError.
+        InvalidParallelismError: ``max_parallelism`` not in ``1..32768``, or a parallelism given to :meth:`start`
+            or :meth:`begin` below 1 (both ``ValueError``); beyond the max parallelism: IncompatibleStateError.
         SettingError: ``retained`` below 1; a ``root`` that is not a path or URI, or a file.
         FencedError: another driver took the root over (from :meth:`complete` and the protocol's writes).
         CheckpointError: a protocol step out of order (``begin`` before ``start``, ``complete`` of a checkpoint
@@ -75,29 +82,25 @@ class Coordinator:
             checkpoint file that does not verify or is gone.
     """
 
-    def __init__(self, root: str | CheckpointStorage, parallelism: int, *, max_parallelism: int | None = None,
+    def __init__(self, root: str | CheckpointStorage, *, max_parallelism: int | None = None,
                  retained: int = DEFAULT_RETAINED, restore_from: str | None = None,
                  watermark_delay_ms: int | None = None, max_space_amplification: float = 2.0) -> None:
         self.storage = root if isinstance(root, CheckpointStorage) else CheckpointStorage(root)
-        if parallelism < 1:
-            raise InvalidParallelismError(f"parallelism must be >= 1, got {parallelism}: pass the number of subtasks "
-                                          "as a positive int")
         if max_parallelism is not None and not 1 <= max_parallelism <= MAX_MAX_PARALLELISM:
             raise InvalidParallelismError(f"max_parallelism must be in 1..{MAX_MAX_PARALLELISM}, got "
                                           f"{max_parallelism}: pass a number of key groups in that range, or None")
         if retained < 1:
             raise SettingError(f"retained must be >= 1, got {retained}: keep at least one complete checkpoint "
                                f"(default {DEFAULT_RETAINED})")
-        self.parallelism = parallelism
         self.requested_max_parallelism = max_parallelism
         self.retained = retained
         self.restore_from = restore_from
         self.watermark_delay_ms = watermark_delay_ms
-        self.rescale_reason: str | None = None  # why the parallelism changed while running (None: at the start)
         self.completed: list[CheckpointMetadata] = []
         self.base: CheckpointMetadata | None = None
         self._base_storage: CheckpointStorage | None = None
         self._pending: _Pending | None = None
+        self._planned: PlannedCheckpoint | None = None  # the latest checkpoint planned: its subtasks may be writing
         self.epochs = EpochLog(self.storage)
         self.take_over = TakeOver(self.storage, self.epochs, retained, restore_from)
         self.janitor = Janitor(self.storage)
@@ -118,11 +121,15 @@ class Coordinator:
         return self.janitor.files_deleted
 
     # -- start ----------------------------------------------------------------------------------------
-    def start(self) -> CheckpointMetadata | None:
-        """Take over the root (claim the next epoch, fencing older drivers), discover the latest complete
-        checkpoint, remove orphans. Returns the checkpoint the query resumes from (None for a fresh start)."""
-        resumed = self.take_over.start(self.parallelism, self.requested_max_parallelism,
-                                       self.delivery.delivered_upto)
+    def start(self, parallelism: int) -> CheckpointMetadata | None:
+        """Take over the root for a query starting at ``parallelism`` subtasks (claim the next epoch, fencing older
+        drivers), discover the latest complete checkpoint, remove orphans. Returns the checkpoint the query
+        resumes from (None for a fresh start). A new root's max parallelism follows from ``parallelism`` unless
+        one was asked for; a root's refuses a larger ``parallelism``."""
+        if parallelism < 1:
+            raise InvalidParallelismError(f"parallelism must be >= 1, got {parallelism}: pass the number of subtasks "
+                                          "as a positive int")
+        resumed = self.take_over.start(parallelism, self.requested_max_parallelism, self.delivery.delivered_upto)
         assert self.query is not None
         self.completed, savepoint = resumed.completed, resumed.savepoint
         for meta in self.completed:
@@ -153,19 +160,30 @@ class Coordinator:
     def next_checkpoint_id(self) -> int:
         return self.base.checkpoint_id + 1 if self.base is not None else 0
 
-    def begin(self, checkpoint_id: int, processing_time_ms: int | None = None) -> list[SubtaskPlan]:
-        """Plan checkpoint ``checkpoint_id`` (= micro-batch) for every subtask."""
+    def begin(self, checkpoint_id: int, parallelism: int, processing_time_ms: int | None = None,
+              rescale_reason: str | None = None) -> list[SubtaskPlan]:
+        """Plan checkpoint ``checkpoint_id`` (= micro-batch) for each of ``parallelism`` subtasks. At another
+        parallelism than the base's, the base's state is redistributed as on a restart (keyed state by key group,
+        operator state by the FLIP-8 rules); ``rescale_reason`` (why the parallelism changed while the query ran,
+        None: at its start) is recorded in the metadata of the checkpoint that rescales.
+
+        Raises:
+            CheckpointError: :meth:`start` was not called, or ``checkpoint_id`` is not newer than the base.
+            InvalidParallelismError: ``parallelism`` is not an int >= 1.
+            IncompatibleStateError: ``parallelism`` exceeds the max parallelism.
+        """
         if self.query is None:
             raise CheckpointError("Coordinator.start() must be called before begin()")
+        check_parallelism(parallelism, self.max_parallelism)
         if self._pending is not None:
-            self.abort(self._pending.checkpoint_id, "superseded by a new checkpoint")
+            self._abort(self._pending, "superseded by a new checkpoint", writing=parallelism)
         restored_elsewhere = self._base_storage is not None and self._base_storage is not self.storage
         if self.base is not None and not restored_elsewhere and checkpoint_id <= self.base.checkpoint_id:
             # a base restored from another root (restore_from): this root's ids start anew, as Spark's batch ids
             raise CheckpointError(f"checkpoint {checkpoint_id} is not newer than the latest complete "
                                   f"checkpoint {self.base.checkpoint_id}")
         now = int(time.time() * 1000) if processing_time_ms is None else processing_time_ms
-        p, base = self.parallelism, self.base
+        p, base = parallelism, self.base
         keyed: list[list] = [[] for _ in range(p)]
         changelog: list[list] = [[] for _ in range(p)]
         operator: list[list] = [[] for _ in range(p)]
@@ -176,7 +194,8 @@ class Coordinator:
             operator = assign_operator_state([s.operator for s in base.subtasks], p)
             if not base.is_savepoint and self._base_storage is self.storage:  # local copies exist of this root only
                 sources = rescale_sources([(s.keyed, s.changelog) for s in base.subtasks], base.max_parallelism, p)
-        self._pending = _Pending(checkpoint_id, p, now, {}, set())
+        self._planned = PlannedCheckpoint(checkpoint_id, p, now, rescale_reason)
+        self._pending = _Pending(self._planned, {}, set())
         open_files, non_reusable = self.registry.open_files, self.registry.non_reusable
         return [SubtaskPlan(
             checkpoint_id=checkpoint_id, index=i, parallelism=p, max_parallelism=self.max_parallelism,
@@ -189,32 +208,16 @@ class Coordinator:
             late_watermark_ms=base.batch_watermark_ms if base else None,
             open_files=[f for f in open_files if in_grant_scope(f, subtask_dir(i, p))],
             non_reusable=_referenced(non_reusable, keyed[i] + changelog[i])
-            + self._other_runs_files(keyed[i] + changelog[i]),
+            + self._other_runs_files(keyed[i] + changelog[i], p),
             base_parallelism=base.parallelism if base else None, rescale_sources=sources[i]) for i in range(p)]
 
-    def rescale(self, parallelism: int, reason: str = "requested") -> None:
-        """From the next :meth:`begin` on, plan ``parallelism`` subtasks (an online rescale: the base's state is
-        redistributed as on a restart, keyed state by key group and operator state by the FLIP-8 rules).
-        ``reason`` is recorded in the metadata of the checkpoint that rescales.
-
-        Raises:
-            CheckpointError: :meth:`start` was not called.
-            InvalidParallelismError: ``parallelism`` is not an int >= 1.
-            IncompatibleStateError: ``parallelism`` exceeds the max parallelism.
-        """
-        if self.query is None:
-            raise CheckpointError("Coordinator.start() must be called before rescale()")
-        check_parallelism(parallelism, self.max_parallelism)
-        if parallelism != self.parallelism:
-            self.parallelism, self.rescale_reason = parallelism, reason
-
-    def _other_runs_files(self, handles: list[Any]) -> list[str]:
+    def _other_runs_files(self, handles: list[Any], parallelism: int) -> list[str]:
         """After a rescale (the base has another parallelism): the files of ``handles`` in the private
         directories of workers not of this run, whose segments a subtask re-writes into its own directories so
         that the old directories go with the old checkpoints. Otherwise (a restart at the same parallelism, or
         a subtask moving between workers: Spark's Python workers are not sticky) they stay where they are,
         until the next materialization leaves them unreferenced: no copy per move or restart."""
-        if self.base is None or self.base.parallelism == self.parallelism:
+        if self.base is None or self.base.parallelism == parallelism:
             return []
         mine = tuple(worker_dir(w) + "/" for w in self.run_workers)
         return sorted({h.path for h in handles if in_worker_dir(h.path) and not h.path.startswith(mine)})
@@ -234,7 +237,7 @@ class Coordinator:
             if pending is not None:
                 pending.unused.update(unused)
             else:
-                self._sweep(unused)
+                self._sweep(unused, self._planned.parallelism if self._planned is not None else 0)
             return False
         pending.acks[ack.index] = ack  # type: ignore[union-attr]
         pending.unused.update(unused)  # type: ignore[union-attr]
@@ -251,10 +254,11 @@ class Coordinator:
         assert self.query is not None
         self.take_over.check()
         acks = [pending.acks[i] for i in range(pending.parallelism)]
-        meta = completed_metadata(checkpoint_id, acks, pending.processing_time_ms, self.query, self.base,
-                                  self.watermark_delay_ms, self.rescale_reason)
-        self._list_change_sets(meta)
-        self._write_metadata(meta)
+        meta = completed_metadata(pending.planned, acks, self.query, self.base, self.watermark_delay_ms)
+        base = self.base
+        same = base is not None and self._base_storage is self.storage and base.parallelism == meta.parallelism
+        list_change_sets(self.storage, meta, base if same else None)
+        write_metadata(self.storage, self.take_over, meta)
         self.take_over.check()  # a take-over that raced the write: the new driver's seal decides
         self._pending = None
         self.take_over.mark_completed()
@@ -267,37 +271,8 @@ class Coordinator:
         deleted += self._subsume()
         deleted += self.registry.sweep(pending.unused)
         self.registry.control_space()
-        self._remove_dead_dirs(deleted)
+        self._remove_dead_dirs(deleted, pending.parallelism)
         return meta
-
-    def _list_change_sets(self, meta: CheckpointMetadata) -> None:
-        """Write each subtask's log since its materialization down in change-set lists, re-using the base's
-        while the log still starts with them, so the metadata stays the same size as the log grows."""
-        base = self.base
-        same = base is not None and self._base_storage is self.storage and base.parallelism == meta.parallelism
-        with naming_disk_full(self.storage.path(metadata_path(meta.checkpoint_id)), meta.checkpoint_id):
-            for i, st in enumerate(meta.subtasks):
-                kept = reused_lists(st.changelog, base.subtasks[i].changelog_lists, base.subtasks[i].changelog) \
-                    if same and base is not None else []
-                st.changelog_lists = extend_lists(self.storage, st.changelog, kept)
-
-    def _write_metadata(self, meta: CheckpointMetadata) -> None:
-        """Create ``chk-<n>/_metadata`` with put-if-absent. One left there by a driver fenced before this one
-        looked (an older epoch, above this epoch's seal) never counts, and is replaced."""
-        rel = metadata_path(meta.checkpoint_id)
-        for _attempt in range(2):
-            try:
-                with self.take_over.fenced_on_failure(), naming_disk_full(self.storage.path(rel), meta.checkpoint_id):
-                    self.storage.create_exclusive(rel, meta.to_bytes())
-                return
-            except FileExistsError:
-                if not self.take_over.fenced_commit(meta.checkpoint_id):
-                    break
-                log.warning("replacing %s, written by a fenced driver", self.storage.path(rel))
-                self.take_over.check()  # a newer driver may have replaced it with its own
-                self.storage.delete(rel)
-        raise FencedError(f"{self.storage.path(rel)} already exists: another driver completed this checkpoint; "
-                          "stop this query")
 
     def fail(self, checkpoint_id: int, error: BaseException) -> None:
         """A batch failed: abort its checkpoint, and raise :class:`FencedError` instead if a newer driver took
@@ -311,25 +286,30 @@ class Coordinator:
         pending = self._pending
         if pending is None or pending.checkpoint_id != checkpoint_id:
             return
-        log.info("aborting checkpoint %d: %s", checkpoint_id, reason)
+        self._abort(pending, reason, writing=pending.parallelism)
+
+    def _abort(self, pending: _Pending, reason: str, writing: int) -> None:
+        """Abort ``pending``; ``writing``: the parallelism whose subtasks may write next (their directories stay)."""
+        log.info("aborting checkpoint %d: %s", pending.checkpoint_id, reason)
         self._pending = None
-        if self.storage.exists(metadata_path(checkpoint_id)):
+        if self.storage.exists(metadata_path(pending.checkpoint_id)):
             return  # the metadata write went through (e.g. it timed out after the PUT): keep every file
-        self._sweep(list(pending.unused))
+        self._sweep(list(pending.unused), writing)
 
     def _subsume(self) -> list[str]:
         while len(self.completed) > self.retained:
             self.janitor.drop_checkpoint(self.completed.pop(0).checkpoint_id)
         return self.registry.unregister_unused(self.completed[0].checkpoint_id)
 
-    def _sweep(self, paths: list[str]) -> None:
+    def _sweep(self, paths: list[str], writing: int) -> None:
         """Delete those of ``paths`` that nothing references and no worker appends to."""
-        self._remove_dead_dirs(self.registry.sweep(paths))
+        self._remove_dead_dirs(self.registry.sweep(paths), writing)
 
-    def _remove_dead_dirs(self, deleted: list[str]) -> None:
-        """Remove the directories the deletion of ``deleted`` may have emptied, if no worker writes there."""
+    def _remove_dead_dirs(self, deleted: list[str], writing: int) -> None:
+        """Remove the directories the deletion of ``deleted`` may have emptied, if no worker writes there: the
+        subtasks at parallelism ``writing`` (those planned), the workers of the latest checkpoint."""
         self.cleanup.remove_dead_dirs([posixpath.dirname(p) for p in deleted], self.registry.directories(),
-                                      live_dirs(self.parallelism, self.live_workers))
+                                      live_dirs(writing, self.live_workers))
 
     # -- sink delivery --------------------------------------------------------------------------------
     def undelivered(self) -> list[CheckpointMetadata]:

@@ -30,7 +30,7 @@ from spate.runtime.idle import IdleBatches
 from spate.runtime.keys import KeyCheck
 from spate.runtime.localstate import remove_other_parallelisms
 from spate.runtime.processor import Processor, Row
-from spate.runtime.query import QueryDriver
+from spate.runtime.query import FaultInjector, QueryDriver
 from spate.runtime.services import WorkerServices
 from spate.runtime.settings import SpateSettings
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, Subtask, processor_factory
@@ -38,7 +38,6 @@ from spate.sinks.table_sink import TableSink
 
 KeySpec = str | Sequence[str] | Callable[[Row], Any]
 Sink = Callable[[list[Row], int], None]
-FaultInjector = Callable[[str, int], None]
 
 
 @dataclass
@@ -119,7 +118,7 @@ class LocalRunner:
         autoscale: an :class:`AutoscalePolicy`: after each batch the runner rescales itself online when the
             policy decides so (``decisions`` lists what it decided, each checkpoint that rescaled records why).
         fault_injector: called at each protocol step of a batch (``"after_acks"``, ...; see
-            :class:`~spate.runtime.driver.DriverLoop`); may raise, as a crash there would. For fault injection.
+            :class:`~spate.runtime.query.QueryDriver`); may raise, as a crash there would. For fault injection.
         progress: a line on standard error before and after a batch that restores or rescales state (which can
             take long); None (the default): only when standard error is a terminal.
 
@@ -164,7 +163,8 @@ class LocalRunner:
                                  event_time_column=event_time_column, watermark_delay_ms=watermark_delay_ms,
                                  allow_pickle=allow_pickle, restore_from=restore_from)
         self._driver = QueryDriver(settings, idle=IdleBatches.of(processor) if not _is_factory(processor) else None,
-                                   autoscale=autoscale, deliver=self._redeliver if self._sink is not None else None,
+                                   autoscale=autoscale,
+                                   deliver_staged=self._deliver_staged if self._sink is not None else None,
                                    table_sink=table_sink, output_schema=output_schema,
                                    fault_injector=fault_injector, progress=progress)
         self.coordinator = self._driver.coordinator
@@ -228,7 +228,7 @@ class LocalRunner:
         remove_other_parallelisms(self.config.local_dir, self.coordinator.query.query_id,  # type: ignore[union-attr]
                                   self.parallelism)
 
-    def _redeliver(self, meta: CheckpointMetadata) -> None:
+    def _deliver_staged(self, meta: CheckpointMetadata) -> None:
         """The sink gets a complete checkpoint's outputs, read from where its subtasks staged them."""
         assert self._sink is not None
         self._sink(self.coordinator.staged_outputs(meta, self.config.allow_pickle), meta.checkpoint_id)
@@ -264,7 +264,7 @@ class LocalRunner:
         return self.run_batch(self.next_batch_id, [])
 
     def run_batch(self, batch_id: int, rows: Sequence[Row]) -> BatchResult:
-        """One micro-batch = one checkpoint (:class:`DriverLoop`). If processing or the checkpoint fails, the
+        """One micro-batch = one checkpoint (:meth:`QueryDriver.run_batch`). If processing or the checkpoint fails, the
         checkpoint is aborted and the error raised. If the sink fails, the checkpoint stays complete; the
         batch's staged outputs are given to the sink again before the next batch starts (or by the next
         runner).
@@ -301,10 +301,10 @@ class LocalRunner:
                 outputs.extend(result.rows)
                 yield result.ack
 
-        done = self._driver.run_batch(batch_id, run_subtasks, self._clock(),
-                                    deliver=(lambda meta: cast("Sink", self._sink)(outputs, meta.checkpoint_id))
-                                    if self._sink is not None else None,
-                                    on_complete=lambda _: self.services.checkpoint_completed(batch_id))
+        done = self._driver.run_batch(batch_id, run_subtasks, processing_time_ms=self._clock(),
+                                      deliver=(lambda meta: cast("Sink", self._sink)(outputs, meta.checkpoint_id))
+                                      if self._sink is not None else None,
+                                      on_complete=lambda _: self.services.checkpoint_completed(batch_id))
         meta = done.checkpoint
         # the checkpoint's cost: starting every subtask's snapshot (one after another here), waiting until all
         # are durable, and the commit

@@ -1,10 +1,18 @@
 """``QueryDriver``: one running query on its driver, the same for every transport.
 
-It owns what a query is beyond one batch: its settings (the parallelism among them: one place, never stale),
-the coordinator, the :class:`~spate.runtime.driver.DriverLoop` that runs each batch in protocol order, online
-rescaling (requested from any thread, applied before the next batch is planned), the autoscaler, the history
-of rescales and when a batch without input is due. A transport (:class:`~spate.runtime.local.LocalRunner`,
-:class:`~spate.spark.stream.StatefulStream`) supplies only how subtasks run and how outputs reach the sink.
+It owns what a query is beyond one batch: its settings (the parallelism among them: one place, never stale;
+the coordinator is given it with each plan), the coordinator, the protocol each batch runs in, online rescaling
+(requested from any thread, applied before the next batch is planned), the autoscaler, the history of rescales,
+the delivery of outputs the sink did not confirm and when a batch without input is due. A transport
+(:class:`~spate.runtime.local.LocalRunner`, :class:`~spate.spark.stream.StatefulStream`) supplies only how
+subtasks run and how outputs reach the sink.
+
+One micro-batch, written once for every transport: begin (plan checkpoint n) → run the subtasks (in-process, or
+as Spark tasks) → acknowledge each ack → complete, or abort on any failure → give the sink the batch's outputs →
+mark them delivered. Before a batch, the transport has the staged outputs of complete checkpoints the sink did
+not confirm (the driver died between checkpoint and sink) delivered again (:meth:`QueryDriver.redeliver`), with
+their batch ids. A batch a complete checkpoint already covers (Spark replays the last batch after a driver
+restart) is not processed again.
 """
 
 from __future__ import annotations
@@ -13,16 +21,18 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.metadata import CheckpointMetadata
+from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.errors import FencedError
 from spate.keygroups import check_parallelism
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, Observation, ScalingDecision
-from spate.runtime.driver import CompletedBatch, Deliver, DriverLoop, FaultInjector, RunSubtasks
 from spate.runtime.idle import IdleBatches
 from spate.runtime.recovery_progress import RecoveryProgress
 from spate.runtime.settings import SpateSettings
@@ -31,6 +41,10 @@ from spate.sinks.table_sink import TableSink
 
 log = logging.getLogger(__name__)
 RESCALES_KEPT = 100  # online rescales remembered for summaries (each checkpoint's metadata records its own)
+
+RunSubtasks = Callable[[list[SubtaskPlan]], Iterable[SubtaskAck]]  # the transport's: plans in, acks out
+Deliver = Callable[[CheckpointMetadata], None]  # give the sink checkpoint n's outputs (batch id n)
+FaultInjector = Callable[[str, int], None]  # (protocol step, batch id); may raise, as a crash there would
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,16 @@ class Rescale:
         return {"batch_id": self.batch_id, "from": self.from_, "to": self.to, "reason": self.reason}
 
 
+@dataclass
+class CompletedBatch:
+    """A batch whose checkpoint completed (and whose outputs the sink confirmed, if there is a sink)."""
+
+    checkpoint: CheckpointMetadata
+    acks: list[SubtaskAck]
+    acked_at: float  # ``time.perf_counter()`` when the last ack arrived
+    commit_ms: float  # from the last ack to the metadata written
+
+
 class QueryDriver:
     """The driver side of one query: started on construction (take-over of the root, recovery of the latest
     checkpoint), closed with :meth:`close`.
@@ -54,27 +78,30 @@ class QueryDriver:
         settings: the query's settings; :attr:`settings` follows every rescale.
         idle: when a batch without input is due, for the query's processor.
         autoscale: a policy that rescales the query after a batch; None for a fixed parallelism.
-        deliver: gives the sink a complete checkpoint's staged outputs (re-delivery); None without a sink.
+        deliver_staged: the transport's delivery of a complete checkpoint's outputs from where its subtasks
+            staged them (every batch's unless :meth:`run_batch` is given the outputs, and :meth:`redeliver`'s);
+            None without a sink.
         table_sink: an exactly-once table sink instead (:mod:`spate.sinks`), opened here for ``output_schema``:
             delivering a checkpoint commits its data files to the table.
-        fault_injector: called at each protocol step of a batch (:class:`DriverLoop`); may raise.
+        fault_injector: test hook called at each protocol step of a batch (``"after_begin"``,
+            ``"after_subtask_<i>"``, ``"after_acks"``, ``"after_complete"``, ``"after_sink_before_mark"``,
+            ``"after_sink"``); may raise.
         progress: say on standard error when a batch restores or rescales state (:class:`RecoveryProgress`);
             None: only on a terminal.
     """
 
     def __init__(self, settings: SpateSettings, *, idle: IdleBatches | None = None,
-                 autoscale: AutoscalePolicy | None = None, deliver: Deliver | None = None,
-                 table_sink: TableSink | None = None, output_schema: Any = None,
+                 autoscale: AutoscalePolicy | None = None, deliver_staged: Deliver | None = None,
+                 table_sink: TableSink | None = None, output_schema: pa.Schema | None = None,
                  fault_injector: FaultInjector | None = None, progress: bool | None = None) -> None:
         self._settings = settings
         self._recovery = RecoveryProgress(progress)
         self.coordinator: Coordinator = settings.coordinator()
-        self.coordinator.start()
+        self.coordinator.start(settings.parallelism)
         self._idle = idle or IdleBatches()
         self.committer = TableCommitter(table_sink, self.coordinator, output_schema) if table_sink else None
-        if self.committer is not None:
-            deliver = self.committer.deliver
-        self._loop = DriverLoop(self.coordinator, deliver, fault_injector)
+        self._deliver_staged = self.committer.deliver if self.committer is not None else deliver_staged
+        self._fault = fault_injector or (lambda step, batch_id: None)
         self.autoscaler = Autoscaler(autoscale, self.max_parallelism) if autoscale is not None else None
         self._lock = threading.Lock()
         self._requested: tuple[int, str] | None = None  # (parallelism, reason) for the next batch
@@ -129,7 +156,6 @@ class QueryDriver:
         if requested is None or requested[0] == self.parallelism:
             return None
         parallelism, reason = requested
-        self.coordinator.rescale(parallelism, reason)
         done = Rescale(batch_id, self.parallelism, parallelism, reason)
         self.rescales.append(done)
         log.info("rescaling online at batch %d: %d → %d (%s)", batch_id, done.from_, parallelism, reason)
@@ -155,25 +181,37 @@ class QueryDriver:
     # -- batches --------------------------------------------------------------------------------------
     def covered(self, batch_id: int) -> bool:
         """Whether a complete checkpoint already covers batch ``batch_id`` (it is not processed again)."""
-        return self._loop.covered(batch_id)
+        latest = self.coordinator.latest
+        return latest is not None and batch_id <= latest.checkpoint_id
 
     def redeliver(self) -> list[int]:
-        """Deliver the staged outputs of complete checkpoints the sink did not confirm, oldest first; with a
-        table sink, then sweep what attempts that never completed staged (on the first call)."""
-        done = self._loop.redeliver()
+        """Deliver, oldest first, the staged outputs of complete checkpoints the sink did not confirm, and mark
+        each delivered; with a table sink, then sweep what attempts that never completed staged (on the first
+        call). Returns their batch ids."""
+        done = []
+        if self._deliver_staged is not None:
+            for meta in self.coordinator.undelivered():
+                self._deliver_staged(meta)
+                self.coordinator.mark_delivered(meta.checkpoint_id)
+                done.append(meta.checkpoint_id)
         if self.committer is not None and not self._swept:
             self.committer.clean()
             self._swept = True
         return done
 
-    def run_batch(self, batch_id: int, run_subtasks: RunSubtasks, processing_time_ms: int | None = None,
+    def run_batch(self, batch_id: int, run_subtasks: RunSubtasks, *, processing_time_ms: int | None = None,
                   deliver: Deliver | None = None,
                   on_complete: Callable[[CompletedBatch], None] | None = None) -> CompletedBatch:
-        """Batch ``batch_id`` = checkpoint ``batch_id``, at the parallelism after :meth:`apply_rescale`. With a
-        table sink, a failed batch's staged data files are deleted (before its retry)."""
+        """Batch ``batch_id`` = checkpoint ``batch_id``, at the parallelism after :meth:`apply_rescale`. If
+        running a subtask or the checkpoint fails, the checkpoint is aborted (a take-over by another driver
+        raises :class:`FencedError`) and the error raised; with a table sink, the failed batch's staged data
+        files are deleted (before its retry). If the sink fails, the checkpoint stays complete and its outputs
+        are delivered again before the next batch. ``deliver`` gives the sink this batch's outputs instead of
+        ``deliver_staged`` (outputs the transport has in memory); ``on_complete`` runs right after the
+        checkpoint completed, before the sink."""
         try:
-            done = self._loop.run_batch(batch_id, self._recovery.watch(batch_id, run_subtasks), processing_time_ms,
-                                        deliver, on_complete)
+            done = self._run_protocol(batch_id, run_subtasks, processing_time_ms, deliver or self._deliver_staged,
+                                      on_complete)
         except FencedError:
             raise  # another driver owns the root now: its files are not ours to sweep
         except BaseException:
@@ -181,6 +219,38 @@ class QueryDriver:
                 self._swept = False  # swept before the next batch, once the failure is behind (a sink may be down)
             raise
         self._recovery.after(done.checkpoint)
+        return done
+
+    def _run_protocol(self, batch_id: int, run_subtasks: RunSubtasks, processing_time_ms: int | None,
+                      deliver: Deliver | None, on_complete: Callable[[CompletedBatch], None] | None
+                      ) -> CompletedBatch:
+        """One batch in protocol order: begin, run the subtasks, acknowledge, complete (or abort), sink, mark."""
+        coord = self.coordinator
+        reason = self.rescales[-1].reason if self.rescales else None  # of the latest online rescale, if any
+        plans = coord.begin(batch_id, self.parallelism, processing_time_ms, reason)
+        self._fault("after_begin", batch_id)
+        try:
+            self._recovery.before(batch_id, plans)
+            acks = []
+            for ack in run_subtasks(plans):
+                self._fault(f"after_subtask_{ack.index}", batch_id)
+                coord.acknowledge(ack)
+                acks.append(ack)
+            self._fault("after_acks", batch_id)
+            acked = time.perf_counter()
+            meta = coord.complete(batch_id)
+        except BaseException as e:
+            coord.fail(batch_id, e)
+            raise
+        done = CompletedBatch(meta, acks, acked, (time.perf_counter() - acked) * 1000)
+        if on_complete is not None:
+            on_complete(done)
+        self._fault("after_complete", batch_id)
+        if deliver is not None:
+            deliver(meta)
+            self._fault("after_sink_before_mark", batch_id)
+            coord.mark_delivered(batch_id)
+        self._fault("after_sink", batch_id)
         return done
 
     def savepoint(self, target_uri: str | None = None) -> str:
@@ -199,4 +269,4 @@ class QueryDriver:
             self.coordinator.close()
 
 
-__all__ = ["QueryDriver", "Rescale"]
+__all__ = ["CompletedBatch", "Deliver", "FaultInjector", "QueryDriver", "Rescale", "RunSubtasks"]

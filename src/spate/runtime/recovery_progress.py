@@ -12,13 +12,11 @@ from __future__ import annotations
 import logging
 import sys
 from collections import Counter
-from collections.abc import Iterable
 
 from spate.checkpoint.ackinfo import CAUGHT_UP, RESCALED, RESTORED
 from spate.checkpoint.metadata import CheckpointMetadata
-from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
+from spate.checkpoint.protocol import SubtaskPlan
 from spate.report import human_bytes
-from spate.runtime.driver import RunSubtasks
 
 log = logging.getLogger(__name__)
 RECOVERING = frozenset({RESTORED, RESCALED, CAUGHT_UP})
@@ -35,14 +33,8 @@ class RecoveryProgress:
         self._enabled = enabled
         self._first = True  # the driver's first batch: a restart recovers whatever the base holds
 
-    def watch(self, batch_id: int, run_subtasks: RunSubtasks) -> RunSubtasks:
-        """``run_subtasks``, announcing the batch first if it recovers state."""
-        def run(plans: list[SubtaskPlan]) -> Iterable[SubtaskAck]:
-            self.before(batch_id, plans)
-            return run_subtasks(plans)
-        return run
-
     def before(self, batch_id: int, plans: list[SubtaskPlan]) -> None:
+        """Before batch ``batch_id`` runs its subtasks on ``plans``: announce it if it recovers state."""
         first, self._first = self._first, False
         base = plans[0].base_checkpoint_id if plans else None
         if base is None:

@@ -177,9 +177,9 @@ class SpateSettings:
                              table_sink=table_sink, staged_format=staged_format, **in_process)
 
     def coordinator(self) -> Coordinator:
-        """The query's coordinator (not started) for these settings."""
+        """The query's coordinator (not started: ``start(parallelism)``) for these settings."""
         merging = self.file_merging_config
-        return Coordinator(self.checkpoint_root, self.parallelism, max_parallelism=self.max_parallelism,
+        return Coordinator(self.checkpoint_root, max_parallelism=self.max_parallelism,
                            retained=self.retained, restore_from=self.restore_from,
                            watermark_delay_ms=self.watermark_delay_ms if self.event_time_column else None,
                            max_space_amplification=merging.max_space_amplification if merging else 0)

@@ -196,7 +196,7 @@ class StatefulStream:
         self.run_id = uuid.uuid4().hex
         previous = self._driver  # a start after close(): its parallelism (in s) and a rescale not applied yet go on
         self._driver = driver = QueryDriver(s, idle=self._idle, autoscale=self._autoscale_policy,
-                                            deliver=self._deliver if self.sink is not None else None,
+                                            deliver_staged=self._deliver_staged if self.sink is not None else None,
                                             table_sink=self.table_sink, output_schema=self.arrow_output_schema,
                                             progress=self.progress)
         if previous is not None and previous.requested_rescale is not None:
@@ -220,7 +220,7 @@ class StatefulStream:
         assert driver is not None and folder is not None
         self.spark_checkpoint: SparkCheckpoint = open_spark_checkpoint(self.spark, driver.coordinator,
                                                                        spark_checkpoint, spark_checkpoint_cache)
-        self._deliver_staged()
+        self.redelivered.extend(driver.redeliver())  # outputs of complete checkpoints the sink did not confirm
         source = self.df
         if self.idle_batches or logs_ticks(self.spark_checkpoint.newest_offsets()):
             self._wake = WakeFile(os.path.join(folder.path, "wake.json"))
@@ -372,7 +372,7 @@ class StatefulStream:
         started = time.perf_counter()
         self._deliver_ms = 0.0
         self.spark_checkpoint.sync()  # Spark's offsets of batch n reach the root before checkpoint n can complete
-        self._deliver_staged()
+        self.redelivered.extend(driver.redeliver())
         if driver.covered(batch_id):
             log.info("batch %d is covered by a complete checkpoint: not processed again", batch_id)
             self.metrics.append(BatchMetrics(batch_id, 0, (time.perf_counter() - started) * 1000, 0.0,
@@ -420,13 +420,8 @@ class StatefulStream:
                              self.sink is not None or self.table_sink is not None, with_initial, self.table_sink,
                              self.staged_format)
 
-    def _deliver_staged(self) -> None:
-        """Outputs of complete checkpoints the sink did not confirm (the driver died between checkpoint and
-        sink): give them to the sink again, with their batch ids."""
-        if self._driver is not None:
-            self.redelivered.extend(self._driver.redeliver())
-
-    def _deliver(self, meta: CheckpointMetadata) -> None:
+    def _deliver_staged(self, meta: CheckpointMetadata) -> None:
+        """The sink gets a complete checkpoint's outputs, read from where its subtasks staged them."""
         assert self.sink is not None
         started = time.perf_counter()
         self.sink(self._staged_outputs(meta), meta.checkpoint_id)
