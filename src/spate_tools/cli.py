@@ -242,8 +242,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from spate_tools.bench import BenchFn, run_bench
 
-    if args.profile and args.name != "spark":
-        print("--profile is for `spate bench spark`", file=sys.stderr)
+    if (args.profile or args.variants) and args.name != "spark":
+        print("--profile and --variants are for `spate bench spark`", file=sys.stderr)
         return 2
     if (args.large or args.state_gb is not None) and (args.name != "cluster" or args.quick or not args.large):
         print("--large (and --state-gb, which needs it) is for `spate bench cluster`, without --quick",
@@ -255,7 +255,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         from spate_tools.bench.spark import bench_spark
 
-        bench = partial(bench_spark, profile=args.profile, out_dir=args.out)
+        bench = partial(bench_spark, profile=args.profile, out_dir=args.out,
+                        variants=args.variants.split(",") if args.variants else None)
     elif args.name == "cluster" and args.large:  # the large-state case only, at --state-gb (default 4)
         from functools import partial
 
@@ -355,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", action="store_true",
                        help="spark only: a per-batch time breakdown (Spark's jobs and stages, read from its UI "
                             "on 127.0.0.1; spate's worker phases)")
+    bench.add_argument("--variants", default=None,
+                       help="spark only: run only these variants (comma-separated, e.g. floor,spate); a ratio "
+                            "whose base did not run is left empty")
     bench.add_argument("--large", action="store_true",
                        help="cluster only: run the large-state case instead (4 GB of lmdb state over 2 workers, an "
                             "executor killed, its subtask's restore against the OS copying the same bytes; needs 7x "

@@ -1,8 +1,10 @@
-"""``spate bench spark --quick``: every variant of the benchmark's contract, on its quick cases (high and low
-cardinality; the table sinks on high), with figures that are there. The quick cases run at a tenth of their rows
-or less (same batches, both branches of the input: every row a new key, keys drawn from a few): a variant's cost
-here is its Spark context, query and restart, and the figures' sizes are the benchmark's to measure, not this
-test's (``spate bench spark --quick`` as a command runs the quick cases themselves)."""
+"""``spate bench spark``: the benchmark's contract (its variants, cases and JSON keys) and a small shape check.
+
+The check runs the command as a user does, in its own process, on a few variants that cover its code paths: the
+floor (no state), spate's per-key processor, the Row-flavour adapter, one of Spark's own APIs and a table sink,
+on its quick cases made smaller (same batches, both branches of the input: every row a new key, keys drawn from
+a few). Every variant on both cases is the benchmark's own run (``spate bench spark --quick``, a command, about
+four minutes: docs/benchmarks.md), not this test's."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.spark
-
+from spate_tools import cli
+from spate_tools.bench import spark
 
 # the command as a user runs it, in its own process (the bench starts and stops Spark contexts of its own), with
 # the quick cases made smaller
@@ -28,27 +30,43 @@ assert [(c.name, c.batches, c.keys is None) for c in spark.cases(True)] == [
     (c.name, c.batches, c.keys is None) for c in quick], "the same cases as --quick, smaller"
 sys.exit(cli.main(sys.argv[1:]))
 """
+SHAPED = ("floor", "spate", "spate-adapter-row", "transformWithStateInPandas", "spate-delta")
 
 
+def test_the_variants_and_cases_are_the_contract():
+    assert spark.VARIANTS == ("floor", "spate", "spate-empty", "spate-batch", "spate-adapter", "spate-adapter-row",
+                              "spate-readback", "transformWithState", "transformWithStateInPandas",
+                              "applyInPandasWithState", "spate-parquet", "spate-delta", "spate-iceberg",
+                              "transformWithState-parquet")
+    assert [c.name for c in spark.cases(True)] == ["high", "low"] == [c.name for c in spark.cases(False)][:2]
+
+
+def test_an_unknown_variant_is_refused_with_the_choices(capsys):
+    assert cli.main(["bench", "spark", "--quick", "--variants", "spate,nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown bench spark variants ['nope']" in err and "transformWithStateInPandas" in err
+
+
+@pytest.mark.spark
 def test_bench_spark_quick_json_shape(tmp_path):
     done = subprocess.run([sys.executable, "-c", RUN_SMALLER, "bench", "spark", "--quick", "--json", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=1200, check=False)
+                           str(tmp_path), "--variants", ",".join(SHAPED)],
+                          capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(done.stdout)
     finished = [json.loads(line) for line in (tmp_path / "spark-results.jsonl").read_text().splitlines()]
     assert [(r["variant"], r["cardinality"]) for r in finished] == [
         (r["variant"], r["cardinality"]) for r in data["results"]]  # each kept as it finished, in order
     by = {(r["variant"], r["cardinality"]) for r in data["results"]}
-    assert by == {(v, c) for v in ("floor", "spate", "spate-empty", "spate-batch", "spate-adapter",
-                                   "spate-adapter-row", "transformWithState", "transformWithStateInPandas",
-                                   "applyInPandasWithState") for c in ("high", "low")} | {
-        (v, "high") for v in ("spate-parquet", "spate-delta", "spate-iceberg", "transformWithState-parquet",
-                              "spate-readback")}
+    assert by == {(v, c) for v in SHAPED if v != "spate-delta" for c in ("high", "low")} | {("spate-delta", "high")}
     for r in data["results"]:
         assert r["rows_per_s"] > 0 and r["recovery_s"] > 0 and r["worker_peak_rss_mb"] > 0
         assert (r["files_per_batch"] == 0) == (r["variant"] in ("floor",)), r
+        assert r["vs_floor"] is not None, r
         if r["variant"].endswith(("-parquet", "-delta", "-iceberg")):
             assert r["table_rows_ok"] and r["table_rows"] > 0 and r["table_files_per_batch"] > 0, r
             assert r["vs_noop_sink"] is not None, r
-        if r["variant"] == "spate-readback":
-            assert r["vs_jvm_read"] is not None, r
+        if r["variant"] in ("spate", "spate-adapter-row"):
+            assert r["spark_best"] == "transformWithStateInPandas" and r["vs_spark_best"] is not None, r
+        if r["variant"] == "spate-adapter-row":
+            assert r["vs_same_api_on_spark"] is None, "its base (transformWithState) did not run"

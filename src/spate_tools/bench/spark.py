@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from spate.errors import SettingError
 from spate.keygroups import default_max_parallelism
 from spate.layout import STAGED_DIR
 from spate.report import format_table, human_bytes, percentile, progress
@@ -512,16 +513,22 @@ def run_variant(case: Case, variant: str, inputs: Inputs, workdir: str, profile:
 
 
 # -- the bench -------------------------------------------------------------------------------------------------
-def bench_spark(quick: bool, profile: bool = False, out_dir: str | None = None) -> tuple[list[dict[str, Any]], str]:
-    """Run every variant on every case; (results, the printed tables). With ``out_dir``, each variant's figures
-    are also appended to ``<out_dir>/spark-results.jsonl`` as it finishes: a run stopped half-way keeps them."""
+def bench_spark(quick: bool, profile: bool = False, out_dir: str | None = None,
+                variants: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Run every variant (or only ``variants``, in the benchmark's order) on every case; (results, the printed
+    tables). With ``out_dir``, each variant's figures are also appended to ``<out_dir>/spark-results.jsonl`` as
+    it finishes: a run stopped half-way keeps them. A ratio whose base variant did not run is None."""
+    unknown = sorted(set(variants or ()) - set(VARIANTS))
+    if unknown:
+        raise SettingError(f"unknown bench spark variants {unknown}: choose from {', '.join(VARIANTS)}")
     workdir = tempfile.mkdtemp(prefix="spate-bench-spark-")
     results: list[dict[str, Any]] = []
     partial = _partial_results(out_dir)
     _start_jvm()
     try:
         steps = [(case, v) for i, case in enumerate(cases(quick)) for v in VARIANTS
-                 if not (quick and i and v in (*TABLE_VARIANTS, READBACK))]  # --quick: these in the first case only
+                 if not (quick and i and v in (*TABLE_VARIANTS, READBACK))  # --quick: these in the first case only
+                 and (variants is None or v in variants)]
         inputs: dict[str, Inputs] = {}
         for case, variant in progress(steps, len(steps), "bench spark"):
             if case.name not in inputs:
