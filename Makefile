@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 JAVA_HOME_FILE := $(VENV)/java-home
 PYTEST_ARGS ?=
+# test processes (pytest-xdist): on 2 cores one test's JVM start, Spark batches and subprocess waits overlap another's
+PYTEST_WORKERS ?= 2
 
 # Every pyspark minor version pyproject.toml allows, besides the newest (which `make test` runs on): a virtual
 # environment each, and the Spark tests of the transport, placement and the transformWithState drop-in.
@@ -36,25 +38,26 @@ demo: $(STAMP) $(JAVA_HOME_FILE)
 test: $(STAMP) $(JAVA_HOME_FILE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy src
-	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q $(PYTEST_ARGS)
+	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The inner loop: ruff, mypy and the tests that need no JVM (no Spark session, standalone cluster or workshop
 # benchmark and campaign), a few minutes; `make test` runs everything before a commit is pushed.
 fast: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy src
-	$(PY) -m pytest -q -m "not spark" --ignore=tests/spark --ignore=tests/cluster --ignore=tests/workshop $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not spark" --ignore=tests/spark --ignore=tests/cluster \
+	  --ignore=tests/workshop $(PYTEST_ARGS)
 
 smoke: $(STAMP) $(JAVA_HOME_FILE)
 	@for v in $(SMOKE_VERSIONS); do \
 	  venv=.venv-pyspark-$$v; \
 	  if [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]; then \
 	    $(PYTHON) -m venv $$venv && $$venv/bin/pip install -q --upgrade pip && \
-	    $$venv/bin/pip install -q -e ".[spark,dev]" "pyspark==$$v.*" && touch $$venv/.installed-stamp || exit 1; \
+	    $$venv/bin/pip install -q -e ".[spark,test]" "pyspark==$$v.*" && touch $$venv/.installed-stamp || exit 1; \
 	  fi; \
 	  cp $(JAVA_HOME_FILE) $$venv/java-home; \
 	  echo "== smoke: pyspark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
-	  JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $$venv/bin/python -m pytest -q -p no:cacheprovider \
+	  JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $$venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) \
 	    $(SMOKE_TESTS) || exit 1; \
 	done
 
