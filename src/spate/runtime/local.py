@@ -7,10 +7,9 @@ checkpoint, at any parallelism up to the max parallelism.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -21,22 +20,20 @@ from spate.checkpoint.ackinfo import RESTORED
 from spate.checkpoint.coordinator import DEFAULT_RETAINED
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
-from spate.errors import SettingError, SpateError, TableSinkError, short_repr
+from spate.errors import TableSinkError
 from spate.filemerging.config import FileMergingConfig
-from spate.keygroups import compile_key_hasher
 from spate.runtime.autoscale import AutoscalePolicy, Autoscaler, ScalingDecision
 from spate.runtime.batch import BatchProcessor, KeyedBatch
 from spate.runtime.idle import IdleBatches
-from spate.runtime.keys import KeyCheck
-from spate.runtime.localstate import remove_other_parallelisms
+from spate.runtime.local_input import KeySpec, Routed, RowRouter, key_columns, key_extractor
+from spate.runtime.local_worker import LocalWorker
 from spate.runtime.processor import Processor, Row
 from spate.runtime.query import FaultInjector, QueryDriver
 from spate.runtime.services import WorkerServices
 from spate.runtime.settings import SpateSettings
-from spate.runtime.subtask import AnyProcessor, ProcessorFactory, Subtask, processor_factory
+from spate.runtime.subtask import AnyProcessor, ProcessorFactory, Subtask, SubtaskConfig, processor_factory
 from spate.sinks.table_sink import TableSink
 
-KeySpec = str | Sequence[str] | Callable[[Row], Any]
 Sink = Callable[[list[Row], int], None]
 
 
@@ -56,32 +53,6 @@ class BatchResult:
 
 def _is_factory(processor: Any) -> bool:
     return not isinstance(processor, (Processor, BatchProcessor, type))
-
-
-def key_extractor(key: KeySpec) -> Callable[[Row], Any]:
-    """A column name → that column; several names → a tuple; a callable is used as is.
-
-    Raises:
-        SettingError: an empty sequence of columns.
-    """
-    if callable(key):
-        return key
-    if isinstance(key, str):
-        return lambda row: row[key]
-    cols = tuple(key)
-    if not cols:
-        raise SettingError("key needs at least one column: pass key='column', key=['a', 'b'] or a function of the "
-                           "row")
-    if len(cols) == 1:
-        return lambda row: row[cols[0]]
-    return lambda row: tuple(row[c] for c in cols)
-
-
-def key_columns(key: KeySpec) -> tuple[str, ...] | None:
-    """The names of the key columns, or None when the key is a function of the row."""
-    if callable(key):
-        return None
-    return (key,) if isinstance(key, str) else tuple(key)
 
 
 class LocalRunner:
@@ -146,10 +117,8 @@ class LocalRunner:
                  output_schema: pa.Schema | None = None,
                  clock: Callable[[], int] | None = None, autoscale: AutoscalePolicy | None = None,
                  fault_injector: FaultInjector | None = None, progress: bool | None = None) -> None:
-        self._factory = processor_factory(processor)
-        self._key = key_extractor(key)
-        self._keys = KeyCheck(key_columns(key))
-        self._hash = compile_key_hasher(key_types)
+        factory = processor_factory(processor)
+        self._router = RowRouter(key, key_types)
         table_sink = sink if isinstance(sink, TableSink) else None
         if table_sink is not None and output_schema is None:
             raise TableSinkError(f"sink={table_sink!r} writes the outputs to a table: pass "
@@ -168,16 +137,15 @@ class LocalRunner:
                                    table_sink=table_sink, output_schema=output_schema,
                                    fault_injector=fault_injector, progress=progress)
         self.coordinator = self._driver.coordinator
-        self._temp_local_dir = None
+        temp_local_dir = None
         if table == "lmdb" and local_dir is None:
-            local_dir = self._temp_local_dir = tempfile.mkdtemp(prefix="spate-local-")
-        self.config = settings.subtask_config(local_dir=local_dir, stage_outputs=sink is not None,
-                                              output_schema=output_schema, table_sink=table_sink,
-                                              compress=compress, key_types=key_types,
-                                              output_serializer=output_serializer)
-        # this runner is the worker process of its subtasks: it owns their services
-        self.services = WorkerServices(self.coordinator.storage.uri, self.config.file_merging, self.config.changelog)
-        self.subtasks = self._new_subtasks()
+            local_dir = temp_local_dir = tempfile.mkdtemp(prefix="spate-local-")
+        config = settings.subtask_config(local_dir=local_dir, stage_outputs=sink is not None,
+                                         output_schema=output_schema, table_sink=table_sink, compress=compress,
+                                         key_types=key_types, output_serializer=output_serializer)
+        # this runner is the worker process of its subtasks: it owns them and their services
+        self._worker = LocalWorker(factory, config, self.coordinator.storage.uri, temp_local_dir=temp_local_dir)
+        self._worker.serve(self.parallelism)
         self._remove_other_parallelism_local_state()
         self.redelivered = self._driver.redeliver()
 
@@ -194,9 +162,24 @@ class LocalRunner:
     def autoscaler(self) -> Autoscaler | None:
         return self._driver.autoscaler
 
-    def _new_subtasks(self) -> list[Subtask]:
-        return [Subtask(i, self.parallelism, self._factory, self.config, self.services)
-                for i in range(self.parallelism)]
+    @property
+    def config(self) -> SubtaskConfig:
+        """The settings of the query's subtasks (a new config applies to the subtasks made after it is set)."""
+        return self._worker.config
+
+    @config.setter
+    def config(self, config: SubtaskConfig) -> None:
+        self._worker.config = config
+
+    @property
+    def services(self) -> WorkerServices:
+        """The services of the subtasks' worker (this process)."""
+        return self._worker.services
+
+    @property
+    def subtasks(self) -> list[Subtask]:
+        """The subtasks at the current parallelism."""
+        return self._worker.subtasks
 
     def rescale(self, parallelism: int, reason: str = "requested") -> None:
         """Run the next batch at ``parallelism`` subtasks, without a restart: keyed state is redistributed by
@@ -215,18 +198,13 @@ class LocalRunner:
         self._apply_rescale()
 
     def _apply_rescale(self) -> None:
-        if self._driver.apply_rescale(self.next_batch_id) is None:
-            return
-        for subtask in self.subtasks:
-            subtask.close()  # its lmdb state stays on disk, where the new subtasks copy it from
-        self.subtasks = self._new_subtasks()
+        if self._driver.apply_rescale(self.next_batch_id) is not None:
+            self._worker.serve(self.parallelism)  # the old subtasks' lmdb state stays, the new ones copy from it
 
     def _remove_other_parallelism_local_state(self) -> None:
         """Local lmdb directories of an earlier parallelism can never be reused: delete them."""
-        if self.config.table != "lmdb" or not self.config.local_dir:
-            return
-        remove_other_parallelisms(self.config.local_dir, self.coordinator.query.query_id,  # type: ignore[union-attr]
-                                  self.parallelism)
+        self._worker.remove_other_parallelisms(self.coordinator.query.query_id,  # type: ignore[union-attr]
+                                               self.parallelism)
 
     def _deliver_staged(self, meta: CheckpointMetadata) -> None:
         """The sink gets a complete checkpoint's outputs, read from where its subtasks staged them."""
@@ -290,11 +268,7 @@ class LocalRunner:
         all_started = [0.0]
 
         def run_subtasks(plans: list[SubtaskPlan]) -> Iterator[SubtaskAck]:
-            # every subtask processes and starts its snapshot before any waits: their changelog uploads share
-            # the persist delay and one file, as parallel tasks of one worker would
-            initial = self._initial_batches(plans)
-            pending = [self.subtasks[plan.index].start(plan, routed[plan.index], initial[plan.index])
-                       for plan in plans]
+            pending = self._worker.start(plans, routed, self._initial_batches(plans))
             all_started[0] = time.perf_counter()
             for finish in pending:
                 result = finish()
@@ -330,38 +304,9 @@ class LocalRunner:
             return [None] * self.parallelism
         return [KeyedBatch.from_rows(rows) for rows in self._route(self._initial_state)]
 
-    def _route(self, rows: Sequence[Row]) -> list[list[tuple[int, Any, Row]]]:
-        """(key group, key, row) of every row, per subtask; keys are checked (see :class:`KeyCheck`)."""
-        p, max_p = self.parallelism, self.max_parallelism
-        routed: list[list[tuple[int, Any, Row]]] = [[] for _ in range(p)]
-        learned = self._keys.learned()
-        try:
-            for row in rows:
-                kg, key = self._key_group_of(row)
-                routed[kg * p // max_p].append((kg, key, row))
-        except SpateError:
-            self._keys.forget_since(learned)  # the corrected batch may give a column another type
-            raise
-        return routed
-
-    def _key_group_of(self, row: Row) -> tuple[int, Any]:
-        try:
-            key = self._key(row)
-        except Exception as e:  # a row without the column, or the user's key function failing
-            raise self._no_key(row, e) from e
-        self._keys.check(key)
-        try:
-            return self._hash(key) % self.max_parallelism, key
-        except (TypeError, ValueError) as e:
-            raise self._keys.invalid(key, e) from e
-
-    def _no_key(self, row: Row, error: Exception) -> SpateError:
-        columns = self._keys.columns
-        if columns is None:
-            return SpateError(f"the key function failed on input row {short_repr(row)}: {error!r}")
-        have = sorted(row) if isinstance(row, Mapping) else f"a {type(row).__name__}, not a dict of columns"
-        return SpateError(f"input row {short_repr(row)} has no key column {', '.join(map(repr, columns))}: each input "
-                          f"row must be a dict holding the key= columns; its columns: {have}")
+    def _route(self, rows: Sequence[Row]) -> Routed:
+        """(key group, key, row) of every row, per subtask at the current parallelism (:class:`RowRouter`)."""
+        return self._router.route(rows, self.parallelism, self.max_parallelism)
 
     def savepoint(self, target_uri: str | None = None) -> str:
         """A self-contained copy of the latest checkpoint; see :meth:`Coordinator.savepoint`.
@@ -375,16 +320,15 @@ class LocalRunner:
     def close(self) -> None:
         """Close every subtask. Live lmdb state in an explicit ``local_dir`` stays on disk for a later runner
         to reuse; a temporary one is deleted."""
-        for s in self.subtasks:
-            s.close()
         latest = self.coordinator.latest
-        self.services.close(latest.checkpoint_id if latest is not None else None)
+        self._worker.close(latest.checkpoint_id if latest is not None else None)
         self._driver.close()
-        if self._temp_local_dir is not None:
-            shutil.rmtree(self._temp_local_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalRunner:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+__all__ = ["BatchResult", "KeySpec", "LocalRunner", "key_columns", "key_extractor"]
