@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import pyarrow as pa
 import pytest
 
 from spate import ChangelogConfig, Coordinator, LocalRunner, Processor, ValueStateDescriptor
@@ -87,7 +86,7 @@ class _Query:
     def spec(self, local_dir: str | None, table: str = "lmdb", **settings) -> TaskSpec:
         s = SpateSettings(checkpoint_root=self.coord.storage.uri, parallelism=2, table=table, local_dir=local_dir,
                           file_merging="off", **settings)
-        return TaskSpec("run-1", Count, s, False, ("k",), None, pa.schema([]))
+        return TaskSpec("run-1", Count, s, ("k",), None, self.coord.max_parallelism)
 
     def batch(self, where: dict[int, tuple[WorkerSubtasks, TaskSpec]]) -> dict[int, Subtask]:
         """One batch; subtask i runs in the registry ``where[i]`` (a Python worker) with its spec. Returns the

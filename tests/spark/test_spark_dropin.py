@@ -435,7 +435,7 @@ def test_a_timer_fires_when_no_input_arrives(spark, tmp_path):
         batches = len(stream.metrics)
         time.sleep(1.5)
         assert len(stream.metrics) == batches, "an idle query with nothing due runs no batch"
-        wake = stream._wake.path  # noqa: SLF001
+        wake = stream._run.wake.path  # noqa: SLF001
         assert os.path.isfile(wake) and wake.startswith(str(tmp_path / "cache"))
     finally:
         query.stop()

@@ -38,9 +38,9 @@ def test_a_task_refuses_rows_of_another_subtask():
 
 def test_a_task_needs_exactly_its_rows_and_its_plan():
     with pytest.raises(RuntimeError, match="3 items instead of its rows and its plan"):
-        next(run_partition(None, [b"a", b"b", b"c"]))  # type: ignore[arg-type]
+        next(run_partition(None, None, [b"a", b"b", b"c"]))  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="1 items"):
-        next(run_partition(None, [json.dumps(_PLAN.to_dict()).encode()]))  # type: ignore[arg-type]
+        next(run_partition(None, None, [json.dumps(_PLAN.to_dict()).encode()]))  # type: ignore[arg-type]
 
 
 def test_executor_identity_is_read_from_the_executor_jvm_command_line():

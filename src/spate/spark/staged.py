@@ -12,7 +12,8 @@ scan, in the JVM; staged framed (Arrow IPC, or another root), Python tasks read 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -20,6 +21,9 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.errors import SettingError
 from spate.fs import CheckpointStorage, LocalStorage, storage_for
 from spate.snapshot.outputs import PARQUET, OutputsHandle, read_outputs_table
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 _GLOB = "*?[]{}\\"  # characters Hadoop's globbing of paths interprets
 _VERIFY_CHECKSUMS = "parquet.page.verify-checksum.enabled"
@@ -52,23 +56,34 @@ def staged_format(setting: str, storage: CheckpointStorage, schema: pa.Schema | 
     return setting
 
 
-def staged_outputs_frame(spark: Any, storage: CheckpointStorage, meta: CheckpointMetadata, output_schema: Any,
-                         arrow_schema: pa.Schema, allow_pickle: bool) -> Any:
-    """A DataFrame (``output_schema``) of checkpoint ``meta``'s staged outputs in ``storage``."""
-    handles = [st.outputs for st in meta.subtasks if st.outputs is not None]
-    if not handles:
-        return spark.createDataFrame([], output_schema)
-    if spark_readable(storage) and all(h.serializer == PARQUET for h in handles):
-        paths = [f"file://{storage.path(h.path)}" for h in handles]
-        # Spark's reader is asked to verify the page checksums spate wrote
-        return spark.read.schema(output_schema).option(_VERIFY_CHECKSUMS, "true").parquet(*paths)
-    encoded = [h.to_dict() for h in handles]
-    uri = storage.uri
+@dataclass(frozen=True)
+class StagedOutputs:
+    """How a run's sink reads the outputs its subtasks staged in checkpoint ``storage`` (the root): as DataFrames
+    of ``schema`` (a ``StructType``), whose rows read back by Python tasks are checked against ``arrow_schema``;
+    pickled values only if ``allow_pickle``."""
 
-    def read(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return read_staged(uri, encoded, batches, arrow_schema, allow_pickle)
+    storage: CheckpointStorage
+    schema: StructType
+    arrow_schema: pa.Schema
+    allow_pickle: bool
 
-    return spark.range(0, len(encoded), 1, len(encoded)).mapInArrow(read, output_schema)  # a task per file
+    def frame(self, spark: Any, meta: CheckpointMetadata) -> Any:
+        """A DataFrame of checkpoint ``meta``'s staged outputs."""
+        storage, schema = self.storage, self.schema
+        handles = [st.outputs for st in meta.subtasks if st.outputs is not None]
+        if not handles:
+            return spark.createDataFrame([], schema)
+        if spark_readable(storage) and all(h.serializer == PARQUET for h in handles):
+            paths = [f"file://{storage.path(h.path)}" for h in handles]
+            # Spark's reader is asked to verify the page checksums spate wrote
+            return spark.read.schema(schema).option(_VERIFY_CHECKSUMS, "true").parquet(*paths)
+        encoded = [h.to_dict() for h in handles]
+        uri, arrow_schema, allow_pickle = storage.uri, self.arrow_schema, self.allow_pickle
+
+        def read(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return read_staged(uri, encoded, batches, arrow_schema, allow_pickle)
+
+        return spark.range(0, len(encoded), 1, len(encoded)).mapInArrow(read, schema)  # a task per file
 
 
 def read_staged(checkpoint_uri: str, handles: list[dict[str, Any]], batches: Iterable[pa.RecordBatch],

@@ -1,9 +1,10 @@
-"""What each micro-batch of a stream cost on the driver (:class:`BatchMetrics`), and the summary over the latest
-batches that :meth:`StatefulStream.summary <spate.spark.stream.StatefulStream.summary>` and the benchmarks
-report."""
+"""A stream's figures: what each micro-batch cost on the driver (:class:`BatchMetrics`), the summary over the
+latest batches that :meth:`StatefulStream.summary <spate.spark.stream.StatefulStream.summary>` and the benchmarks
+report, and what a stream keeps of them across its runs (:class:`StreamFigures`)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,21 @@ from typing import Any
 from spate.checkpoint.ackinfo import CAUGHT_UP, RESCALED, RESTORED, REUSED, AckInfo
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.report import percentile
+from spate.spark.progress import BatchFigures, ProgressListener, SpateProgress
+
+METRICS_KEPT = 1000  # the latest batches' metrics a stream keeps (its summary is over these)
+
+
+@dataclass(frozen=True)
+class JobFigures:
+    """What the Spark side of a batch cost: Spark jobs spate ran for it, tasks of the stage that ran the subtasks,
+    the time of its job (routing the rows, running the subtasks, collecting the acks) and the largest plan a task
+    received."""
+
+    jobs: int
+    tasks: int
+    job_ms: float
+    plan_bytes_max: int
 
 
 @dataclass
@@ -34,20 +50,42 @@ class BatchMetrics:
     parallelism: int = 0  # the subtasks the batch ran on
 
     @staticmethod
-    def of(meta: CheckpointMetadata, batch_ms: float, commit_ms: float, spark: dict[str, int], plans: list[bytes],
+    def of(meta: CheckpointMetadata, job: JobFigures, *, batch_ms: float, commit_ms: float,
            deliver_ms: float) -> BatchMetrics:
-        """The metrics of the batch that completed ``meta``: ``spark`` holds the job's ``jobs``, ``tasks`` and
-        ``job_us``, ``plans`` the encoded plans the tasks received."""
+        """The metrics of the batch that completed ``meta``, whose Spark job cost ``job``."""
         subtasks = meta.subtasks
         return BatchMetrics(meta.checkpoint_id, sum(st.rows for st in subtasks), batch_ms, commit_ms,
                             [i for i, st in enumerate(subtasks) if st.recovery == RESTORED],
-                            spark_jobs=spark["jobs"], spark_tasks=spark["tasks"],
-                            plan_bytes_max=max(map(len, plans)),
+                            spark_jobs=job.jobs, spark_tasks=job.tasks, plan_bytes_max=job.plan_bytes_max,
                             subtasks=[AckInfo(**st.ack_info()) for st in subtasks],
-                            job_ms=spark["job_us"] / 1000, deliver_ms=deliver_ms,
+                            job_ms=job.job_ms, deliver_ms=deliver_ms,
                             worker_peak_rss_bytes=max(st.stats.get("peak_rss_bytes", 0) for st in subtasks),
                             profile=_slowest_phases([st.stats.get("profile", {}) for st in subtasks]),
                             parallelism=meta.parallelism)
+
+
+class StreamFigures:
+    """What a stream keeps of its batches across its runs: the metrics of its latest :data:`METRICS_KEPT`
+    batches, spate's figures of each batch for the query's progress events (:class:`BatchFigures`) and the
+    listener that adds them to Spark's (:class:`ProgressListener`), and the batches whose outputs were given to
+    the sink again (``redelivered``)."""
+
+    def __init__(self) -> None:
+        self.metrics: deque[BatchMetrics] = deque(maxlen=METRICS_KEPT)
+        self.batches = BatchFigures()
+        self.listener = ProgressListener(self.batches)
+        self.redelivered: list[int] = []
+
+    def replayed(self, batch_id: int, batch_ms: float) -> None:
+        """A batch Spark ran again after spate's checkpoint of it completed: nothing was processed."""
+        self.metrics.append(BatchMetrics(batch_id, 0, batch_ms, 0.0, replayed=True))
+        self.batches.add(SpateProgress(batch_id, batch_ms=round(batch_ms, 3), replayed=True))
+
+    def completed(self, meta: CheckpointMetadata, metrics: BatchMetrics) -> None:
+        """The batch whose checkpoint is ``meta`` completed, at the cost ``metrics``."""
+        self.metrics.append(metrics)
+        self.batches.record(meta, batch_ms=metrics.batch_ms, checkpoint_ms=metrics.checkpoint_ms,
+                            job_ms=metrics.job_ms, deliver_ms=metrics.deliver_ms)
 
 
 def summarize(metrics: Iterable[BatchMetrics]) -> dict[str, Any]:

@@ -16,12 +16,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
-
 from spate.checkpoint.protocol import SubtaskAck
 from spate.errors import SettingError
-from spate.runtime.settings import SpateSettings
-from spate.runtime.subtask import ProcessorFactory
 from spate.spark.placement import Placement, alive_executors, placed_batch
 from spate.spark.python_worker import arrow_schema
 from spate.spark.routed_frame import RoutedFrames, key_group_expr, subtask_expr
@@ -35,38 +31,35 @@ from spate.spark.task import (
 )
 from spate.spark.worker_errors import batch_failed
 
+InitialState = tuple[Any, list[str]]  # (batch DataFrame, its key columns): see initial_state_of
+
 
 class SubtaskJob:
-    """Runs a stream's subtasks as one Spark job per batch.
+    """Runs the subtasks of one run of a stream as one Spark job per batch.
 
     Args:
         spark: the session.
-        key_columns: the stream's key columns.
-        factory: makes the processor, on executors.
-        output_schema: the Arrow schema outputs are checked against.
+        spec: what the run's tasks need (built once per ``start()``): the stream's key columns, the factory that
+            makes the processor on executors, the output schema, the run id, the sink choice, the max parallelism.
         initial_state: ``(DataFrame, its key columns)`` routed into a new query's first batch, or None.
         placement: where each subtask's state lives (learned from the acks by the caller).
     """
 
-    def __init__(self, spark: Any, key_columns: tuple[str, ...], factory: ProcessorFactory,
-                 output_schema: pa.Schema, initial_state: tuple[Any, list[str]] | None,
-                 placement: Placement) -> None:
-        self.spark, self.key_columns, self.factory = spark, key_columns, factory
-        self.output_schema, self.initial_state, self.placement = output_schema, initial_state, placement
-        self.frames = RoutedFrames(key_columns)
+    def __init__(self, spark: Any, spec: TaskSpec, initial_state: InitialState | None, placement: Placement) -> None:
+        self.spark, self.spec, self.initial_state, self.placement = spark, spec, initial_state, placement
+        self.frames = RoutedFrames(spec.key_columns)
 
-    def run(self, batch_df: Any, batch_id: int, plans: list[bytes], settings: SpateSettings, max_p: int,
-            run_id: str, stage_outputs: bool, with_initial: bool = False, table_sink: Any = None,
-            staged_format: str = "arrow") -> list[SubtaskAck]:
-        """Batch ``batch_id``'s job for ``plans`` (one per subtask, encoded) at ``settings.parallelism``: route
-        every row to its subtask's partition, run each subtask where its state lives, collect the acks.
-        ``with_initial``: the first batch of a new query, which also routes the initial state's rows;
-        ``table_sink``: the query's opened table sink, whose data files the subtasks write (pre-commit);
-        ``staged_format``: how subtasks stage outputs for a function sink (``"parquet"``: files Spark reads)."""
+    def run(self, batch_df: Any, batch_id: int, plans: list[bytes], *, with_initial: bool = False
+            ) -> list[SubtaskAck]:
+        """Batch ``batch_id``'s job for ``plans`` (one per subtask, encoded; as many as the query driver's
+        parallelism): route every row to its subtask's partition, run each subtask where its state lives,
+        collect the acks. ``with_initial``: the first batch of a new query, which also routes the initial
+        state's rows."""
         from pyspark.rdd import RDD
         from pyspark.serializers import NoOpSerializer
 
-        s, p = settings, settings.parallelism
+        spec, p = self.spec, len(plans)
+        max_p = spec.max_parallelism
         rows = self.frames.rows(batch_df, p, max_p)
         # The batch's own session (the stream's clone): adaptive execution would run the shuffle stage as a job
         # of its own, and has nothing to adapt in this plan (an explicit partition count, no joins).
@@ -74,13 +67,12 @@ class SubtaskJob:
         session.conf.set("spark.sql.adaptive.enabled", "false")
         heartbeat = self.frames.heartbeat(session, batch_df.schema, p)
         if with_initial and self.initial_state is not None:
-            rows, heartbeat = self._with_initial_state(batch_df, rows, heartbeat, p, max_p)
+            rows, heartbeat = self._with_initial_state(batch_df, rows, heartbeat, p)
         routed = self.frames.routed(rows, heartbeat, p)
-        spec = TaskSpec(run_id, self.factory, s, stage_outputs, self.key_columns,
-                        self.output_schema, arrow_schema(routed.schema), table_sink, staged_format)
+        input_schema = arrow_schema(routed.schema)
 
         def task(items: Any) -> Any:
-            return run_partition(spec, items)
+            return run_partition(spec, input_schema, items)
 
         locations = self.placement.locations(p, alive_executors(self.spark.sparkContext), max_p)
         placed = placed_batch(routed, plans, locations)
@@ -97,28 +89,30 @@ class SubtaskJob:
                 raise told from None  # Spark's whole error is in its message, after the worker's exception
         return [SubtaskAck.from_dict(json.loads(a)) for a in acks]
 
-    def _with_initial_state(self, batch_df: Any, rows: Any, heartbeat: Any, p: int, max_p: int) -> tuple[Any, Any]:
-        """``rows`` with the initial state's rows added, routed by their key like input rows: the stream's key
-        columns hold their key, :data:`INITIAL_COLUMN` the whole row (null on input and heartbeat rows)."""
+    def _with_initial_state(self, batch_df: Any, rows: Any, heartbeat: Any, p: int) -> tuple[Any, Any]:
+        """``rows`` with the initial state's rows added, routed by their key like input rows at parallelism ``p``:
+        the stream's key columns hold their key, :data:`INITIAL_COLUMN` the whole row (null on input and heartbeat
+        rows)."""
         from pyspark.sql import functions as F
 
         assert self.initial_state is not None
         initial, initial_keys = self.initial_state
-        kg = key_group_expr(self.key_columns, max_p)
+        key_columns, max_p = self.spec.key_columns, self.spec.max_parallelism
+        kg = key_group_expr(key_columns, max_p)
         whole = F.struct(*[F.col(c) for c in initial.columns])
         whole_type = initial.select(whole.alias("x")).schema["x"].dataType
         types = {f.name: f.dataType for f in batch_df.schema.fields}
         keyed = initial.select(*[F.col(ic).cast(types[kc]).alias(kc) for kc, ic in
-                                 zip(self.key_columns, initial_keys, strict=True)], whole.alias(INITIAL_COLUMN))
+                                 zip(key_columns, initial_keys, strict=True)], whole.alias(INITIAL_COLUMN))
         initial_rows = keyed.select(
-            *[F.col(n) if n in self.key_columns else F.lit(None).cast(t).alias(n) for n, t in types.items()],
+            *[F.col(n) if n in key_columns else F.lit(None).cast(t).alias(n) for n, t in types.items()],
             F.expr(f"CAST({kg} AS INT)").alias(KG_COLUMN), F.expr(subtask_expr(kg, p, max_p)).alias(SUBTASK_COLUMN),
             F.lit(False).alias(HEARTBEAT_COLUMN), F.col(INITIAL_COLUMN))
         none = F.lit(None).cast(whole_type).alias(INITIAL_COLUMN)
         return (rows.select("*", none).unionByName(initial_rows), heartbeat.select("*", none))
 
 
-def initial_state_of(initial_state: Any, key_columns: tuple[str, ...]) -> tuple[Any, list[str]] | None:
+def initial_state_of(initial_state: Any, key_columns: tuple[str, ...]) -> InitialState | None:
     """``(DataFrame, its key columns)`` of an initial state given as Spark's ``GroupedData`` (``df.groupBy(k)``)
     or a batch DataFrame grouped by the stream's key column names."""
     if initial_state is None:

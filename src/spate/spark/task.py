@@ -38,21 +38,25 @@ INITIAL_COLUMN = "__spate_initial"  # a row of the initial state (a struct of it
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """Everything a task needs, shipped to executors inside the task's closure.
+    """What every task of one run of a stream needs, built once per ``start()`` and shipped to executors inside
+    the task's closure.
 
     ``run_id`` names one ``start()`` of the query: subtasks a worker kept from another run (which may have run
-    another processor) are closed, never reused.
-    """
+    another processor) are closed, never reused. ``settings`` are the query's as the run started: executors read
+    only what does not change while it runs (a subtask's parallelism is its plan's, which follows every
+    rescale). The sink choice: ``stage_outputs`` (whether a sink gets the outputs), ``table_sink`` (the query's
+    opened table sink: outputs become its data files) and ``staged_format`` (how outputs are staged for a function
+    sink; ``"parquet"``: files Spark reads)."""
 
     run_id: str
     factory: ProcessorFactory
     settings: SpateSettings
-    stage_outputs: bool
     key_columns: tuple[str, ...]
     output_schema: pa.Schema
-    input_schema: pa.Schema  # of the routed rows, as Spark writes them to Arrow
-    table_sink: TableSink | None = None  # the query's opened table sink: outputs become its data files
-    staged_format: str = "arrow"  # how outputs are staged for a function sink ("parquet": Spark reads them)
+    max_parallelism: int  # the root's key groups: the driver routes rows with it
+    stage_outputs: bool = False
+    table_sink: TableSink | None = None
+    staged_format: str = "arrow"
 
     def subtask_config(self) -> SubtaskConfig:
         """The subtasks' settings on this executor: lmdb state without a ``local_dir`` goes to this
@@ -212,16 +216,17 @@ class WorkerSubtasks:
 WORKER_SUBTASKS = WorkerSubtasks()  # the one registry of this Python worker, living as long as the worker
 
 
-def run_partition(spec: TaskSpec, items: Iterable[bytes],
+def run_partition(spec: TaskSpec, input_schema: pa.Schema, items: Iterable[bytes],
                   subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> Iterator[str]:
     """Run the one subtask of this task's partition (:func:`spate.spark.placement.placed_batch`): ``items``
-    are its rows as one Arrow record batch and its plan. Yields the subtask's ack (JSON)."""
+    are its rows as one Arrow record batch (of ``input_schema``: the routed rows as Spark writes them to Arrow)
+    and its plan. Yields the subtask's ack (JSON)."""
     received = list(items)
     if len(received) != 2:
         raise RuntimeError(f"a spate task got {len(received)} items instead of its rows and its plan: Spark did "
                            "not keep one subtask per partition")
     started = time.perf_counter()
-    rows = pa.ipc.read_record_batch(pa.py_buffer(received[0]), spec.input_schema)
+    rows = pa.ipc.read_record_batch(pa.py_buffer(received[0]), input_schema)
     plan = SubtaskPlan.from_dict(json.loads(received[1]))
     yield run_subtask(spec, plan, pa.Table.from_batches([rows]), subtasks,
                       arrow_read_ms=(time.perf_counter() - started) * 1000)
