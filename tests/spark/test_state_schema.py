@@ -17,6 +17,7 @@ from pyspark.sql.types import Row, StructType
 from spate import LocalRunner
 from spate.serde import resolve_serializer
 from spate.spark.state_schema import (
+    StateDeclaration,
     StateSchemaError,
     evolve,
     parse_schema,
@@ -44,7 +45,7 @@ def _ddl(names, types):
 @given(schemas_and_values())
 def test_values_round_trip(case):
     names, types, values = case
-    codec = evolve("s", "value", parse_schema(_ddl(names, types)), None, None, None).codec("s")
+    codec = evolve(StateDeclaration("s", "value", parse_schema(_ddl(names, types))), None).codec("s")
     stored = codec.stored(values)
     ser = resolve_serializer(None)
     assert codec.value(ser.loads(ser.dumps(stored))) == values
@@ -61,11 +62,11 @@ def test_evolution_reads_old_values_by_field_name(case, data):
     added = list("uvw"[:data.draw(st.integers(0 if kept else 1, 2))])  # a schema has at least one field
     widened = {n: data.draw(st.sampled_from(["long", "double"])) if t == "int" else t
                for n, t in zip(names, types, strict=True)}
-    old_record = evolve("s", "value", parse_schema(_ddl(names, types)), None, None, None)
+    old_record = evolve(StateDeclaration("s", "value", parse_schema(_ddl(names, types))), None)
     stored = old_record.codec("s").stored(values)
     new_names = kept + added
     new_types = [widened[n] for n in kept] + ["string"] * len(added)
-    new_record = evolve("s", "value", parse_schema(_ddl(new_names, new_types)), None, None, old_record)
+    new_record = evolve(StateDeclaration("s", "value", parse_schema(_ddl(new_names, new_types))), old_record)
     old = dict(zip(names, values, strict=True))
     want = tuple(None if n not in old or old[n] is None else
                  float(old[n]) if widened.get(n) == "double" else old[n] for n in new_names)
@@ -81,27 +82,27 @@ def test_evolution_reads_old_values_by_field_name(case, data):
     ("m map<string, long>", "m map<string, int>", "value.m{} changes from bigint to int"),
 ])
 def test_narrowing_is_refused(old, new, problem):
-    recorded = evolve("s", "value", parse_schema(old), None, None, None)
+    recorded = evolve(StateDeclaration("s", "value", parse_schema(old)), None)
     with pytest.raises(StateSchemaError, match=re.escape(problem)) as e:
-        evolve("s", "value", parse_schema(new), None, None, recorded)
+        evolve(StateDeclaration("s", "value", parse_schema(new)), recorded)
     assert "STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION" in str(e.value)
 
 
 def test_map_key_schema_cannot_change():
-    recorded = evolve("m", "map", parse_schema("v long"), parse_schema("k string"), None, None)
+    recorded = evolve(StateDeclaration("m", "map", parse_schema("v long"), parse_schema("k string")), None)
     with pytest.raises(StateSchemaError, match="STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"):
-        evolve("m", "map", parse_schema("v long"), parse_schema("k long"), None, recorded)
+        evolve(StateDeclaration("m", "map", parse_schema("v long"), parse_schema("k long")), recorded)
 
 
 def test_not_null_fields_are_refused():
     with pytest.raises(StateSchemaError, match=r"TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE.*s\.x is NOT NULL"):
-        evolve("v", "value", parse_schema("a long, s struct<x: int NOT NULL>"), None, None, None)
+        evolve(StateDeclaration("v", "value", parse_schema("a long, s struct<x: int NOT NULL>")), None)
 
 
 def test_nested_values_come_back_as_spark_gives_them():
-    codec = evolve("v", "value", parse_schema(
+    codec = evolve(StateDeclaration("v", "value", parse_schema(
         "s struct<x: int, y: string>, arr array<struct<p: long>>, m map<string, long>, d decimal(10,2), "
-        "dt date, ts timestamp"), None, None, None).codec("v")
+        "dt date, ts timestamp")), None).codec("v")
     value = ({"x": 2, "y": "y"}, [(7,)], {"k": 3}, decimal.Decimal("1.5"), dt.date(2026, 1, 2),
              dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC))
     assert codec.value(codec.stored(value)) == (
@@ -110,7 +111,7 @@ def test_nested_values_come_back_as_spark_gives_them():
     with pytest.raises(PySparkValueError, match="UNEXPECTED_TUPLE_WITH_STRUCT"):  # Spark's client: 1 is no struct
         codec.stored((1, 2))
     with pytest.raises(StateValueError, match=r"\[STRUCT_ARRAY_LENGTH_MISMATCH\].*2 fields are required while 3"):
-        evolve("w", "value", parse_schema("a long, b long"), None, None, None).codec("w").stored((1, 2, 3))
+        evolve(StateDeclaration("w", "value", parse_schema("a long, b long")), None).codec("w").stored((1, 2, 3))
 
 
 def test_documented_bytes_are_real(tmp_path):

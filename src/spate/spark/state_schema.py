@@ -385,9 +385,24 @@ def _json(text: str) -> dict[str, Any]:
     return json.loads(text)
 
 
-def evolve(name: str, kind: str, schema: StructType, key: StructType | None, ttl_ms: int | None,
-           recorded: StateSchemaRecord | None) -> StateSchemaRecord:
-    """The record for state ``name`` after this run declares it with ``schema`` (checked against ``recorded``)."""
+@dataclass(frozen=True)
+class StateDeclaration:
+    """A state as a processor declares it through its handle (``getValueState``, ``getListState``,
+    ``getMapState``): its name, its kind (``"value"``, ``"list"`` or ``"map"``), the schema of its values and of a
+    map's user keys as given (a ``StructType`` or a DDL string), and its TTL in ms (None: none)."""
+
+    name: str
+    kind: str
+    schema: Any
+    key_schema: Any = None
+    ttl_ms: int | None = None
+
+
+def evolve(declared: StateDeclaration, recorded: StateSchemaRecord | None) -> StateSchemaRecord:
+    """The record of a state after this run declares it (its schemas parsed, and checked against ``recorded``)."""
+    name, kind, ttl_ms = declared.name, declared.kind, declared.ttl_ms
+    schema = parse_schema(declared.schema)
+    key = parse_schema(declared.key_schema) if declared.key_schema is not None else None
     check_nullable(name, schema)
     current = schema.json()
     if recorded is None or recorded.kind != kind:
@@ -403,5 +418,5 @@ def evolve(name: str, kind: str, schema: StructType, key: StructType | None, ttl
     return StateSchemaRecord(kind, [*recorded.versions, current], recorded.key, ttl_ms)
 
 
-__all__ = ["SCHEMAS_STATE", "KeyCodec", "StateCodec", "StateSchemaError", "StateSchemaRecord", "check_evolution",
-           "check_nullable", "evolve", "parse_schema"]
+__all__ = ["SCHEMAS_STATE", "KeyCodec", "StateCodec", "StateDeclaration", "StateSchemaError", "StateSchemaRecord",
+           "check_evolution", "check_nullable", "evolve", "parse_schema"]

@@ -20,6 +20,7 @@ from spate.spark.state_schema import (
     SCHEMAS_STATE,
     KeyCodec,
     StateCodec,
+    StateDeclaration,
     StateSchemaRecord,
     check_nullable,
     evolve,
@@ -67,8 +68,9 @@ class TtlError(SparkErrorClass, SpateError, PySparkValueError):
         PySparkValueError.__init__(self, message=message)
 
 
-def check_ttl(name: str, kind: str, ttl_ms: Any, time_mode: str) -> None:
-    """Refuse, as Spark does, a TTL for ``kind`` state ``name`` that cannot work in ``time_mode``."""
+def check_ttl(declared: StateDeclaration, time_mode: str) -> None:
+    """Refuse, as Spark does, a TTL of a declared state that cannot work in ``time_mode``."""
+    name, kind, ttl_ms = declared.name, declared.kind, declared.ttl_ms
     if ttl_ms is None:
         return
     if time_mode == "None":
@@ -90,17 +92,15 @@ class StateSchemas:
 
     def __init__(self, ctx: Context) -> None:
         self._stored = ctx.get_broadcast_state(SCHEMAS_STATE)
-        self._checked: dict[str, tuple[Any, ...]] = {}
+        self._checked: dict[str, StateDeclaration] = {}
 
-    def declare(self, name: str, kind: str, schema: Any, key_schema: Any, ttl_ms: int | None) -> StateSchemaRecord:
-        """The record of state ``name`` as declared now (an evolution of the recorded one is checked once)."""
-        declared = (kind, schema, key_schema, ttl_ms)
+    def declare(self, declared: StateDeclaration) -> StateSchemaRecord:
+        """The record of a state as declared now (an evolution of the recorded one is checked once)."""
+        name = declared.name
         recorded = self._stored.get(name)
         record = StateSchemaRecord.from_dict(recorded) if recorded is not None else None
         if self._checked.get(name) != declared or record is None:
-            value = parse_schema(schema)
-            key = parse_schema(key_schema) if key_schema is not None else None
-            record = evolve(name, kind, value, key, ttl_ms, record)
+            record = evolve(declared, record)
             self._stored.put(name, record.to_dict())
             self._checked[name] = declared
         return record
@@ -219,23 +219,23 @@ class StatefulProcessorHandle:
         self._ctx, self._time_mode, self._schemas = ctx, time_mode, schemas
         self.deleted: set[str] = set()
 
-    def _state(self, name: str, kind: str, schema: Any, key_schema: Any, ttl_ms: int | None) -> tuple[Any, Any]:
-        check_ttl(name, kind, ttl_ms, self._time_mode)
-        record = self._schemas.declare(name, kind, schema, key_schema, ttl_ms)
-        self.deleted.discard(name)
-        return self._ctx.state(_DESCRIPTORS[kind](name, ttl_ms=ttl_ms)), record
+    def _state(self, declared: StateDeclaration) -> tuple[Any, Any]:
+        check_ttl(declared, self._time_mode)
+        record = self._schemas.declare(declared)
+        self.deleted.discard(declared.name)
+        return self._ctx.state(_DESCRIPTORS[declared.kind](declared.name, ttl_ms=declared.ttl_ms)), record
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> ValueState:  # noqa: N802,N803
-        state, record = self._state(stateName, "value", schema, None, ttlDurationMs)
+        state, record = self._state(StateDeclaration(stateName, "value", schema, None, ttlDurationMs))
         return ValueState(self, stateName, state, record.codec(stateName))
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> ListState:  # noqa: N802,N803
-        state, record = self._state(stateName, "list", schema, None, ttlDurationMs)
+        state, record = self._state(StateDeclaration(stateName, "list", schema, None, ttlDurationMs))
         return ListState(self, stateName, state, record.codec(stateName))
 
     def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,  # noqa: N802,N803
                     ttlDurationMs: int | None = None) -> MapState:  # noqa: N803
-        state, record = self._state(stateName, "map", valueSchema, userKeySchema, ttlDurationMs)
+        state, record = self._state(StateDeclaration(stateName, "map", valueSchema, userKeySchema, ttlDurationMs))
         key_codec = record.key_codec()
         assert key_codec is not None
         return MapState(self, stateName, state, record.codec(stateName), key_codec)
@@ -301,22 +301,22 @@ class DeclaringHandle:
         self.declared: dict[str, tuple[str, Any, Any]] = {}
         self.time_mode = time_mode
 
-    def _declare(self, name: str, kind: str, schema: Any, key_schema: Any, ttl_ms: Any = None) -> None:
-        check_ttl(name, kind, ttl_ms, self.time_mode)
-        check_nullable(name, parse_schema(schema))
-        if key_schema is not None:
-            parse_schema(key_schema)
-        self.declared[name] = (kind, schema, key_schema)
+    def _declare(self, declared: StateDeclaration) -> None:
+        check_ttl(declared, self.time_mode)
+        check_nullable(declared.name, parse_schema(declared.schema))
+        if declared.key_schema is not None:
+            parse_schema(declared.key_schema)
+        self.declared[declared.name] = (declared.kind, declared.schema, declared.key_schema)
 
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> None:  # noqa: N802,N803
-        self._declare(stateName, "value", schema, None, ttlDurationMs)
+        self._declare(StateDeclaration(stateName, "value", schema, None, ttlDurationMs))
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: int | None = None) -> None:  # noqa: N802,N803
-        self._declare(stateName, "list", schema, None, ttlDurationMs)
+        self._declare(StateDeclaration(stateName, "list", schema, None, ttlDurationMs))
 
     def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,  # noqa: N802,N803
                     ttlDurationMs: int | None = None) -> None:  # noqa: N803
-        self._declare(stateName, "map", valueSchema, userKeySchema, ttlDurationMs)
+        self._declare(StateDeclaration(stateName, "map", valueSchema, userKeySchema, ttlDurationMs))
 
     def deleteIfExists(self, stateName: str) -> None:  # noqa: N802,N803
         self.declared.pop(stateName, None)
