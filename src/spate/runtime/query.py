@@ -202,55 +202,48 @@ class QueryDriver:
     def run_batch(self, batch_id: int, run_subtasks: RunSubtasks, *, processing_time_ms: int | None = None,
                   deliver: Deliver | None = None,
                   on_complete: Callable[[CompletedBatch], None] | None = None) -> CompletedBatch:
-        """Batch ``batch_id`` = checkpoint ``batch_id``, at the parallelism after :meth:`apply_rescale`. If
-        running a subtask or the checkpoint fails, the checkpoint is aborted (a take-over by another driver
-        raises :class:`FencedError`) and the error raised; with a table sink, the failed batch's staged data
-        files are deleted (before its retry). If the sink fails, the checkpoint stays complete and its outputs
-        are delivered again before the next batch. ``deliver`` gives the sink this batch's outputs instead of
+        """Batch ``batch_id`` = checkpoint ``batch_id``, at the parallelism after :meth:`apply_rescale`, in
+        protocol order: begin, run the subtasks, acknowledge each ack, complete, sink, mark. If running a subtask
+        or the checkpoint fails, the checkpoint is aborted (a take-over by another driver raises
+        :class:`FencedError`) and the error raised; with a table sink, the failed batch's staged data files are
+        deleted (before its retry). If the sink fails, the checkpoint stays complete and its outputs are
+        delivered again before the next batch. ``deliver`` gives the sink this batch's outputs instead of
         ``deliver_staged`` (outputs the transport has in memory); ``on_complete`` runs right after the
         checkpoint completed, before the sink."""
+        coord, sink = self.coordinator, deliver or self._deliver_staged
+        reason = self.rescales[-1].reason if self.rescales else None  # of the latest online rescale, if any
         try:
-            done = self._run_protocol(batch_id, run_subtasks, processing_time_ms, deliver or self._deliver_staged,
-                                      on_complete)
+            plans = coord.begin(batch_id, self.parallelism, processing_time_ms, reason)
+            self._fault("after_begin", batch_id)
+            try:
+                self._recovery.before(batch_id, plans)
+                acks = []
+                for ack in run_subtasks(plans):
+                    self._fault(f"after_subtask_{ack.index}", batch_id)
+                    coord.acknowledge(ack)
+                    acks.append(ack)
+                self._fault("after_acks", batch_id)
+                acked = time.perf_counter()
+                meta = coord.complete(batch_id)
+            except BaseException as e:
+                coord.fail(batch_id, e)
+                raise
+            done = CompletedBatch(meta, acks, acked, (time.perf_counter() - acked) * 1000)
+            if on_complete is not None:
+                on_complete(done)
+            self._fault("after_complete", batch_id)
+            if sink is not None:
+                sink(meta)
+                self._fault("after_sink_before_mark", batch_id)
+                coord.mark_delivered(batch_id)
+            self._fault("after_sink", batch_id)
         except FencedError:
             raise  # another driver owns the root now: its files are not ours to sweep
         except BaseException:
             if self.committer is not None:
                 self._swept = False  # swept before the next batch, once the failure is behind (a sink may be down)
             raise
-        self._recovery.after(done.checkpoint)
-        return done
-
-    def _run_protocol(self, batch_id: int, run_subtasks: RunSubtasks, processing_time_ms: int | None,
-                      deliver: Deliver | None, on_complete: Callable[[CompletedBatch], None] | None
-                      ) -> CompletedBatch:
-        """One batch in protocol order: begin, run the subtasks, acknowledge, complete (or abort), sink, mark."""
-        coord = self.coordinator
-        reason = self.rescales[-1].reason if self.rescales else None  # of the latest online rescale, if any
-        plans = coord.begin(batch_id, self.parallelism, processing_time_ms, reason)
-        self._fault("after_begin", batch_id)
-        try:
-            self._recovery.before(batch_id, plans)
-            acks = []
-            for ack in run_subtasks(plans):
-                self._fault(f"after_subtask_{ack.index}", batch_id)
-                coord.acknowledge(ack)
-                acks.append(ack)
-            self._fault("after_acks", batch_id)
-            acked = time.perf_counter()
-            meta = coord.complete(batch_id)
-        except BaseException as e:
-            coord.fail(batch_id, e)
-            raise
-        done = CompletedBatch(meta, acks, acked, (time.perf_counter() - acked) * 1000)
-        if on_complete is not None:
-            on_complete(done)
-        self._fault("after_complete", batch_id)
-        if deliver is not None:
-            deliver(meta)
-            self._fault("after_sink_before_mark", batch_id)
-            coord.mark_delivered(batch_id)
-        self._fault("after_sink", batch_id)
+        self._recovery.after(meta)
         return done
 
     def savepoint(self, target_uri: str | None = None) -> str:
