@@ -2,7 +2,8 @@
 and ``src/spate_tools`` (the workshop) imports only modules of its own layer or of a more basic one, nothing in
 the library imports ``spark/`` except ``spark/`` itself, the library never imports the workshop, and no modules
 import each other in a cycle. Every import counts, also one inside a function (a lazy import is still a
-dependency)."""
+dependency). And the library stays in rooms of one purpose with narrow signatures: no module over 500 lines, no
+class over 300, no function taking more than 6 parameters by position."""
 
 from __future__ import annotations
 
@@ -148,6 +149,34 @@ def test_no_product_module_is_over_500_lines():
     long = {m: n for m, p in _modules().items()
             if m.split(".")[0] == "spate" and (n := len(p.read_text().splitlines())) > 500}
     assert not long, f"split these along their seams (docs/architecture.md): {long}"
+
+
+MAX_CLASS_LINES = 300  # a library class, from its ``class`` line to its last line, docstrings included
+MAX_POSITIONAL = 6  # parameters a library function takes by position (``self`` and ``cls`` not counted)
+
+
+def _library_nodes() -> list[tuple[str, ast.AST]]:
+    """(module, node) of every node of every library module."""
+    return [(m, node) for m, p in _modules().items() if m.split(".")[0] == "spate"
+            for node in ast.walk(ast.parse(p.read_text(), str(p)))]
+
+
+def _positional(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    names = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+    return len(names) - (1 if names and names[0] in ("self", "cls") else 0)
+
+
+def test_no_product_class_is_over_300_lines():
+    long = {f"{m}.{node.name}": n for m, node in _library_nodes() if isinstance(node, ast.ClassDef)
+            and (n := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_CLASS_LINES}
+    assert not long, f"split these classes along their seams, into rooms of one purpose (not mixins): {long}"
+
+
+def test_no_library_function_takes_more_than_6_positional_parameters():
+    wide = {f"{m}.{node.name} (line {node.lineno})": n for m, node in _library_nodes()
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (n := _positional(node)) > MAX_POSITIONAL}
+    assert not wide, ("pass what belongs together as a typed object (a frozen dataclass built once where the values "
+                      f"are known), or make the optional parameters keyword-only: {wide}")
 
 
 def test_the_architecture_doc_names_every_layer():
