@@ -9,11 +9,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from spate.changelog.state import ChangelogConfig
 from spate.checkpoint.coordinator import DEFAULT_RETAINED, Coordinator
 from spate.errors import InvalidParallelismError, SettingError
 from spate.filemerging.config import FileMergingConfig, resolve_file_merging
 from spate.runtime.subtask import TABLE_KINDS, SubtaskConfig
+from spate.sinks.table_sink import TableSink
 
 CONF_PREFIX = "spark.spate."
 
@@ -161,8 +164,8 @@ class SpateSettings:
     def file_merging_config(self) -> FileMergingConfig | None:
         return resolve_file_merging(self.file_merging)
 
-    def subtask_config(self, *, local_dir: str | None, stage_outputs: bool, output_schema: Any = None,
-                       sticky: bool = True, table_sink: Any = None, staged_format: str = "arrow",
+    def subtask_config(self, *, local_dir: str | None, stage_outputs: bool, output_schema: pa.Schema | None = None,
+                       sticky: bool = True, table_sink: TableSink | None = None, staged_format: str = "arrow",
                        **in_process: Any) -> SubtaskConfig:
         """The settings of the query's subtasks on a worker, for every transport. ``local_dir``: where the
         worker keeps lmdb state (decided on the worker); ``stage_outputs``: whether a sink gets the outputs;

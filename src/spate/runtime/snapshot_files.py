@@ -4,10 +4,10 @@ its worker's merged files, which are reported to the coordinator with the ack.""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from spate.checkpoint.protocol import SubtaskPlan
 from spate.filemerging.manager import FileMergingManager
+from spate.fs import CheckpointStorage
 from spate.layout import (
     KEY_GROUPS_SUFFIX,
     OPERATOR_STATE_SUFFIX,
@@ -50,8 +50,8 @@ class Relocator:
     bytes per snapshot, so no checkpoint copies a large share of the state on its path: the rest keeps its
     place until a later checkpoint (or the next materialization) moves it."""
 
-    def __init__(self, storage: Any, out: SegmentWriter, changes_out: SegmentWriter, non_reusable: list[str],
-                 own_dir: str, budget: int) -> None:
+    def __init__(self, storage: CheckpointStorage, out: SegmentWriter, changes_out: SegmentWriter,
+                 non_reusable: list[str], own_dir: str, budget: int) -> None:
         self.storage, self.out, self.changes_out = storage, out, changes_out
         self.bad, self.mine = frozenset(non_reusable), own_dir + "/"
         self.budget = budget

@@ -6,12 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from spate.changelog.state import ChangelogConfig
 from spate.errors import SettingError
 from spate.filemerging.config import FileMergingConfig
 from spate.runtime.rescale import FOLD_PER_BATCH
 from spate.runtime.services import WorkerServices
 from spate.serde import check_pickle_allowed
+from spate.sinks.table_sink import TableSink
 
 TABLE_KINDS = ("heap", "lmdb")
 STAGED_FORMATS = ("arrow", "parquet")  # outputs staged framed (Arrow IPC or rows), or as Parquet files
@@ -36,11 +39,11 @@ class SubtaskConfig:
     event_time_column: str | None = None
     stage_outputs: bool = False
     staged_format: str = "arrow"  # "parquet": outputs of the output schema staged as Parquet files (Spark reads)
-    table_sink: Any = None  # a TableSink (opened): outputs become its data files instead of staged outputs
+    table_sink: TableSink | None = None  # opened: outputs become its data files instead of staged outputs
     output_serializer: str = "msgpack"
     changelog: ChangelogConfig | None = None
     file_merging: FileMergingConfig | None = None
-    output_schema: Any = None  # a pyarrow.Schema the output rows must match (checked before each checkpoint)
+    output_schema: pa.Schema | None = None  # what the output rows must match (checked before each checkpoint)
     profile: bool = False  # time the state table's reads and writes (ack stats "profile": "table_ms")
     fold_per_batch: int = FOLD_PER_BATCH  # entries moved from a rescaled table's bases into it per batch
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+
+import pyarrow as pa
 
 from spate.checkpoint.coordinator import Coordinator
 from spate.checkpoint.discovery import metadata_ids
@@ -20,7 +21,7 @@ class TableCommitter:
     """Commits complete checkpoints' staged data files to ``sink`` (opened here with the query's id and
     ``schema``), in checkpoint order, and sweeps the staging directory of attempts that never completed."""
 
-    def __init__(self, sink: TableSink, coordinator: Coordinator, schema: Any) -> None:
+    def __init__(self, sink: TableSink, coordinator: Coordinator, schema: pa.Schema | None) -> None:
         self.sink, self.coordinator = sink, coordinator
         query = coordinator.query
         assert query is not None, "the coordinator is started"

@@ -95,9 +95,12 @@ class TableSink(ABC):
         return f"{type(self).__name__}({self.location!r})"
 
     # -- the driver --------------------------------------------------------------------------------------------
-    def open(self, query_id: str, schema: pa.Schema) -> None:
+    def open(self, query_id: str, schema: pa.Schema | None) -> None:
         """Bind the sink to the query (``query_id``) and its output ``schema``: the table is created if it does
-        not exist, else its schema must agree."""
+        not exist, else its schema must agree.
+
+        Raises:
+            TableSinkError: no ``schema`` (a table sink needs the query's output schema)."""
         if not isinstance(schema, pa.Schema):
             raise TableSinkError(f"{self!r}: a table sink needs the query's output schema (output_schema=...)")
         self.app_id, self.schema = app_id_of(query_id), schema

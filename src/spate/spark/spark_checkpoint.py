@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from spate.checkpoint.coordinator import Coordinator
 from spate.errors import CheckpointError, SettingError
 from spate.fs import CheckpointStorage, join_uri, validate_relative_path
 
@@ -225,7 +226,7 @@ def _offsets_in(spark_dir: CheckpointStorage) -> list[int]:
         return []
 
 
-def open_spark_checkpoint(spark: Any, coordinator: Any, spark_checkpoint: str | None = None,
+def open_spark_checkpoint(spark: Any, coordinator: Coordinator, spark_checkpoint: str | None = None,
                           cache_dir: str | None = None) -> SparkCheckpoint:
     """Spark's checkpoint for a stream whose coordinator has started (it knows the query id, the fencing epoch
     and the latest complete checkpoint): ``spark_checkpoint`` if given, ``<root>/_spark`` if Hadoop opens the
@@ -239,6 +240,7 @@ def open_spark_checkpoint(spark: Any, coordinator: Any, spark_checkpoint: str | 
         check_not_behind(latest.checkpoint_id if latest is not None else None, _offsets_in(spark_dir), spark_dir.uri)
         return SparkCheckpoint(join_uri(storage.uri, SPARK_CHECKPOINT_DIR), readable=spark_dir)
     query = coordinator.query
+    assert query is not None, "the coordinator has started"
     mirror = SparkCheckpointMirror(storage.sub(SPARK_CHECKPOINT_DIR),
                                    os.path.join(cache_dir or default_cache_dir(), query.query_id),
                                    fence=lambda: coordinator.epochs.check(query.epoch))
