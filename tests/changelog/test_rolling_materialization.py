@@ -15,6 +15,7 @@ from spate import (
     ListStateDescriptor,
     MapStateDescriptor,
     ValueStateDescriptor,
+    key_group,
     keyed_state_entries,
 )
 from spate.changelog.rolling_view import RollingView, trimmed
@@ -125,6 +126,34 @@ def test_a_materialization_spanning_batches_restores_every_change_once(tmp_path,
     log = meta.subtasks[0].changelog
     assert any(len(h.offsets) < len(job.clog.writer._uploaded[h.sqn].offsets) for h in log), \
         "change sets the later key groups hold already are listed without them"
+    assert job.restored(meta) == job.model
+    job.clog.close()
+
+
+@pytest.mark.parametrize("table", ["lmdb", "heap"])
+def test_a_state_first_written_while_a_materialization_spans_batches_is_restored(tmp_path, table):
+    """Found by the changelog model test (test_changelog_coalescing): a state registered after a materialization
+    started, whose entries the materialization then read from a renewed view, was missing after a restore. The
+    materialized handle named only the states of the materialization's start, and the change sets that named the
+    new one were left out for the key groups read after them."""
+    job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb") if table == "lmdb" else None)
+    job.batch(1)
+    job.checkpoint()
+    job.clog.start_materialization(job.backend, job.clog.writer.next_sequence_number())
+    assert job.storage.paused.wait(10)
+    read_before = set(job.clog._running.view.positions)
+    late = job.backend.get_state(ValueStateDescriptor("late"))
+    keys = [k for k in range(KEYS) if key_group(k, 128) not in read_before]  # only in key groups read later
+    for k in keys:
+        job.backend.set_current_key(k)
+        late.update(-k)
+    job.checkpoint()  # the view advances: the key groups read from here on hold "late"
+    job.storage.resume.set()
+    job.clog.wait_for_materialization()
+    meta = job.checkpoint()
+    assert {key_group(k, 128) for k in keys} <= set(job.clog._positions), "read after the state was written"
+    got = {e.key: e.value for e in keyed_state_entries(CheckpointStorage(job.storage.root), meta, "late")}
+    assert got == {k: -k for k in keys} and keys
     assert job.restored(meta) == job.model
     job.clog.close()
 

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spate.changelog.rolling_view import RollingView, trimmed
@@ -280,9 +280,13 @@ class ChangelogKeyedState:
 
         def work() -> KeyGroupsHandle | None:
             try:
-                return write_key_groups(view, scope, out)
+                handle = write_key_groups(view, scope, out)
             finally:
                 view.close()
+            # read from views renewed up to now, the frames may hold states registered since the start: the handle
+            # names every state there is now, or a restore would not know theirs (their change sets are trimmed)
+            return None if handle is None else replace(handle, states=tuple(
+                m.to_dict() for m in tuple(backend.state_metas)))
 
         self._running = _Materialization(sqn, time.perf_counter(), self._materializers.submit(work), out, view)
 
