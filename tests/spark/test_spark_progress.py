@@ -6,6 +6,7 @@ processor and input (Spark's transformWithState on RocksDB reports them in its `
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -174,3 +175,40 @@ def test_after_a_restart_the_new_bytes_are_what_the_batch_added(spark, tmp_path)
     assert first.checkpoint_new_bytes == first.state_bytes > 0  # a new query: everything is new
     assert 0 < resumed.checkpoint_new_bytes < resumed.state_bytes
     assert (first.state_rows, resumed.state_rows) == (7, 10)
+
+
+def test_an_event_that_arrives_while_the_early_ones_are_passed_on_comes_after_them():
+    """Met in the pyspark 4.1 smoke: a query fast enough to end before ``start()`` returned had its events kept
+    until the stream knew its id; Spark's listener thread passed the termination on while the kept progress
+    events were still being passed, so a listener saw "terminated" before the last "progress"."""
+    from types import SimpleNamespace
+
+    from spate.spark.progress import ProgressListener
+
+    seen: list[str] = []
+    racing: list[threading.Thread] = []
+    listener = ProgressListener(lambda batch_id: None)
+
+    class Recording(StreamingQueryListener):
+        def onQueryStarted(self, event):  # noqa: N802
+            seen.append("started")
+            # Spark's listener thread posts the query's end now, while the kept events are being passed on
+            racing.append(threading.Thread(target=listener.onQueryTerminated, args=(SimpleNamespace(id="q"),)))
+            racing[0].start()
+            racing[0].join(0.3)
+
+        def onQueryIdle(self, event):  # noqa: N802
+            seen.append("idle")
+
+        def onQueryProgress(self, event):  # noqa: N802
+            pass
+
+        def onQueryTerminated(self, event):  # noqa: N802
+            seen.append("terminated")
+
+    listener.listeners.append(Recording())
+    listener.onQueryStarted(SimpleNamespace(id="q"))
+    listener.onQueryIdle(SimpleNamespace(id="q"))
+    listener.attach("q")
+    racing[0].join(5)
+    assert seen == ["started", "idle", "terminated"]

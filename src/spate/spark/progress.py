@@ -175,7 +175,8 @@ class ProgressListener(StreamingQueryListener):
 
     ``figures(batch_id)`` gives the figures of a batch (None if unknown). The query's id is known only once
     ``start`` returned, and Spark posts the query's start event before (from ``start`` itself): events that
-    come before :meth:`attach` wait in a list and are passed on then, if they are the query's."""
+    come before :meth:`attach` wait in a list and are passed on then, if they are the query's, before any event
+    that arrives meanwhile (Spark's listener thread waits for them: listeners see the query's events in order)."""
 
     def __init__(self, figures: Any, keep: int = 100) -> None:
         self._figures = figures
@@ -185,6 +186,7 @@ class ProgressListener(StreamingQueryListener):
         self._attached = False
         self._early: list[tuple[str, Any, Any]] = []  # (method, query id, event) before attach
         self._lock = threading.Lock()
+        self._passing = threading.RLock()  # held while events are passed on: one at a time, in order
         self._spark: Any = None
         self._session: Any = None
         self._unregistering: threading.Thread | None = None  # started from Spark's listener thread, joined on close
@@ -198,11 +200,12 @@ class ProgressListener(StreamingQueryListener):
 
     def attach(self, query_id: Any) -> None:
         """The query started (``None``: it failed to): from now on only its events count."""
-        with self._lock:
-            self._query_id = None if query_id is None else str(query_id)
-            self._attached, early, self._early = True, self._early, []
-        for method, event_id, event in early:
-            self._on(method, event_id, event)
+        with self._passing:
+            with self._lock:
+                self._query_id = None if query_id is None else str(query_id)
+                self._attached, early, self._early = True, self._early, []
+            for method, event_id, event in early:
+                self._on(method, event_id, event)
 
     def unregister(self) -> None:
         with self._lock:
@@ -244,6 +247,10 @@ class ProgressListener(StreamingQueryListener):
 
     def _on(self, method: str, query_id: Any, event: Any) -> bool:
         """Pass the event on if it is the query's (or keep it until :meth:`attach`); whether it was passed."""
+        with self._passing:
+            return self._pass_on(method, query_id, event)
+
+    def _pass_on(self, method: str, query_id: Any, event: Any) -> bool:
         with self._lock:
             if not self._attached:
                 self._early.append((method, query_id, event))
