@@ -17,7 +17,22 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["helpers.spark_session", "helpers.s3"]
+pytest_plugins = ["helpers.spark_session", "helpers.s3", "helpers.spark_connect"]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--connect", action="store_true",
+                     help="run the Spark Connect tests (tests/connect/), and only them: a Connect client session turns "
+                          "the whole process to Connect mode, so they never share a process with the other Spark tests")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/connect/ only with --connect, and nothing else then."""
+    connect_dir = os.path.join(os.path.dirname(__file__), "connect")
+    inside = str(collection_path) == connect_dir or str(collection_path).startswith(connect_dir + os.sep)
+    if config.getoption("connect"):
+        return None if inside or connect_dir.startswith(str(collection_path)) else True
+    return True if inside else None
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # every JVM the tests start binds to loopback only
 

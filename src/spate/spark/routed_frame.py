@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from spate.spark.routing import routing_values
+from spate.spark.sessions import session_identity
 from spate.spark.task import HEARTBEAT_COLUMN, KG_COLUMN, ROUTE_COLUMN, SUBTASK_COLUMN
 
 
@@ -40,7 +41,7 @@ class RoutedFrames:
 
     def __init__(self, key_columns: tuple[str, ...]) -> None:
         self.key_columns = key_columns
-        self._heartbeats: dict[tuple[int, str, int], Any] = {}
+        self._heartbeats: dict[tuple[str, str, int], Any] = {}
 
     def rows(self, batch_df: Any, p: int, max_p: int) -> Any:
         """``batch_df`` with the key group, subtask and heartbeat (false) columns."""
@@ -51,7 +52,7 @@ class RoutedFrames:
 
     def heartbeat(self, session: Any, schema: Any, p: int) -> Any:
         """One row per subtask, null but for its subtask, in ``schema``'s columns and the routing columns."""
-        key = (session._jsparkSession.hashCode(), schema.json(), p)  # noqa: SLF001 - one call: the session's id
+        key = (session_identity(session), schema.json(), p)
         frame = self._heartbeats.get(key)
         if frame is None:
             from pyspark.sql import functions as F

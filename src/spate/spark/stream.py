@@ -20,14 +20,18 @@ from spate.runtime.processor import Processor
 from spate.runtime.subtask import AnyProcessor, ProcessorFactory, processor_factory
 from spate.sinks.table_sink import TableSink
 from spate.spark.adapter import StatefulProcessorAdapter, time_mode_of
+from spate.spark.connect_query import ConnectQuery
+from spate.spark.connect_run import ConnectRun
 from spate.spark.placement import Placement
 from spate.spark.python_worker import PythonWorkerConf, arrow_schema
 from spate.spark.query import SpateQuery
+from spate.spark.sessions import is_connect
 from spate.spark.settings import SpateSettings
 from spate.spark.spark_checkpoint import SPARK_CHECKPOINT_DIR, SparkCheckpoint  # noqa: F401  (re-exported)
+from spate.spark.stream_definition import Sink, StreamDefinition
 from spate.spark.stream_inputs import key_columns_of, output_schema_of, settings_of
 from spate.spark.stream_metrics import BatchMetrics, StreamFigures, summarize
-from spate.spark.stream_run import Sink, StartOptions, StreamDefinition, StreamRun, run_one_batch
+from spate.spark.stream_run import StartOptions, StreamRun, run_one_batch
 from spate.spark.subtask_job import initial_state_of
 from spate.spark.ticks import ticks_by_default
 from spate.spark.tws_handle import declared_states
@@ -76,8 +80,12 @@ class StatefulStream:
         key_columns = key_columns_of(df, key)
         spark = df.sparkSession
         factory = processor_factory(processor)
+        connect = is_connect(spark)
+        if connect and initial_state is not None:
+            raise SettingError("initial_state is not available on a Spark Connect session yet: use a classic session "
+                               "(SparkSession.builder.master(...)) for the first run, which bootstraps the state")
         if idle_batches is None:
-            idle_batches = ticks_by_default(processor, spark)
+            idle_batches = ticks_by_default(processor, spark) and not connect
         idle = IdleBatches.of(processor) if isinstance(processor, (Processor, type)) else IdleBatches()
         initial = initial_state_of(initial_state, key_columns)
         schema = output_schema_of(output_schema)
@@ -86,7 +94,8 @@ class StatefulStream:
         self._settings = settings_of(spark, settings, overrides)  # until start(); then the run's query driver's
         self._figures = StreamFigures()  # of every run's batches
         self.placement = Placement()  # where each subtask's state lives, learned from the acks
-        self._run: StreamRun | None = None  # the latest start()
+        self._run: StreamRun | None = None  # the latest start() on a classic session
+        self._remote: ConnectRun | None = None  # the latest start() on a Spark Connect session
 
     @property
     def settings(self) -> SpateSettings:
@@ -113,8 +122,10 @@ class StatefulStream:
         return self._run.driver.decisions if self._run is not None else []
 
     @property
-    def query(self) -> SpateQuery | None:
+    def query(self) -> SpateQuery | ConnectQuery | None:
         """The ``StreamingQuery`` of the latest start, once it started."""
+        if self._remote is not None:
+            return self._remote.query
         return self._run.query if self._run is not None else None
 
     @property
@@ -171,11 +182,19 @@ class StatefulStream:
             SettingError: a location Spark or spate cannot use (the root, ``spark_checkpoint``, the cache).
             CheckpointError: the root cannot be taken over (:class:`~spate.errors.NotARootError`: a folder that
                 was never a spate root; another query's root; a Spark checkpoint behind spate's).
-            FencedError: another driver took the root over meanwhile."""
+            FencedError: another driver took the root over meanwhile.
+
+        On a Spark Connect session (``SparkSession.builder.remote(...)``) the run's driver side (the take-over of
+        the root, each batch's checkpoint, the sink) runs in the server's ``foreachBatch`` process, so the checks
+        of the root and its take-over happen at the first batch, and their errors stop the query
+        (:mod:`spate.spark.connect_run`, which also says what Connect cannot do yet)."""
+        options = StartOptions(trigger, query_name, spark_checkpoint, spark_checkpoint_cache)
+        if is_connect(self.definition.spark):
+            self._remote = ConnectRun(self.definition, self.settings, sink, options)
+            return self._remote.start()
         previous = self._run  # a start after close(): its parallelism (in settings) and a rescale not applied go on
-        run = StreamRun(self.definition, self.settings, sink,
-                        StartOptions(trigger, query_name, spark_checkpoint, spark_checkpoint_cache),
-                        figures=self._figures, placement=self.placement)
+        run = StreamRun(self.definition, self.settings, sink, options, figures=self._figures,
+                        placement=self.placement)
         self._run = run
         if previous is not None and previous.driver.requested_rescale is not None:
             run.driver.request_rescale(*previous.driver.requested_rescale)

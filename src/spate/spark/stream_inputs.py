@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spate.errors import SettingError
+from spate.spark.sessions import session_conf
 from spate.spark.settings import SpateSettings
 
 
@@ -42,10 +43,8 @@ def output_schema_of(output_schema: Any) -> Any:
 
 
 def settings_of(spark: Any, settings: SpateSettings | None, overrides: dict[str, Any]) -> SpateSettings:
-    """``settings`` with ``overrides`` applied; without ``settings``, the session's conf (``spark.spate.*`` of the
-    context and the session) with the overrides over it."""
+    """``settings`` with ``overrides`` applied; without ``settings``, the session's conf (:func:`session_conf`)
+    with the overrides over it."""
     if settings is None:
-        conf = dict(spark.sparkContext.getConf().getAll()) | {
-            k: v for k, v in spark.conf.getAll.items() if k.startswith("spark.spate.")}
-        return SpateSettings.from_conf(conf, **overrides)
+        return SpateSettings.from_conf(session_conf(spark), **overrides)
     return settings.replace(**overrides) if overrides else settings

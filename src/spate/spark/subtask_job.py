@@ -34,33 +34,19 @@ from spate.spark.worker_errors import batch_failed
 InitialState = tuple[Any, list[str]]  # (batch DataFrame, its key columns): see initial_state_of
 
 
-class SubtaskJob:
-    """Runs the subtasks of one run of a stream as one Spark job per batch.
+class RoutedInput:
+    """A run's batches as Spark partitions, one per subtask: every row in its subtask's partition with its key
+    group, and one heartbeat row per subtask (so every subtask runs, also without rows); in the first batch of a
+    new query also the initial state's rows (``initial_state``: ``(DataFrame, its key columns)``, or None).
+    Built with DataFrame operations only, so every transport uses it."""
 
-    Args:
-        spark: the session.
-        spec: what the run's tasks need (built once per ``start()``): the stream's key columns, the factory that
-            makes the processor on executors, the output schema, the run id, the sink choice, the max parallelism.
-        initial_state: ``(DataFrame, its key columns)`` routed into a new query's first batch, or None.
-        placement: where each subtask's state lives (learned from the acks by the caller).
-    """
-
-    def __init__(self, spark: Any, spec: TaskSpec, initial_state: InitialState | None, placement: Placement) -> None:
-        self.spark, self.spec, self.initial_state, self.placement = spark, spec, initial_state, placement
+    def __init__(self, spec: TaskSpec, initial_state: InitialState | None) -> None:
+        self.spec, self.initial_state = spec, initial_state
         self.frames = RoutedFrames(spec.key_columns)
 
-    def run(self, batch_df: Any, batch_id: int, plans: list[bytes], *, with_initial: bool = False
-            ) -> list[SubtaskAck]:
-        """Batch ``batch_id``'s job for ``plans`` (one per subtask, encoded; as many as the query driver's
-        parallelism): route every row to its subtask's partition, run each subtask where its state lives,
-        collect the acks. ``with_initial``: the first batch of a new query, which also routes the initial
-        state's rows."""
-        from pyspark.rdd import RDD
-        from pyspark.serializers import NoOpSerializer
-
-        spec, p = self.spec, len(plans)
-        max_p = spec.max_parallelism
-        rows = self.frames.rows(batch_df, p, max_p)
+    def routed(self, batch_df: Any, p: int, *, with_initial: bool = False) -> Any:
+        """``batch_df``'s rows and the heartbeat rows, subtask i's in partition i of ``p``."""
+        rows = self.frames.rows(batch_df, p, self.spec.max_parallelism)
         # The batch's own session (the stream's clone): adaptive execution would run the shuffle stage as a job
         # of its own, and has nothing to adapt in this plan (an explicit partition count, no joins).
         session = batch_df.sparkSession
@@ -68,26 +54,7 @@ class SubtaskJob:
         heartbeat = self.frames.heartbeat(session, batch_df.schema, p)
         if with_initial and self.initial_state is not None:
             rows, heartbeat = self._with_initial_state(batch_df, rows, heartbeat, p)
-        routed = self.frames.routed(rows, heartbeat, p)
-        input_schema = arrow_schema(routed.schema)
-
-        def task(items: Any) -> Any:
-            return run_partition(spec, input_schema, items)
-
-        locations = self.placement.locations(p, alive_executors(self.spark.sparkContext), max_p)
-        placed = placed_batch(routed, plans, locations)
-        sc = self.spark.sparkContext
-        note = (f"spate checkpoint {batch_id}: {p} subtasks, {sum(map(bool, locations))} placed where "
-                "their state is")
-        with job_description(sc, note):
-            try:
-                acks = RDD(placed, sc, NoOpSerializer()).mapPartitions(task).collect()
-            except Exception as e:
-                told = batch_failed(batch_id, e)
-                if told is None:
-                    raise
-                raise told from None  # Spark's whole error is in its message, after the worker's exception
-        return [SubtaskAck.from_dict(json.loads(a)) for a in acks]
+        return self.frames.routed(rows, heartbeat, p)
 
     def _with_initial_state(self, batch_df: Any, rows: Any, heartbeat: Any, p: int) -> tuple[Any, Any]:
         """``rows`` with the initial state's rows added, routed by their key like input rows at parallelism ``p``:
@@ -110,6 +77,54 @@ class SubtaskJob:
             F.lit(False).alias(HEARTBEAT_COLUMN), F.col(INITIAL_COLUMN))
         none = F.lit(None).cast(whole_type).alias(INITIAL_COLUMN)
         return (rows.select("*", none).unionByName(initial_rows), heartbeat.select("*", none))
+
+
+class SubtaskJob(RoutedInput):
+    """Runs the subtasks of one run of a stream as one Spark job per batch, on a classic session: each subtask's
+    partition is zipped with its plan and placed where the subtask's state lives.
+
+    Args:
+        spark: the session.
+        spec: what the run's tasks need (built once per ``start()``): the stream's key columns, the factory that
+            makes the processor on executors, the output schema, the run id, the sink choice, the max parallelism.
+        initial_state: ``(DataFrame, its key columns)`` routed into a new query's first batch, or None.
+        placement: where each subtask's state lives (learned from the acks by the caller).
+    """
+
+    def __init__(self, spark: Any, spec: TaskSpec, initial_state: InitialState | None, placement: Placement) -> None:
+        super().__init__(spec, initial_state)
+        self.spark, self.placement = spark, placement
+
+    def run(self, batch_df: Any, batch_id: int, plans: list[bytes], *, with_initial: bool = False
+            ) -> list[SubtaskAck]:
+        """Batch ``batch_id``'s job for ``plans`` (one per subtask, encoded; as many as the query driver's
+        parallelism): route every row to its subtask's partition, run each subtask where its state lives,
+        collect the acks. ``with_initial``: the first batch of a new query, which also routes the initial
+        state's rows."""
+        from pyspark.rdd import RDD
+        from pyspark.serializers import NoOpSerializer
+
+        spec, p = self.spec, len(plans)
+        routed = self.routed(batch_df, p, with_initial=with_initial)
+        input_schema = arrow_schema(routed.schema)
+
+        def task(items: Any) -> Any:
+            return run_partition(spec, input_schema, items)
+
+        locations = self.placement.locations(p, alive_executors(self.spark.sparkContext), spec.max_parallelism)
+        placed = placed_batch(routed, plans, locations)
+        sc = self.spark.sparkContext
+        note = (f"spate checkpoint {batch_id}: {p} subtasks, {sum(map(bool, locations))} placed where "
+                "their state is")
+        with job_description(sc, note):
+            try:
+                acks = RDD(placed, sc, NoOpSerializer()).mapPartitions(task).collect()
+            except Exception as e:
+                told = batch_failed(batch_id, e)
+                if told is None:
+                    raise
+                raise told from None  # Spark's whole error is in its message, after the worker's exception
+        return [SubtaskAck.from_dict(json.loads(a)) for a in acks]
 
 
 def initial_state_of(initial_state: Any, key_columns: tuple[str, ...]) -> InitialState | None:

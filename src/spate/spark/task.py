@@ -34,6 +34,8 @@ SUBTASK_COLUMN = "__spate_subtask"
 HEARTBEAT_COLUMN = "__spate_heartbeat"
 ROUTE_COLUMN = "__spate_route"  # the value whose hash sends the row to its subtask's partition
 INITIAL_COLUMN = "__spate_initial"  # a row of the initial state (a struct of its columns), null on input rows
+ACK_COLUMN = "ack"
+ACK_SCHEMA = pa.schema([(ACK_COLUMN, pa.string())])  # what a mapInArrow task returns: its subtask's ack (JSON)
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,24 @@ def run_partition(spec: TaskSpec, input_schema: pa.Schema, items: Iterable[bytes
     plan = SubtaskPlan.from_dict(json.loads(received[1]))
     yield run_subtask(spec, plan, pa.Table.from_batches([rows]), subtasks,
                       arrow_read_ms=(time.perf_counter() - started) * 1000)
+
+
+def run_arrow_partition(spec: TaskSpec, plans: list[bytes], batches: Iterable[pa.RecordBatch],
+                        subtasks: WorkerSubtasks = WORKER_SUBTASKS) -> Iterator[pa.RecordBatch]:
+    """Run the one subtask of this task's partition of the routed batch (``mapInArrow``, where no plan can be
+    zipped with the partition): ``batches`` are its rows and its heartbeat row, whose subtask column names the
+    plan of ``plans`` it runs. Yields its ack as a one-row batch of :data:`ACK_SCHEMA`."""
+    started = time.perf_counter()
+    received = list(batches)
+    table = pa.Table.from_batches(received) if received else None
+    indexes = pc.unique(table.column(SUBTASK_COLUMN)).to_pylist() if table is not None else []
+    if len(indexes) != 1:
+        raise RuntimeError(f"a spate task got the rows of subtasks {indexes} instead of one subtask's: Spark did not "
+                           "keep one subtask per partition")
+    assert table is not None
+    plan = SubtaskPlan.from_dict(json.loads(plans[indexes[0]]))
+    ack = run_subtask(spec, plan, table, subtasks, arrow_read_ms=(time.perf_counter() - started) * 1000)
+    yield pa.RecordBatch.from_pydict({ACK_COLUMN: [ack]}, schema=ACK_SCHEMA)
 
 
 def run_subtask(spec: TaskSpec, plan: SubtaskPlan, table: pa.Table,

@@ -74,6 +74,14 @@ def batch_failed(batch_id: int, error: Exception) -> BatchFailedError | None:
                             worker_type=worker_type, spark_error=error)
 
 
+def failed_on_driver(failure: BaseException, batch_id: int) -> str:
+    """spate's message of batch ``batch_id`` failing with ``failure`` on the driver (in the sink, say)."""
+    kind = type(failure)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    notes = "".join(f"\n{n}" for n in getattr(failure, "__notes__", ()))
+    return f"batch {batch_id} failed on the driver: {name}: {failure}{notes}"
+
+
 def told(failure: BaseException, batch_id: int, failure_traceback: types.TracebackType | None,
          spark_error: BaseException) -> BatchFailedError:
     """What the query raises for Spark's ``spark_error`` when batch ``batch_id``'s ``foreachBatch`` raised
@@ -82,11 +90,7 @@ def told(failure: BaseException, batch_id: int, failure_traceback: types.Traceba
         out = BatchFailedError(str(failure), batch_id=failure.batch_id, worker_type=failure.worker_type,
                                spark_error=spark_error)
     else:
-        kind = type(failure)
-        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-        notes = "".join(f"\n{n}" for n in getattr(failure, "__notes__", ()))
-        out = BatchFailedError(f"batch {batch_id} failed on the driver: {name}: {failure}{notes}",
-                               batch_id=batch_id, spark_error=spark_error,
+        out = BatchFailedError(failed_on_driver(failure, batch_id), batch_id=batch_id, spark_error=spark_error,
                                error=failure.with_traceback(failure_traceback))
     out.add_note(_WHERE_SPARK_IS)
     return out

@@ -1,0 +1,101 @@
+"""``StatefulStream`` and ``transform_with_state`` on a Spark Connect session (a real Connect server on loopback,
+:mod:`helpers.spark_connect`): the run's driver side lives in the server's ``foreachBatch`` process, the subtasks
+run in ``mapInArrow``; outputs reach the sink exactly once, through restarts at other parallelisms and a crash
+between a checkpoint and its sink, and a failed batch raises spate's error on the client."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+
+import pytest
+from pyspark import cloudpickle
+
+from helpers.clicks import SCHEMA, CountClicks, clicks, reference_outputs, state
+from helpers.file_source import write_files
+from spate import load_checkpoint, verify_checkpoint
+from spate.fs import CheckpointStorage
+from spate.spark.stream import StatefulStream
+from spate.spark.worker_errors import BatchFailedError
+
+pytestmark = pytest.mark.spark
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the server's Python cannot import the tests
+
+
+def file_sink(out: str, fail_marker: str | None = None):
+    """A sink (it runs on the server) that writes each batch's outputs to ``<out>/batch-<n>.json``, overwriting:
+    idempotent per batch id. With ``fail_marker``, its first call after the marker file appears raises once."""
+    def sink(df, batch_id):
+        rows = sorted([r["user"], r["clicks"], r["batch"]] for r in df.collect())
+        if fail_marker is not None and os.path.exists(fail_marker):
+            os.remove(fail_marker)
+            raise RuntimeError(f"the sink crashed at batch {batch_id} (injected)")
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, f"batch-{batch_id}.json"), "w") as f:
+            json.dump(rows, f)
+    return sink
+
+
+def outputs(out: str) -> dict[int, list]:
+    return {int(name[6:-5]): json.load(open(os.path.join(out, name))) for name in os.listdir(out)}
+
+
+def run(connect, source, root, parallelism, sink, **settings):
+    df = connect.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
+    stream = StatefulStream(df, "user", CountClicks, "user string, clicks long, batch long", checkpoint_root=root,
+                            parallelism=parallelism, **settings)
+    query = stream.start(sink, trigger={"availableNow": True})
+    try:
+        query.awaitTermination()
+    finally:
+        stream.close()
+    return stream, query
+
+
+@pytest.mark.parametrize("table", ["lmdb", "heap"])
+def test_exactly_once_through_restarts_at_other_parallelisms(connect, tmp_path, table):
+    source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    batches = clicks(6, seed=2)
+    for parallelism, upto in ((2, 2), (3, 4), (1, 6)):
+        write_files(source, batches[upto - 2:upto], start=upto - 2)
+        run(connect, source, root, parallelism, file_sink(out), table=table, local_dir=str(tmp_path / "local"))
+        assert load_checkpoint(CheckpointStorage(root)).parallelism == parallelism
+    assert outputs(out) == reference_outputs(batches), "every batch's outputs equal a single-process run"
+    assert state(root) == dict(Counter(r["user"] for rows in batches for r in rows))
+    storage = CheckpointStorage(root)
+    assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+
+
+def test_a_crash_between_checkpoint_and_sink_redelivers_the_batch(connect, tmp_path):
+    source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    marker = str(tmp_path / "crash-once")
+    batches = clicks(3, seed=4)
+    write_files(source, batches)
+    open(marker, "w").close()  # the first sink call raises: checkpoint 0 completed, its outputs not delivered
+    with pytest.raises(BatchFailedError, match="the sink crashed at batch 0"):
+        run(connect, source, root, 2, file_sink(out, marker))
+    assert load_checkpoint(CheckpointStorage(root)).checkpoint_id == 0 and not os.path.exists(out)
+    run(connect, source, root, 2, file_sink(out, marker))
+    assert outputs(out) == reference_outputs(batches)
+
+
+class Bad(CountClicks):
+    def process(self, key, rows, ctx):
+        yield {"user": key, "clicks": "many", "batch": ctx.batch_id}
+
+
+def test_a_failed_batch_raises_spates_error_on_the_client(connect, tmp_path):
+    source = str(tmp_path / "in")
+    write_files(source, clicks(1))
+    df = connect.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
+    stream = StatefulStream(df, "user", Bad, "user string, clicks long, batch long",
+                            checkpoint_root=str(tmp_path / "ckpt"), parallelism=2)
+    query = stream.start(file_sink(str(tmp_path / "out")), trigger={"availableNow": True})
+    with pytest.raises(BatchFailedError) as failed:
+        query.awaitTermination()
+    message = str(failed.value)
+    assert message.startswith("batch 0 failed on an executor: spate.errors.OutputError: Bad.process for key"), message
+    assert "'many'" in message and failed.value.batch_id == 0
+    assert isinstance(query.exception(), BatchFailedError)
