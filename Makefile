@@ -16,7 +16,7 @@ SMOKE_TESTS ?= tests/spark/test_spark_dropin.py tests/spark/test_spark_adapter.p
 	tests/spark/test_spark_progress.py \
 	tests/spark/test_spark_stream.py::test_counts_checkpoints_sink_and_rescale
 
-.PHONY: demo test fast smoke lint typecheck bench install java clean
+.PHONY: demo test fast connect smoke lint typecheck bench install java clean
 
 install: $(STAMP)
 
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required (python3.11 or python3 on PATH)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[spark,dev,bench,s3]"
+	$(PY) -m pip install -q -e ".[spark,dev,bench,s3,connect]"
 	touch $(STAMP)
 
 java: $(JAVA_HOME_FILE)
@@ -40,6 +40,11 @@ test: $(STAMP) $(JAVA_HOME_FILE)
 	$(VENV)/bin/mypy src
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
+# The Spark Connect tests: a real Connect server on loopback, in pytest processes of their own (a Connect client
+# session turns a whole Python process to Connect mode, so they never share one with the other Spark tests).
+connect: $(STAMP) $(JAVA_HOME_FILE)
+	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --connect tests/connect
+
 # The inner loop: ruff, mypy and the tests that need no JVM (no Spark session, standalone cluster or workshop
 # benchmark and campaign), a few minutes; `make test` runs everything before a commit is pushed.
 fast: $(STAMP)
@@ -53,12 +58,14 @@ smoke: $(STAMP) $(JAVA_HOME_FILE)
 	  venv=.venv-pyspark-$$v; \
 	  if [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]; then \
 	    $(PYTHON) -m venv $$venv && $$venv/bin/pip install -q --upgrade pip && \
-	    $$venv/bin/pip install -q -e ".[spark,test]" "pyspark==$$v.*" && touch $$venv/.installed-stamp || exit 1; \
+	    $$venv/bin/pip install -q -e ".[spark,test,connect]" "pyspark==$$v.*" && touch $$venv/.installed-stamp || exit 1; \
 	  fi; \
 	  cp $(JAVA_HOME_FILE) $$venv/java-home; \
 	  echo "== smoke: pyspark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
 	  JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $$venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) \
 	    $(SMOKE_TESTS) || exit 1; \
+	  JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $$venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) \
+	    --connect tests/connect || exit 1; \
 	done
 
 lint: $(STAMP)

@@ -26,13 +26,22 @@ def pytest_addoption(parser):
                           "the whole process to Connect mode, so they never share a process with the other Spark tests")
 
 
+# What runs on a Spark Connect session with --connect (their ``spark`` fixture is then a Connect session): the
+# Connect tests, and Spark's own transformWithState tests as the drop-in's side by side over Connect
+ON_CONNECT = ("connect", "spark/test_spark_own_tws_tests.py", "spark/test_spark_own_tws_state_variable_tests.py")
+
+
 def pytest_ignore_collect(collection_path, config):
-    """tests/connect/ only with --connect, and nothing else then."""
-    connect_dir = os.path.join(os.path.dirname(__file__), "connect")
-    inside = str(collection_path) == connect_dir or str(collection_path).startswith(connect_dir + os.sep)
+    """tests/connect/ only with --connect, and with it only what runs over Connect (``ON_CONNECT``)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.abspath(str(collection_path))
+    allowed = [os.path.join(here, rel) for rel in ON_CONNECT]
     if config.getoption("connect"):
-        return None if inside or connect_dir.startswith(str(collection_path)) else True
-    return True if inside else None
+        on_the_way = any(a.startswith(path + os.sep) for a in allowed) or path == here
+        inside = any(path == a or path.startswith(a + os.sep) for a in allowed)
+        return None if inside or on_the_way else True
+    connect_dir = allowed[0]
+    return True if path == connect_dir or path.startswith(connect_dir + os.sep) else None
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # every JVM the tests start binds to loopback only
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections import Counter
 
 import pytest
 from pyspark import cloudpickle
+from pyspark.sql.streaming import StreamingQueryListener
 
 from helpers.clicks import SCHEMA, CountClicks, clicks, reference_outputs, state
 from helpers.file_source import write_files
@@ -99,3 +101,65 @@ def test_a_failed_batch_raises_spates_error_on_the_client(connect, tmp_path):
     assert message.startswith("batch 0 failed on an executor: spate.errors.OutputError: Bad.process for key"), message
     assert "'many'" in message and failed.value.batch_id == 0
     assert isinstance(query.exception(), BatchFailedError)
+
+
+class Events(StreamingQueryListener):
+    """What the client's listener saw (Connect runs a stream's listeners on the client)."""
+
+    def __init__(self) -> None:
+        self.progress: list = []
+        self.terminated = 0
+
+    def onQueryStarted(self, event) -> None:  # noqa: N802
+        pass
+
+    def onQueryProgress(self, event) -> None:  # noqa: N802
+        self.progress.append(event.progress)
+
+    def onQueryIdle(self, event) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # noqa: N802
+        self.terminated += 1
+
+
+def wait_for(condition, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_the_client_sees_figures_progress_and_rescales_through_the_root(connect, tmp_path):
+    """metrics, summary(), last_progress and the stream's listeners on the client, with spate's figures read from
+    the root; rescale() from the client reaches the running query's driver on the server."""
+    source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    batches = clicks(4, seed=6)
+    write_files(source, batches[:2])
+    df = connect.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
+    stream = StatefulStream(df, "user", CountClicks, "user string, clicks long, batch long", checkpoint_root=root,
+                            parallelism=2)
+    events = Events()
+    stream.add_listener(events)
+    query = stream.start(file_sink(out), trigger={"processingTime": "1 second"})
+    try:
+        wait_for(lambda: [m.batch_id for m in stream.metrics] == [0, 1])
+        stream.rescale(3, "by hand")
+        write_files(source, batches[2:], start=2)
+        wait_for(lambda: [m.batch_id for m in stream.metrics] == [0, 1, 2, 3])
+    finally:
+        query.stop()
+        stream.close()
+    assert outputs(out) == reference_outputs(batches)
+    assert [m.parallelism for m in stream.metrics] == [2, 2, 3, 3] and stream.settings.parallelism == 3
+    assert [m.rows for m in stream.metrics] == [len(b) for b in batches]
+    assert stream.rescales[-1]["to"] == 3 and stream.rescales[-1]["reason"] == "by hand"
+    summary = stream.summary()
+    assert summary["batches"] == 4 and summary["rows"] == sum(map(len, batches)) and summary["parallelism"] == 3
+    assert 0 <= summary["local_reuse"] <= 1 and summary["batch_ms_p50"] > 0
+    spate_progress = [p for p in events.progress if "spate" in p.observedMetrics]
+    assert [p.batchId for p in spate_progress] == [0, 1, 2, 3]
+    # before the rescale every subtask counts its entries (after it, one built over old copies may not, until folded)
+    assert spate_progress[1].observedMetrics["spate"].state_rows == len({r["user"] for b in batches[:2] for r in b})
+    assert stream.last_progress is not None and stream.last_progress.batchId >= 3
+    assert not os.listdir(os.path.join(root, "_requests")), "the driver took the request"

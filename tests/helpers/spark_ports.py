@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +28,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import IntegerType, StructField, StructType
 
 from helpers.spark_session import spark_conf
+from spate.spark.sessions import is_connect
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import the tests' helpers
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -113,10 +116,33 @@ class Query:
         return {**SUITE, **self.conf}
 
 
-def collect_into(outputs):
+def collect_into(outputs, spill: str | None = None):
+    """A sink that adds each batch's outputs to ``outputs``. On Spark Connect the sink runs on the server, so it
+    writes them to files in ``spill`` instead, which :func:`gather` adds to ``outputs`` once the query ended."""
     def sink(df, batch_id):
-        outputs.setdefault(batch_id, []).extend(normalized(r) for r in df.collect())
+        rows = [normalized(r) for r in df.collect()]
+        if spill is None:
+            outputs.setdefault(batch_id, []).extend(rows)
+            return
+        os.makedirs(spill, exist_ok=True)
+        with open(os.path.join(spill, f"{time.time_ns():020d}-{batch_id}.pickle"), "wb") as f:
+            pickle.dump((batch_id, rows), f)
     return sink
+
+
+def gather(outputs, spill: str | None) -> dict:
+    """``outputs`` with what a Connect server's sink wrote to ``spill`` added, in the order it wrote it."""
+    if spill is not None and os.path.isdir(spill):
+        for name in sorted(os.listdir(spill)):
+            with open(os.path.join(spill, name), "rb") as f:
+                batch_id, rows = pickle.load(f)  # noqa: S301 - the test's own files
+            outputs.setdefault(batch_id, []).extend(rows)
+    return outputs
+
+
+def spill_dir(spark, where) -> str | None:
+    """Where a sink of ``spark``'s queries writes its outputs: nowhere on a classic session (it runs here)."""
+    return f"{where}-outputs" if is_connect(spark) else None
 
 
 def run_spark(spark, q: Query, source, checkpoint, conf=True):
@@ -131,13 +157,14 @@ def run_spark(spark, q: Query, source, checkpoint, conf=True):
         apply = grouped.transformWithStateInPandas if q.flavour == "pandas" else grouped.transformWithState
         tws = apply(statefulProcessor=q.processor(), outputStructType=q.output, outputMode="Update",
                     timeMode=q.time_mode, initialState=q.initial(spark) if q.initial else None)
-        query = tws.writeStream.foreachBatch(collect_into(outputs)).option("checkpointLocation",
-                                                                           str(checkpoint)).start()
+        spill = spill_dir(spark, checkpoint)
+        query = tws.writeStream.foreachBatch(collect_into(outputs, spill)).option("checkpointLocation",
+                                                                                  str(checkpoint)).start()
         try:
             query.processAllAvailable()
         finally:
             query.stop()
-    return outputs
+    return gather(outputs, spill)
 
 
 def run_spate(spark, q: Query, source, root, idle_batches="session", conf=True):
@@ -160,11 +187,12 @@ def run_spate(spark, q: Query, source, root, idle_batches="session", conf=True):
                                       initial_state=q.initial(spark) if q.initial else None,
                                       checkpoint_root=str(root), parallelism=q.parallelism,
                                       local_dir=str(root) + "-local", **extra)
+        spill = spill_dir(spark, root)
         try:
-            stream.start(collect_into(outputs), trigger={"availableNow": True}).awaitTermination()
+            stream.start(collect_into(outputs, spill), trigger={"availableNow": True}).awaitTermination()
         finally:
             stream.close()
-    return outputs
+    return gather(outputs, spill)
 
 
 def run_both(spark, q: Query, source, tmp_path, **spate):

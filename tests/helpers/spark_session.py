@@ -19,8 +19,13 @@ from spate.spark.java import ensure_java_home
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """A small local[2] SparkSession (UTC session time zone), stopped at the end of the test session."""
+def spark(request) -> Iterator[Any]:
+    """A small local[2] SparkSession (UTC session time zone), stopped at the end of the test session; with
+    ``--connect``, a Spark Connect session of such a server instead (:mod:`helpers.spark_connect`), so the tests
+    that work on both kinds run on Connect unchanged."""
+    if request.config.getoption("connect"):
+        yield request.getfixturevalue("connect")
+        return
     if ensure_java_home() is None:
         pytest.fail("no Java runtime found: run `make test` (it installs Java when missing) or set JAVA_HOME")
     import sys

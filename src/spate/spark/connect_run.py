@@ -18,19 +18,26 @@ a location Spark opens itself (``<root>/_spark`` for a local, ``file://`` or ``h
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
-from spate.errors import SettingError
-from spate.fs import join_uri
+from spate.errors import SettingError, SpateError
+from spate.fs import CheckpointStorage, join_uri, storage_for
+from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
+from spate.runtime.query import QueryDriver
 from spate.sinks.table_sink import TableSink
+from spate.spark.connect_figures import RootBatches, latest_checkpoint
 from spate.spark.connect_job import ArrowSubtaskJob
 from spate.spark.connect_query import ConnectQuery
 from spate.spark.micro_batches import MicroBatches, NoJobCount
+from spate.spark.rescale_requests import RescaleRequest, RescaleRequests
 from spate.spark.settings import SpateSettings
 from spate.spark.spark_checkpoint import SPARK_CHECKPOINT_DIR, check_locations, hadoop_opens, open_spark_checkpoint
 from spate.spark.stream_definition import Sink, StreamDefinition
 from spate.spark.stream_metrics import StreamFigures
 from spate.spark.worker_errors import BatchFailedError, failed_on_driver
+
+log = logging.getLogger(__name__)
 
 
 class ConnectBatchFunction:
@@ -50,6 +57,7 @@ class ConnectBatchFunction:
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         try:
             batches = self._batches_for(batch_df)
+            _take_rescale(batches.driver)
             batches.run(batch_df, batch_id, NoJobCount())
         except BatchFailedError as e:  # Spark's error and the client get spate's message, not these frames
             raise e.with_traceback(None) from None
@@ -68,6 +76,17 @@ class ConnectBatchFunction:
         return batches
 
 
+def _take_rescale(driver: QueryDriver) -> None:
+    """Apply the newest rescale request the client sent through the root (a bad one is logged, never fatal)."""
+    request = RescaleRequests(driver.coordinator.storage).take()
+    if request is None:
+        return
+    try:
+        driver.request_rescale(request.parallelism, request.reason)
+    except SpateError as e:
+        log.warning("rescale request to %d subtasks not applied: %s", request.parallelism, e)
+
+
 class ConnectRun:
     """One ``start()`` of ``stream`` on a Connect session: the settings checked on the client (nothing is written
     there), and the query started with a :class:`ConnectBatchFunction`.
@@ -78,27 +97,73 @@ class ConnectRun:
     """
 
     def __init__(self, stream: StreamDefinition, settings: SpateSettings, sink: Sink | TableSink | None,
-                 options: Any) -> None:
+                 options: Any, *, figures: StreamFigures) -> None:
         _check_connect(stream, settings, options)
-        self.stream, self.options = stream, options
+        self.stream, self.settings, self.options, self.figures = stream, settings, options, figures
         self.function = ConnectBatchFunction(stream, settings, sink, options.spark_checkpoint)
         root = settings.checkpoint_root
         self.spark_checkpoint = options.spark_checkpoint or join_uri(root, SPARK_CHECKPOINT_DIR)
+        self.storage = _client_storage(root)
         self.query: ConnectQuery | None = None
+        self._batches: RootBatches | None = None  # the run's batches as the client reads them from the root
+
+    @property
+    def rescales(self) -> list[dict[str, Any]]:
+        """The latest online rescales, as the latest checkpoint the client read records them."""
+        latest = self._batches.latest if self._batches is not None else None
+        return list(latest.rescales) if latest is not None else []
 
     def start(self) -> ConnectQuery:
-        options = self.options
+        """Start the query; its progress events bring each batch's figures from the root to the stream."""
+        options, listener = self.options, self.figures.listener
         writer = self.stream.df.writeStream.foreachBatch(self.function).option("checkpointLocation",
                                                                                self.spark_checkpoint)
         if options.trigger:
             writer = writer.trigger(**options.trigger)
         if options.query_name:
             writer = writer.queryName(options.query_name)
-        self.query = ConnectQuery(writer.start())
+        latest = latest_checkpoint(self.storage) if self.storage is not None else None
+        self.figures.batches.start_from(latest)
+        self._batches = (RootBatches(self.storage, self.figures, latest.checkpoint_id if latest else None)
+                         if self.storage is not None else None)
+        listener.on_progress = self._batches
+        listener.register(self.stream.spark)
+        try:
+            query = writer.start()
+        except BaseException:
+            listener.attach(None)
+            listener.unregister()
+            raise
+        self.query = ConnectQuery(query)
+        listener.attach(query.id)
         return self.query
+
+    def rescale(self, request: RescaleRequest) -> None:
+        """Ask the driver (in the server's process) to run at ``request.parallelism`` from its next batch on.
+
+        Raises:
+            SettingError: the client cannot reach the checkpoint root.
+            InvalidParallelismError / IncompatibleStateError: a parallelism the query cannot run at."""
+        if self.storage is None:
+            raise SettingError(f"rescale on a Spark Connect session writes a request into the checkpoint root, which "
+                               f"this client cannot open ({self.settings.checkpoint_root!r}): stop the query and "
+                               "start it again at the new parallelism")
+        latest = latest_checkpoint(self.storage)  # before the first checkpoint the driver checks it (and logs)
+        check_parallelism(request.parallelism,
+                          latest.max_parallelism if latest is not None else MAX_MAX_PARALLELISM)
+        RescaleRequests(self.storage).send(request)
 
     def close(self) -> None:
         """Nothing to release on the client: the run's driver side lives in the server's process."""
+
+
+def _client_storage(root: str) -> CheckpointStorage | None:
+    """The checkpoint root as this client reads it, None if it cannot (a location only the server reaches)."""
+    try:
+        return storage_for(root)
+    except Exception as e:  # noqa: BLE001 - no file system for the scheme here, missing credentials, ...
+        log.info("the checkpoint root %s is not readable from this client (%s): no figures per batch here", root, e)
+        return None
 
 
 def _check_connect(stream: StreamDefinition, settings: SpateSettings, options: Any) -> None:

@@ -17,6 +17,7 @@ import collections
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -190,6 +191,8 @@ class ProgressListener(StreamingQueryListener):
         self._spark: Any = None
         self._session: Any = None
         self._unregistering: threading.Thread | None = None  # started from Spark's listener thread, joined on close
+        # told each progress of the query before its figures are looked up (on Spark Connect: read from the root)
+        self.on_progress: Callable[[StreamingQueryProgress], None] | None = None
 
     def register(self, spark: Any) -> None:
         """Listen to ``spark``'s streaming queries (before the query starts, so its first events come)."""
@@ -259,6 +262,8 @@ class ProgressListener(StreamingQueryListener):
                 return False
         progress = None
         if method == "onQueryProgress":
+            if self.on_progress is not None:
+                self.on_progress(event.progress)
             progress = with_spate(event.progress, self._figures(event.progress.batchId))
             event = QueryProgressEvent(progress)
         for listener in list(self.listeners):

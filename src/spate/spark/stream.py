@@ -25,6 +25,7 @@ from spate.spark.connect_run import ConnectRun
 from spate.spark.placement import Placement
 from spate.spark.python_worker import PythonWorkerConf, arrow_schema
 from spate.spark.query import SpateQuery
+from spate.spark.rescale_requests import RescaleRequest
 from spate.spark.sessions import is_connect
 from spate.spark.settings import SpateSettings
 from spate.spark.spark_checkpoint import SPARK_CHECKPOINT_DIR, SparkCheckpoint  # noqa: F401  (re-exported)
@@ -113,7 +114,10 @@ class StatefulStream:
 
     @property
     def rescales(self) -> list[dict[str, Any]]:
-        """The latest online rescales: batch, from, to, reason."""
+        """The latest online rescales: batch, from, to, reason (on Spark Connect, as the latest checkpoint the
+        client saw records them)."""
+        if self._remote is not None:
+            return self._remote.rescales
         return [r.to_dict() for r in self._run.driver.rescales] if self._run is not None else []
 
     @property
@@ -190,7 +194,7 @@ class StatefulStream:
         (:mod:`spate.spark.connect_run`, which also says what Connect cannot do yet)."""
         options = StartOptions(trigger, query_name, spark_checkpoint, spark_checkpoint_cache)
         if is_connect(self.definition.spark):
-            self._remote = ConnectRun(self.definition, self.settings, sink, options)
+            self._remote = ConnectRun(self.definition, self.settings, sink, options, figures=self._figures)
             return self._remote.start()
         previous = self._run  # a start after close(): its parallelism (in settings) and a rescale not applied go on
         run = StreamRun(self.definition, self.settings, sink, options, figures=self._figures,
@@ -237,6 +241,10 @@ class StatefulStream:
         builds its lmdb state from the old subtasks' local copies on its executor (the batch prefers the
         executor holding the largest part of its key groups) and reads from checkpoint storage only what no
         copy there holds. Refused beyond the max parallelism. Callable from any thread."""
+        if self._remote is not None:  # on Spark Connect: a request through the root to the server's driver
+            self._remote.rescale(RescaleRequest(parallelism, reason))
+            self._settings = self._settings.replace(parallelism=parallelism)
+            return
         if self._run is None:  # not started: it starts at that parallelism
             check_parallelism(parallelism, MAX_MAX_PARALLELISM)
             self._settings = self._settings.replace(parallelism=parallelism)
@@ -249,6 +257,8 @@ class StatefulStream:
         self._figures.listener.close()
         if self._run is not None:
             self._run.close()
+        if self._remote is not None:
+            self._remote.close()
 
     def __getattr__(self, name: str) -> Any:
         if name in _DATAFRAME_ONLY:
