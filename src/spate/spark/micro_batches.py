@@ -23,6 +23,7 @@ from spate.checkpoint.protocol import SubtaskAck, SubtaskPlan
 from spate.fs import storage_for
 from spate.runtime.query import QueryDriver
 from spate.sinks.table_sink import TableSink
+from spate.spark.sessions import is_connect
 from spate.spark.settings import SpateSettings
 from spate.spark.staged import StagedOutputs, staged_format
 from spate.spark.stream_definition import Sink, StreamDefinition
@@ -145,3 +146,25 @@ class MicroBatches:
 
     def close(self) -> None:
         self.driver.close()
+
+
+def run_one_batch(stream: StreamDefinition, settings: SpateSettings, batch_df: Any, *, savepoint_to: str) -> None:
+    """Run the batch DataFrame ``batch_df`` as the one batch of a new query of ``stream`` (spate's job, without a
+    streaming query; on a Connect session the client drives it) and copy its checkpoint to ``savepoint_to``
+    (:meth:`StatefulStream.run_one_batch`)."""
+    from spate.spark.connect_job import ArrowSubtaskJob
+    from spate.spark.placement import Placement
+    from spate.spark.subtask_job import SubtaskJob
+
+    driver = QueryDriver(settings)
+    try:
+        spec = TaskSpec(uuid.uuid4().hex, stream.factory, settings, stream.key_columns, stream.arrow_output_schema,
+                        driver.max_parallelism)
+        job: SubtaskRunner = (ArrowSubtaskJob(spec, stream.initial_state) if is_connect(batch_df.sparkSession)
+                              else SubtaskJob(batch_df.sparkSession, spec, stream.initial_state, Placement()))
+        batch_id = driver.next_batch_id
+        driver.run_batch(batch_id, lambda plans: job.run(
+            batch_df, batch_id, [json.dumps(plan.to_dict()).encode() for plan in plans]))
+        driver.savepoint(savepoint_to)
+    finally:
+        driver.close()

@@ -34,6 +34,7 @@ from spate.layout import METADATA_FILE
 from spate.runtime.processor import Context, Processor, Row
 from spate.runtime.subtask import ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
+from spate.spark.sessions import is_connect
 from spate.spark.state_schema import SCHEMAS_STATE, StateSchemaRecord
 
 INFER_SAMPLE = 100  # rows read to infer the types of the columns no schema describes
@@ -71,10 +72,15 @@ def read_state(spark: Any, root: str, state: str, checkpoint_id: int | None = No
         CheckpointError: the root does not exist or has no complete checkpoint, ``checkpoint_id`` does not
             exist, or the checkpoint has no keyed state ``state`` (the message lists those it has).
         SettingError: a schema that is not DDL or a ``DataType``, a ``value_schema`` for a state with a recorded
-            schema, or values of no common type without a ``value_schema``.
+            schema, or values of no common type without a ``value_schema``; a Spark Connect session (not
+            available there yet).
         InvalidKeyError: a key with another number of columns than ``key_schema`` (while the rows are read).
         SerializationError: pickled values without ``allow_pickle``.
     """
+    if is_connect(spark):
+        raise SettingError("read_state reads state on the executors through an RDD, which a Spark Connect session "
+                           "does not have: read it with a classic session (SparkSession.builder.master(...)), or "
+                           "with spate.keyed_state_entries in plain Python")
     storage = open_root(root)
     meta = load_checkpoint(storage, checkpoint_id)
     check_keyed_state(meta, state)
@@ -291,7 +297,8 @@ def write_savepoint(df: Any, key: str | Sequence[str], target: str, processor: A
         bootstrap: Processor = InitialStateBootstrap(processor, flavour, time_mode)
     else:
         bootstrap = Bootstrap(processor_factory(processor))
-    check_executor_python(df.sparkSession)
+    if not is_connect(df.sparkSession):  # on Connect an executor that cannot import spate fails the job itself
+        check_executor_python(df.sparkSession)
     work = f"_bootstrap-{uuid.uuid4().hex[:8]}"
     overrides = {"checkpoint_root": join_uri(target, work), "parallelism": parallelism,
                  "max_parallelism": max_parallelism, **settings}

@@ -22,6 +22,7 @@ from spate.sinks.table_sink import TableSink
 from spate.spark.adapter import StatefulProcessorAdapter, time_mode_of
 from spate.spark.connect_query import ConnectQuery
 from spate.spark.connect_run import ConnectRun
+from spate.spark.micro_batches import run_one_batch
 from spate.spark.placement import Placement
 from spate.spark.python_worker import PythonWorkerConf, arrow_schema
 from spate.spark.query import SpateQuery
@@ -32,7 +33,7 @@ from spate.spark.spark_checkpoint import SPARK_CHECKPOINT_DIR, SparkCheckpoint  
 from spate.spark.stream_definition import Sink, StreamDefinition
 from spate.spark.stream_inputs import key_columns_of, output_schema_of, settings_of
 from spate.spark.stream_metrics import BatchMetrics, StreamFigures, summarize
-from spate.spark.stream_run import StartOptions, StreamRun, run_one_batch
+from spate.spark.stream_run import StartOptions, StreamRun
 from spate.spark.subtask_job import initial_state_of
 from spate.spark.ticks import ticks_by_default
 from spate.spark.tws_handle import declared_states

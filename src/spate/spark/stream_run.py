@@ -6,11 +6,9 @@ take-over of the checkpoint root to the end of its ``StreamingQuery``. Its micro
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -198,19 +196,3 @@ class StreamRun:
             if self.query is not None else None
         driver.autoscale(metrics.batch_id, metrics.batch_ms, metrics.rows,
                          progress.backlog_rows if progress is not None else None)
-
-
-def run_one_batch(stream: StreamDefinition, settings: SpateSettings, batch_df: Any, *, savepoint_to: str) -> None:
-    """Run the batch DataFrame ``batch_df`` as the one batch of a new query of ``stream`` (spate's job, without a
-    streaming query) and copy its checkpoint to ``savepoint_to`` (:meth:`StatefulStream.run_one_batch`)."""
-    driver = QueryDriver(settings)
-    try:
-        spec = TaskSpec(uuid.uuid4().hex, stream.factory, settings, stream.key_columns, stream.arrow_output_schema,
-                        driver.max_parallelism)
-        job = SubtaskJob(stream.spark, spec, stream.initial_state, Placement())
-        batch_id = driver.next_batch_id
-        driver.run_batch(batch_id, lambda plans: job.run(
-            batch_df, batch_id, [json.dumps(plan.to_dict()).encode() for plan in plans]))
-        driver.savepoint(savepoint_to)
-    finally:
-        driver.close()

@@ -1,0 +1,51 @@
+"""State bootstrapped from a batch DataFrame on a Spark Connect session (``write_savepoint``: the client drives
+the one batch job, the subtasks run in ``mapInArrow``), restored at other parallelisms; ``read_state``, which
+needs an RDD, refuses a Connect session with the fix."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+import pytest
+from pyspark import cloudpickle
+
+from spate import LocalRunner, Processor, ValueStateDescriptor
+from spate.errors import SettingError
+from spate.spark.state_frame import read_state, write_savepoint
+
+pytestmark = pytest.mark.spark
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the server's Python cannot import the tests
+TOTAL = ValueStateDescriptor("total", default=0)
+ROWS = [{"user": f"u{i % 7}", "n": i} for i in range(50)]
+
+
+class Sum(Processor):
+    def open(self, ctx):
+        self.total = ctx.state(TOTAL)
+
+    def process(self, key, rows, ctx):
+        self.total.update(self.total.value() + sum(r["n"] for r in rows))
+        yield {"user": key, "total": self.total.value()}
+
+
+def test_a_savepoint_written_over_connect_restores_at_other_parallelisms(connect, tmp_path):
+    target = str(tmp_path / "sp")
+    meta = write_savepoint(connect.createDataFrame(ROWS, "user string, n long"), "user", target, Sum(),
+                           parallelism=2, max_parallelism=32)
+    assert (meta.parallelism, meta.max_parallelism, meta.is_savepoint) == (2, 32, True)
+    want: Counter = Counter()
+    for r in ROWS:
+        want[r["user"]] += r["n"]
+    for p in (3, 1):
+        with LocalRunner(Sum, key="user", checkpoint_root=str(tmp_path / f"run{p}"), parallelism=p,
+                         restore_from=target) as runner:
+            out = runner.run_batch(0, [{"user": u, "n": 0} for u in want]).outputs
+        assert {o["user"]: o["total"] for o in out} == dict(want), p
+
+
+def test_read_state_names_the_fix_on_connect(connect, tmp_path):
+    target = str(tmp_path / "sp")
+    write_savepoint(connect.createDataFrame(ROWS, "user string, n long"), "user", target, Sum(), parallelism=1)
+    with pytest.raises(SettingError, match="classic session"):
+        read_state(connect, target, "total")
