@@ -13,6 +13,7 @@ sink time, and the count of Spark jobs, are known only on the server, and are 0 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from spate.checkpoint.discovery import list_complete_checkpoints
@@ -42,9 +43,14 @@ class RootBatches:
         self.storage, self.figures = storage, figures
         self._after = -1 if after is None else after
         self.latest: CheckpointMetadata | None = None  # of the latest batch recorded
+        self._lock = threading.Lock()  # Connect's listener thread and the client's own (catching up) call it
 
     def __call__(self, progress: Any) -> None:
-        batch_id = int(progress.batchId)
+        with self._lock:
+            self._record(progress)
+
+    def _record(self, progress: Any) -> None:
+        batch_id = int(_field(progress, "batchId"))
         if batch_id <= self._after or self.figures.batches(batch_id) is not None:
             return
         try:
@@ -52,7 +58,12 @@ class RootBatches:
         except (FileNotFoundError, SpateError) as e:  # a trigger that ran no batch, or one that failed
             log.debug("no checkpoint %d for the progress event: %s", batch_id, e)
             return
-        added_ms = float((progress.durationMs or {}).get("addBatch", 0))
+        added_ms = float((_field(progress, "durationMs") or {}).get("addBatch", 0))
         self.figures.completed(meta, BatchMetrics.of(meta, UNKNOWN_JOB, batch_ms=added_ms, commit_ms=0.0,
                                                      deliver_ms=0.0))
         self._after, self.latest = batch_id, meta
+
+
+def _field(progress: Any, name: str) -> Any:
+    """A field of Spark's progress, an object or (some pyspark versions' ``recentProgress``) a dict."""
+    return progress[name] if isinstance(progress, dict) else getattr(progress, name)

@@ -154,7 +154,17 @@ class ConnectRun:
         RescaleRequests(self.storage).send(request)
 
     def close(self) -> None:
-        """Nothing to release on the client: the run's driver side lives in the server's process."""
+        """Catch up with the batches the query reported whose events have not reached the client's listener yet
+        (the run's driver side lives in the server's process: nothing to release here)."""
+        if self.query is None or self._batches is None:
+            return
+        try:
+            reported = self.query.recentProgress
+        except Exception as e:  # noqa: BLE001 - the session is gone: the figures stay as the events left them
+            log.debug("recent progress not read: %s", e)
+            return
+        for progress in reported:
+            self._batches(progress)
 
 
 def _client_storage(root: str) -> CheckpointStorage | None:
