@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     # The workshop (spate_tools): never imported by the library.
     ("tools",),  # the workshop package's docstring
     ("tools.campaigns", "tools.demo"),  # in-process jobs built on the public API (demo, fuzzing, driver races)
-    ("tools.standalone", "tools.spark_demo"),  # a Spark standalone test cluster; the demo on Spark
+    ("tools.standalone", "tools.spark_demo", "tools.connect_server"),  # test clusters and servers; the demo on Spark
     ("tools.bench",),
     ("tools.cli",),  # the `spate` command: every command of the library and the workshop
 ]

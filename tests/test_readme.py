@@ -30,6 +30,7 @@ RUN_BY = {
     "write_savepoint(": "tests/spark/test_state_frame.py::test_readme_state_frame_example_runs",
     "def build(kafka_df, checkpoint_root)":
         "tests/spark/test_kafka_recipe.py::test_kafka_recipe_counts_each_record_once_and_resumes_from_the_root",
+    "SparkSession.builder.remote(": "tests/connect/test_connect_docs.py::test_the_connect_example_runs_as_documented",
 }
 
 
@@ -181,6 +182,7 @@ def test_every_python_block_is_run_by_a_test():
     tests = (REPO / "tests" / "test_readme.py").read_text() + (REPO / "tests" / "spark" / "test_state_frame.py"
                                                                 ).read_text()
     tests += (REPO / "tests" / "spark" / "test_kafka_recipe.py").read_text()
+    tests += (REPO / "tests" / "connect" / "test_connect_docs.py").read_text()
     assert all(f"def {name.split('::')[-1]}(" in tests for name in RUN_BY.values())
 
 

@@ -280,6 +280,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from spate_tools.bench.rescale import bench_rescale
 
         bench = partial(bench_rescale, out_dir=args.out)
+    elif args.name == "connect":  # starts Spark Connect servers on 127.0.0.1
+        from spate_tools.bench.connect import bench_connect
+
+        bench = bench_connect
     elif args.name == "first":  # only the CLI reaches into spate.spark
         from spate_tools.bench.first_output import bench_first
 
@@ -347,9 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write PNG plots, --json)")
     bench.add_argument("name", choices=["state", "changelog", "filemerging", "bigstate", "spark", "first", "cluster",
-                                        "blog", "rescale", "scale"],
+                                        "blog", "rescale", "scale", "connect"],
                        help="which benchmark (cluster: starts a standalone Spark cluster on 127.0.0.1; scale: 1 GB "
-                            "and 10 GB of lmdb state, needs about 65 GB of free disk)")
+                            "and 10 GB of lmdb state, needs about 65 GB of free disk; connect: classic against Spark "
+                            "Connect sessions of a 2-executor cluster on 127.0.0.1)")
     bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
     bench.add_argument("--json", action="store_true", help='print {"bench": NAME, "results": [...]}')
     bench.add_argument("--out", default="bench-out", help="directory for PNG plots (default bench-out)")
