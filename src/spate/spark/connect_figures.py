@@ -65,5 +65,6 @@ class RootBatches:
 
 
 def _field(progress: Any, name: str) -> Any:
-    """A field of Spark's progress, an object or (some pyspark versions' ``recentProgress``) a dict."""
-    return progress[name] if isinstance(progress, dict) else getattr(progress, name)
+    """A field of Spark's progress: an object (whose dict form may hold other names) or, in some pyspark
+    versions' ``recentProgress``, a plain dict."""
+    return getattr(progress, name) if hasattr(progress, name) else progress[name]

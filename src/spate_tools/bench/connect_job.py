@@ -36,8 +36,9 @@ def _session(args: argparse.Namespace) -> Any:
 
 
 def _added_ms(progress: Any) -> float | None:
-    durations = progress["durationMs"] if isinstance(progress, dict) else progress.durationMs
-    rows = progress["numInputRows"] if isinstance(progress, dict) else progress.numInputRows
+    """Spark's ``addBatch`` of a batch that read rows (a progress object, or a plain dict in some versions)."""
+    durations, rows = (progress.durationMs, progress.numInputRows) if hasattr(progress, "durationMs") else (
+        progress["durationMs"], progress["numInputRows"])
     return float(durations["addBatch"]) if rows and "addBatch" in durations else None
 
 
