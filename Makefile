@@ -15,6 +15,8 @@ SMOKE_VERSIONS ?= 4.0 4.1 4.2
 SMOKE_TESTS ?= tests/spark/test_spark_dropin.py tests/spark/test_spark_adapter.py tests/spark/test_spark_routing.py \
 	tests/spark/test_spark_progress.py \
 	tests/spark/test_spark_stream.py::test_counts_checkpoints_sink_and_rescale
+# and on Spark Connect (a pytest process of their own, as in `make connect`)
+SMOKE_CONNECT_TESTS ?= tests/connect/test_connect_stream.py tests/connect/test_connect_docs.py
 
 .PHONY: demo test fast connect smoke lint typecheck bench install java clean
 
@@ -43,7 +45,7 @@ test: $(STAMP) $(JAVA_HOME_FILE)
 # The Spark Connect tests: a real Connect server on loopback, in pytest processes of their own (a Connect client
 # session turns a whole Python process to Connect mode, so they never share one with the other Spark tests).
 connect: $(STAMP) $(JAVA_HOME_FILE)
-	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --connect tests/connect
+	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --connect tests
 
 # The inner loop: ruff, mypy and the tests that need no JVM (no Spark session, standalone cluster or workshop
 # benchmark and campaign), a few minutes; `make test` runs everything before a commit is pushed.
@@ -65,7 +67,7 @@ smoke: $(STAMP) $(JAVA_HOME_FILE)
 	  JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $$venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) \
 	    $(SMOKE_TESTS) || exit 1; \
 	  JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $$venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) \
-	    --connect tests/connect || exit 1; \
+	    --connect $(SMOKE_CONNECT_TESTS) || exit 1; \
 	done
 
 lint: $(STAMP)

@@ -140,14 +140,15 @@ def test_readme_cli_commands_run_as_written_on_the_examples_root(capsys, tmp_pat
 
 
 def test_readme_make_targets_do_what_their_comments_say():
-    """``make demo``, ``make test``, ``make fast`` and ``make smoke`` exist and run what the README says
-    (``make -n``: the commands, not run); ``make fast`` leaves out the tests that need a JVM."""
+    """``make demo``, ``make test``, ``make fast``, ``make connect`` and ``make smoke`` exist and run what the
+    README says (``make -n``: the commands, not run); ``make fast`` leaves out the tests that need a JVM."""
     lines = commands(plain_block("make demo"))
-    assert [c.split() for c in lines] == [["make", "demo"], ["make", "test"], ["make", "fast"], ["make", "smoke"]]
+    assert [c.split() for c in lines] == [["make", "demo"], ["make", "test"], ["make", "fast"], ["make", "connect"],
+                                          ["make", "smoke"]]
     says = {"demo": ["spate demo"], "test": ["ruff check", "mypy src", "pytest"],
             "fast": ["ruff check", "mypy src", "pytest", '-m "not spark"', "--ignore=tests/spark",
                      "--ignore=tests/cluster", "--ignore=tests/workshop"],
-            "smoke": ["pyspark==", "pytest"]}
+            "connect": ["pytest", "--connect tests"], "smoke": ["pyspark==", "pytest", "--connect"]}
     for line in lines:
         target = line.split()[1]
         done = subprocess.run(["make", "-n", "-C", str(REPO), target], capture_output=True, text=True, timeout=60)

@@ -17,9 +17,11 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from helpers.clicks import SCHEMA, CountClicks, clicks, reference_outputs, state
 from helpers.file_source import write_files
+from helpers.side_by_side import SilenceAlert
 from spate import load_checkpoint, verify_checkpoint
+from spate.checkpoint.discovery import list_complete_checkpoints
 from spate.fs import CheckpointStorage
-from spate.spark.stream import StatefulStream
+from spate.spark.stream import StatefulStream, transform_with_state
 from spate.spark.worker_errors import BatchFailedError
 
 pytestmark = pytest.mark.spark
@@ -163,3 +165,37 @@ def test_the_client_sees_figures_progress_and_rescales_through_the_root(connect,
     assert spate_progress[1].observedMetrics["spate"].state_rows == len({r["user"] for b in batches[:2] for r in b})
     assert stream.last_progress is not None and stream.last_progress.batchId >= 3
     assert not os.listdir(os.path.join(root, "_requests")), "the driver took the request"
+
+
+def test_a_timer_fires_on_an_idle_stream(connect, tmp_path):
+    """transform_with_state over Connect, every user silent after one file: the alerts come in batches without
+    input (the tick source, its wake file in the root), once each, and an idle query with nothing due runs no
+    batch."""
+    source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    write_files(source, [[{"user": "a"}, {"user": "b"}]])
+    df = connect.readStream.schema("user string").json(source)
+    stream = transform_with_state(df, "user", SilenceAlert(), "user string, value string",
+                                  time_mode="ProcessingTime", checkpoint_root=root, parallelism=2,
+                                  idle_batches=True)
+
+    def sink(outputs, batch_id):
+        rows = sorted([r["user"], r["value"]] for r in outputs.collect())
+        if rows:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, f"batch-{batch_id}.json"), "w") as f:
+                json.dump(rows, f)
+
+    query = stream.start(sink, trigger={"processingTime": "500 milliseconds"})
+    try:
+        wait_for(lambda: os.path.isdir(out) and sum(len(rows) for rows in outputs(out).values()) >= 2)
+        time.sleep(2.5)  # nothing more is due: no more batches
+        checkpoints = len(list_complete_checkpoints(CheckpointStorage(root)))
+        time.sleep(1.5)
+        assert len(list_complete_checkpoints(CheckpointStorage(root))) == checkpoints, "an idle query ran a batch"
+    finally:
+        query.stop()
+        stream.close()
+    alerts = outputs(out)
+    assert sorted(row for rows in alerts.values() for row in rows) == [["a", "silent"], ["b", "silent"]]
+    assert min(alerts) > 0, "fired in a batch without input"
+    assert os.path.isfile(os.path.join(root, "_ticks", "wake.json"))

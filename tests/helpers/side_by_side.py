@@ -1,7 +1,8 @@
 """A transformWithState processor on Spark and on spate side by side, on the same input files: ``run_spark``
 (RocksDB state store) and ``run_spate`` (``spate.spark.stream.transform_with_state``) give each batch's outputs;
 ``data_batches`` the batches that had input; ``LateRowsAndTimers`` and ``late_batches`` are the late rows, first
-watermark and ``TimerValues`` case, rows of ``INPUT`` made by ``event_row``."""
+watermark and ``TimerValues`` case, rows of ``INPUT`` made by ``event_row``; ``SilenceAlert`` the timer of an idle
+stream."""
 
 from __future__ import annotations
 
@@ -113,3 +114,26 @@ def late_batches():
                      event_row("u2", b * 100 + 52, late_bound + 1), event_row("u3", b * 100 + 53, late_bound + 12)]
         out.append(rows)
     return out
+
+
+# -- timers fire on an idle stream ---------------------------------------------------------------------------
+
+class SilenceAlert(StatefulProcessor):
+    """Alerts when a device went silent: every row re-arms a processing-time timer 2 s ahead."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        for _ in rows:
+            pass
+        for ts in self.handle.listTimers():
+            self.handle.deleteTimer(ts)
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 2_000)
+        return iter(())
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
+        yield pd.DataFrame({"user": [key[0]], "value": ["silent"]})
+
+    def close(self) -> None:
+        pass

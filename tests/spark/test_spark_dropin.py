@@ -21,7 +21,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from helpers.file_source import write_files
-from helpers.side_by_side import LateRowsAndTimers, data_batches, late_batches, run_spark, run_spate
+from helpers.side_by_side import LateRowsAndTimers, SilenceAlert, data_batches, late_batches, run_spark, run_spate
 from helpers.spark_session import spark_conf
 from spate.spark.ticks import AVAILABLE_NOW
 
@@ -386,27 +386,6 @@ def test_checked_casts_fail_the_batch_as_on_spark(spark, tmp_path):
 
 
 # -- timers fire on an idle stream ---------------------------------------------------------------------------
-
-class SilenceAlert(StatefulProcessor):
-    """Alerts when a device went silent: every row re-arms a processing-time timer 2 s ahead."""
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.handle = handle
-
-    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
-        for _ in rows:
-            pass
-        for ts in self.handle.listTimers():
-            self.handle.deleteTimer(ts)
-        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 2_000)
-        return iter(())
-
-    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:  # noqa: N802,N803
-        yield pd.DataFrame({"user": [key[0]], "value": ["silent"]})
-
-    def close(self) -> None:
-        pass
-
 
 def test_a_timer_fires_when_no_input_arrives(spark, tmp_path):
     """Every device goes silent after one file: the alerts still come, in batches without input, once each."""

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from spate.checkpoint.metadata import CheckpointMetadata
 from spate.errors import SettingError, SpateError
 from spate.fs import CheckpointStorage, join_uri, storage_for
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
@@ -32,9 +33,16 @@ from spate.spark.connect_query import ConnectQuery
 from spate.spark.micro_batches import MicroBatches, NoJobCount
 from spate.spark.rescale_requests import RescaleRequest, RescaleRequests
 from spate.spark.settings import SpateSettings
-from spate.spark.spark_checkpoint import SPARK_CHECKPOINT_DIR, check_locations, hadoop_opens, open_spark_checkpoint
+from spate.spark.spark_checkpoint import (
+    SPARK_CHECKPOINT_DIR,
+    SparkCheckpoint,
+    check_locations,
+    hadoop_opens,
+    open_spark_checkpoint,
+)
 from spate.spark.stream_definition import Sink, StreamDefinition
 from spate.spark.stream_metrics import StreamFigures
+from spate.spark.ticks import WakeFile, logs_ticks, root_wake_path, with_ticks, without_ticks
 from spate.spark.worker_errors import BatchFailedError, failed_on_driver
 
 log = logging.getLogger(__name__)
@@ -46,9 +54,10 @@ class ConnectBatchFunction:
     ``spark_checkpoint``: the location given to ``start()``, None for ``<root>/_spark``."""
 
     def __init__(self, stream: StreamDefinition, settings: SpateSettings, sink: Sink | TableSink | None,
-                 spark_checkpoint: str | None) -> None:
+                 spark_checkpoint: str | None, wake_path: str | None = None) -> None:
         self.stream = dataclasses.replace(stream, df=None)  # the client's DataFrame stays on the client
         self.settings, self.sink, self.spark_checkpoint = settings, sink, spark_checkpoint
+        self.wake_path = wake_path  # with the tick source: where the driver says when a batch without input is due
         self._batches: MicroBatches | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -58,7 +67,9 @@ class ConnectBatchFunction:
         try:
             batches = self._batches_for(batch_df)
             _take_rescale(batches.driver)
-            batches.run(batch_df, batch_id, NoJobCount())
+            batches.run(without_ticks(batch_df) if self.wake_path else batch_df, batch_id, NoJobCount())
+            if self.wake_path is not None:
+                _write_wake(WakeFile(self.wake_path), batches.driver.latest, batches.driver.idle_batch_due_at)
         except BatchFailedError as e:  # Spark's error and the client get spate's message, not these frames
             raise e.with_traceback(None) from None
         except Exception as e:  # the driver side's own (the sink's, say): told last, its frames above in the log
@@ -74,6 +85,11 @@ class ConnectBatchFunction:
             self._batches = batches
         batches.session = batch_df.sparkSession  # the batch's session: the sink's DataFrame is read with it
         return batches
+
+
+def _write_wake(wake: WakeFile, latest: CheckpointMetadata | None, due_at_ms: int | None) -> None:
+    """Tell the tick source when the batch after ``latest`` is due without input."""
+    wake.write(latest.checkpoint_id if latest is not None else -1, due_at_ms)
 
 
 def _take_rescale(driver: QueryDriver) -> None:
@@ -92,18 +108,21 @@ class ConnectRun:
     there), and the query started with a :class:`ConnectBatchFunction`.
 
     Raises:
-        SettingError: what Connect cannot do (an initial state, autoscaling, batches without input, a driver-local
-            Spark checkpoint), or a location Spark or spate cannot use.
+        SettingError: what Connect cannot do (an initial state, autoscaling, a driver-local Spark checkpoint,
+            batches without input on a root that is not on a local file system), or a location Spark or spate
+            cannot use.
     """
 
     def __init__(self, stream: StreamDefinition, settings: SpateSettings, sink: Sink | TableSink | None,
                  options: Any, *, figures: StreamFigures) -> None:
         _check_connect(stream, settings, options)
         self.stream, self.settings, self.options, self.figures = stream, settings, options, figures
-        self.function = ConnectBatchFunction(stream, settings, sink, options.spark_checkpoint)
         root = settings.checkpoint_root
         self.spark_checkpoint = options.spark_checkpoint or join_uri(root, SPARK_CHECKPOINT_DIR)
         self.storage = _client_storage(root)
+        self.wake = self._wake_file()
+        self.function = ConnectBatchFunction(stream, settings, sink, options.spark_checkpoint,
+                                             self.wake.path if self.wake is not None else None)
         self.query: ConnectQuery | None = None
         self._batches: RootBatches | None = None  # the run's batches as the client reads them from the root
 
@@ -113,16 +132,37 @@ class ConnectRun:
         latest = self._batches.latest if self._batches is not None else None
         return list(latest.rescales) if latest is not None else []
 
+    def _wake_file(self) -> WakeFile | None:
+        """The tick source's wake file, when the query runs batches without input (asked for, or logged in the
+        root's Spark checkpoint, which then keeps them).
+
+        Raises:
+            SettingError: batches without input on a root that is not on a local or mounted file system."""
+        logged = (self.storage is not None and self.options.spark_checkpoint is None
+                  and logs_ticks(SparkCheckpoint(self.spark_checkpoint,
+                                                 readable=self.storage.sub(SPARK_CHECKPOINT_DIR)).newest_offsets()))
+        if not (self.stream.idle_batches or logged):
+            return None
+        path = root_wake_path(self.settings.checkpoint_root)
+        if path is None:
+            raise SettingError("batches without input (idle_batches) on a Spark Connect session need a checkpoint "
+                               "root on a local or mounted file system (the tick source's wake file lives there): "
+                               "use such a root, or idle_batches=False")
+        return WakeFile(path)
+
     def start(self) -> ConnectQuery:
         """Start the query; its progress events bring each batch's figures from the root to the stream."""
         options, listener = self.options, self.figures.listener
-        writer = self.stream.df.writeStream.foreachBatch(self.function).option("checkpointLocation",
-                                                                               self.spark_checkpoint)
+        latest = latest_checkpoint(self.storage) if self.storage is not None else None
+        source = self.stream.df
+        if self.wake is not None:  # what a batch without input is due for, from the latest checkpoint on
+            _write_wake(self.wake, latest, self.stream.idle.due_at(latest))
+            source = with_ticks(source, self.wake, options.trigger)
+        writer = source.writeStream.foreachBatch(self.function).option("checkpointLocation", self.spark_checkpoint)
         if options.trigger:
             writer = writer.trigger(**options.trigger)
         if options.query_name:
             writer = writer.queryName(options.query_name)
-        latest = latest_checkpoint(self.storage) if self.storage is not None else None
         self.figures.batches.start_from(latest)
         self._batches = (RootBatches(self.storage, self.figures, latest.checkpoint_id if latest else None)
                          if self.storage is not None else None)
@@ -181,7 +221,6 @@ def _check_connect(stream: StreamDefinition, settings: SpateSettings, options: A
     check_locations(stream.spark, settings.checkpoint_root, options.spark_checkpoint, options.spark_checkpoint_cache)
     refused = [(stream.initial_state is not None, "an initial_state"),
                (stream.autoscale is not None, "autoscale"),
-               (stream.idle_batches, "idle_batches (batches without input for timers)"),
                (options.spark_checkpoint_cache is not None, "spark_checkpoint_cache")]
     for refused_here, what in refused:
         if refused_here:

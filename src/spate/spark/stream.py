@@ -35,7 +35,7 @@ from spate.spark.stream_inputs import key_columns_of, output_schema_of, settings
 from spate.spark.stream_metrics import BatchMetrics, StreamFigures, summarize
 from spate.spark.stream_run import StartOptions, StreamRun
 from spate.spark.subtask_job import initial_state_of
-from spate.spark.ticks import ticks_by_default
+from spate.spark.ticks import root_wake_path, ticks_by_default
 from spate.spark.tws_handle import declared_states
 
 
@@ -86,14 +86,15 @@ class StatefulStream:
         if connect and initial_state is not None:
             raise SettingError("initial_state is not available on a Spark Connect session yet: use a classic session "
                                "(SparkSession.builder.master(...)) for the first run, which bootstraps the state")
-        if idle_batches is None:
-            idle_batches = ticks_by_default(processor, spark) and not connect
+        self._settings = settings_of(spark, settings, overrides)  # until start(); then the run's query driver's
+        if idle_batches is None:  # on Connect the tick source's wake file lives in the root: a local one
+            idle_batches = ticks_by_default(processor, spark) and (
+                not connect or root_wake_path(self._settings.checkpoint_root) is not None)
         idle = IdleBatches.of(processor) if isinstance(processor, (Processor, type)) else IdleBatches()
         initial = initial_state_of(initial_state, key_columns)
         schema = output_schema_of(output_schema)
         self.definition = StreamDefinition(df, key_columns, factory, schema, arrow_schema(schema), initial, idle,
                                            idle_batches, progress, autoscale)
-        self._settings = settings_of(spark, settings, overrides)  # until start(); then the run's query driver's
         self._figures = StreamFigures()  # of every run's batches
         self.placement = Placement()  # where each subtask's state lives, learned from the acks
         self._run: StreamRun | None = None  # the latest start() on a classic session

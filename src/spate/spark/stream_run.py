@@ -27,7 +27,7 @@ from spate.spark.stream_definition import Sink, StreamDefinition
 from spate.spark.stream_metrics import BatchMetrics, StreamFigures
 from spate.spark.subtask_job import JobCounter, SubtaskJob
 from spate.spark.task import TaskSpec
-from spate.spark.ticks import TICK_COLUMN, WakeFile, logs_ticks, with_ticks
+from spate.spark.ticks import WakeFile, logs_ticks, with_ticks, without_ticks
 from spate.spark.worker_errors import BatchFailedError
 
 log = logging.getLogger(__name__)
@@ -133,9 +133,7 @@ class StreamRun:
     def _process_batch(self, batch_df: Any, batch_id: int) -> None:
         """``foreachBatch``: the batch without the tick source's rows, run; a failure stops the query."""
         if self.wake is not None:
-            from pyspark.sql import functions as F
-
-            batch_df = batch_df.where(F.col(TICK_COLUMN).isNull()).drop(TICK_COLUMN)
+            batch_df = without_ticks(batch_df)
         try:
             self._run_batch(batch_df, batch_id)
         except BaseException as e:  # the query stops: remember the failure for awaitTermination, clean up

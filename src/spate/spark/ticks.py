@@ -171,6 +171,26 @@ def with_ticks(source: Any, wake: WakeFile, trigger: dict[str, Any] | None) -> A
     return source.unionByName(tick_stream(source.sparkSession, wake.path), allowMissingColumns=True)
 
 
+TICKS_DIR = "_ticks"  # on Spark Connect, the wake file's folder in a local checkpoint root
+
+
+def root_wake_path(root: str) -> str | None:
+    """On Spark Connect, where the wake file goes: ``<root>/_ticks/wake.json`` for a root on a local (or mounted)
+    file system, which the client, the server's ``foreachBatch`` process and the tick source all open by path;
+    None for any other root."""
+    from spate.fs import LocalStorage, storage_for
+
+    storage = storage_for(root)
+    return os.path.join(storage.root, TICKS_DIR, "wake.json") if isinstance(storage, LocalStorage) else None
+
+
+def without_ticks(batch_df: Any) -> Any:
+    """A micro-batch's DataFrame without the tick source's rows and column."""
+    from pyspark.sql import functions as F
+
+    return batch_df.where(F.col(TICK_COLUMN).isNull()).drop(TICK_COLUMN)
+
+
 def ticks_by_default(processor: Any, spark: Any) -> bool:
     """Whether a stream of ``processor`` runs batches without input unless told: when the processor may have
     timers (:func:`~spate.runtime.batch.uses_timers`; a ``StatefulProcessor`` in time mode ``None`` has none),
@@ -179,7 +199,7 @@ def ticks_by_default(processor: Any, spark: Any) -> bool:
 
 
 __all__ = ["AVAILABLE_NOW", "SOURCE_NAME", "TICK_COLUMN", "TickReader", "TickSource", "WakeFile", "logs_ticks",
-           "tick_stream", "ticks_by_default", "with_ticks"]
+           "root_wake_path", "tick_stream", "ticks_by_default", "with_ticks", "without_ticks"]
 
 
 def no_data_batches_enabled(spark: Any) -> bool:
