@@ -1,13 +1,17 @@
 """What the client of a stream on Spark Connect sees of its batches: the figures the driver side would have
 kept (it runs in the server's ``foreachBatch`` process), read from the checkpoint root instead.
 
-Spark Connect passes the query's events to listeners on the client. When Spark's progress of batch n arrives,
-:class:`RootBatches` reads checkpoint n's metadata from the root and records the batch in the stream's
-:class:`~spate.spark.stream_metrics.StreamFigures`, so ``stream.metrics``, ``summary()``, ``last_progress`` and
-the stream's listeners get what they get in classic mode: rows, where each subtask found its state (``local_reuse``,
-``restored``), restore bytes and times, state size, the new bytes of the checkpoint. The batch's duration is
-Spark's ``addBatch`` (the whole ``foreachBatch``: job, checkpoint and sink); the split into job, checkpoint and
-sink time, and the count of Spark jobs, are known only on the server, and are 0 here.
+The client polls the query for Spark's progress (:class:`ProgressPoller`, about twice a second: Connect's own
+client-side listener bus can deadlock when a listener is removed while an event arrives, pyspark's
+``StreamingQueryListenerBus.remove`` joining its event thread while holding the lock that thread needs). When
+Spark's progress of batch n is new, :class:`RootBatches` reads checkpoint n's metadata from the root and records
+the batch in the stream's :class:`~spate.spark.stream_metrics.StreamFigures`, so ``stream.metrics``,
+``summary()``, ``last_progress`` and the stream's listeners get what they get in classic mode: rows, where each
+subtask found its state (``local_reuse``, ``restored``), restore bytes and times, state size, the new bytes of
+the checkpoint. The batch's duration is Spark's ``addBatch`` (the whole ``foreachBatch``: job, checkpoint and
+sink); the split into job, checkpoint and sink time, and the count of Spark jobs, are known only on the server,
+and are 0 here. The stream's listeners get the progress events (with spate's entry); the query's start and end
+are Spark's to tell (``query.isActive``, ``awaitTermination``).
 """
 
 from __future__ import annotations
@@ -68,3 +72,43 @@ def _field(progress: Any, name: str) -> Any:
     """A field of Spark's progress: an object (whose dict form may hold other names) or, in some pyspark
     versions' ``recentProgress``, a plain dict."""
     return getattr(progress, name) if hasattr(progress, name) else progress[name]
+
+
+class ProgressPoller:
+    """Polls ``query`` (Spark Connect's ``StreamingQuery``) every ``interval_s`` for its recent progress and passes
+    each new one to ``listener`` (:meth:`~spate.spark.progress.ProgressListener.deliver_progress`), on a thread of
+    its own until :meth:`stop`, which polls once more."""
+
+    def __init__(self, query: Any, listener: Any, interval_s: float = 0.5) -> None:
+        self.query, self.listener, self.interval_s = query, listener, interval_s
+        self._seen: set[tuple[Any, Any]] = set()  # (batch id, timestamp) of the progress passed on
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="spate-connect-progress", daemon=True)
+        self._polling = threading.Lock()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            self.poll()
+
+    def poll(self) -> None:
+        """Pass on the progress the query reported since the last poll."""
+        with self._polling:
+            try:
+                reported = self.query.recentProgress
+            except Exception as e:  # noqa: BLE001 - the session is gone: nothing more to read
+                log.debug("recent progress not read: %s", e)
+                return
+            for progress in reported:
+                key = (_field(progress, "batchId"), _field(progress, "timestamp"))
+                if key not in self._seen:
+                    self._seen.add(key)
+                    self.listener.deliver_progress(progress)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(10)
+        self.poll()

@@ -27,7 +27,7 @@ from spate.fs import CheckpointStorage, join_uri, storage_for
 from spate.keygroups import MAX_MAX_PARALLELISM, check_parallelism
 from spate.runtime.query import QueryDriver
 from spate.sinks.table_sink import TableSink
-from spate.spark.connect_figures import RootBatches, latest_checkpoint
+from spate.spark.connect_figures import ProgressPoller, RootBatches, latest_checkpoint
 from spate.spark.connect_job import ArrowSubtaskJob
 from spate.spark.connect_query import ConnectQuery
 from spate.spark.micro_batches import MicroBatches, NoJobCount
@@ -40,7 +40,7 @@ from spate.spark.spark_checkpoint import (
     hadoop_opens,
     open_spark_checkpoint,
 )
-from spate.spark.stream_definition import Sink, StreamDefinition
+from spate.spark.stream_definition import Sink, StartOptions, StreamDefinition
 from spate.spark.stream_metrics import StreamFigures
 from spate.spark.ticks import WakeFile, logs_ticks, root_wake_path, with_ticks, without_ticks
 from spate.spark.worker_errors import BatchFailedError, failed_on_driver
@@ -114,7 +114,7 @@ class ConnectRun:
     """
 
     def __init__(self, stream: StreamDefinition, settings: SpateSettings, sink: Sink | TableSink | None,
-                 options: Any, *, figures: StreamFigures) -> None:
+                 options: StartOptions, *, figures: StreamFigures) -> None:
         _check_connect(stream, settings, options)
         self.stream, self.settings, self.options, self.figures = stream, settings, options, figures
         root = settings.checkpoint_root
@@ -125,6 +125,7 @@ class ConnectRun:
                                              self.wake.path if self.wake is not None else None)
         self.query: ConnectQuery | None = None
         self._batches: RootBatches | None = None  # the run's batches as the client reads them from the root
+        self._poller: ProgressPoller | None = None  # brings Spark's progress to the stream's listener
 
     @property
     def rescales(self) -> list[dict[str, Any]]:
@@ -167,15 +168,10 @@ class ConnectRun:
         self._batches = (RootBatches(self.storage, self.figures, latest.checkpoint_id if latest else None)
                          if self.storage is not None else None)
         listener.on_progress = self._batches
-        listener.register(self.stream.spark)
-        try:
-            query = writer.start()
-        except BaseException:
-            listener.attach(None)
-            listener.unregister()
-            raise
+        query = writer.start()
         self.query = ConnectQuery(query)
-        listener.attach(query.id)
+        self._poller = ProgressPoller(query, listener)
+        self._poller.start()
         return self.query
 
     def rescale(self, request: RescaleRequest) -> None:
@@ -194,17 +190,10 @@ class ConnectRun:
         RescaleRequests(self.storage).send(request)
 
     def close(self) -> None:
-        """Catch up with the batches the query reported whose events have not reached the client's listener yet
-        (the run's driver side lives in the server's process: nothing to release here)."""
-        if self.query is None or self._batches is None:
-            return
-        try:
-            reported = self.query.recentProgress
-        except Exception as e:  # noqa: BLE001 - the session is gone: the figures stay as the events left them
-            log.debug("recent progress not read: %s", e)
-            return
-        for progress in reported:
-            self._batches(progress)
+        """Stop polling the query's progress, after passing on what it reported (the run's driver side lives in
+        the server's process: nothing else to release here)."""
+        if self._poller is not None:
+            self._poller.stop()
 
 
 def _client_storage(root: str) -> CheckpointStorage | None:
@@ -216,7 +205,7 @@ def _client_storage(root: str) -> CheckpointStorage | None:
         return None
 
 
-def _check_connect(stream: StreamDefinition, settings: SpateSettings, options: Any) -> None:
+def _check_connect(stream: StreamDefinition, settings: SpateSettings, options: StartOptions) -> None:
     """Refuse, with the fix, what a stream on a Connect session cannot do (before anything is written)."""
     check_locations(stream.spark, settings.checkpoint_root, options.spark_checkpoint, options.spark_checkpoint_cache)
     refused = [(stream.initial_state is not None, "an initial_state"),

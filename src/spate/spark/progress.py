@@ -260,20 +260,31 @@ class ProgressListener(StreamingQueryListener):
                 return False
             if self._query_id is None or str(query_id) != self._query_id:
                 return False
-        progress = None
         if method == "onQueryProgress":
-            if self.on_progress is not None:
-                self.on_progress(event.progress)
-            progress = with_spate(event.progress, self._figures(event.progress.batchId))
-            event = QueryProgressEvent(progress)
+            self._pass_progress(event.progress)
+        else:
+            self._tell_listeners(method, event)
+        return True
+
+    def deliver_progress(self, progress: StreamingQueryProgress) -> None:
+        """Pass on a progress of the query that did not come through Spark's listener bus (on Spark Connect the
+        stream polls the query for it), as :meth:`onQueryProgress` passes on the query's own."""
+        with self._passing:
+            self._pass_progress(progress)
+
+    def _pass_progress(self, progress: StreamingQueryProgress) -> None:
+        if self.on_progress is not None:
+            self.on_progress(progress)
+        progress = with_spate(progress, self._figures(progress.batchId))
+        self._tell_listeners("onQueryProgress", QueryProgressEvent(progress))
+        self.recent.append(progress)  # after the listeners: whoever sees it there knows they have run
+
+    def _tell_listeners(self, method: str, event: Any) -> None:
         for listener in list(self.listeners):
             try:
                 getattr(listener, method)(event)
             except Exception:  # a listener's failure must not stop the others (Spark's bus logs and goes on)
                 log.exception("listener %r failed in %s", listener, method)
-        if progress is not None:
-            self.recent.append(progress)  # after the listeners: whoever sees it there knows they have run
-        return True
 
 
 __all__ = ["OPERATOR_NAME", "BatchFigures", "ProgressListener", "SpateProgress", "with_spate"]

@@ -1,5 +1,5 @@
-"""What a :class:`~spate.spark.stream.StatefulStream` is, fixed when it is built (:class:`StreamDefinition`), and
-the form of its sink."""
+"""What a :class:`~spate.spark.stream.StatefulStream` is, fixed when it is built (:class:`StreamDefinition`), the
+form of its sink, and how each run's query starts (:class:`StartOptions`)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,15 @@ class StreamDefinition:
     @property
     def spark(self) -> Any:
         return self.df.sparkSession
+
+
+@dataclass(frozen=True)
+class StartOptions:
+    """How a run's ``StreamingQuery`` starts (:meth:`StatefulStream.start`'s keyword arguments): Spark's trigger,
+    the query's name, and where Spark's own checkpoint is (a location given, or a driver-local cache directory
+    spate mirrors into the root)."""
+
+    trigger: dict[str, Any] | None = None
+    query_name: str | None = None
+    spark_checkpoint: str | None = None
+    spark_checkpoint_cache: str | None = None

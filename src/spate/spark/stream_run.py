@@ -10,7 +10,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from spate.checkpoint.protocol import SubtaskAck
@@ -23,7 +22,7 @@ from spate.spark.placement import Placement
 from spate.spark.query import BatchFailure, SpateQuery
 from spate.spark.settings import SpateSettings
 from spate.spark.spark_checkpoint import QueryFolder, SparkCheckpoint, check_locations, open_spark_checkpoint
-from spate.spark.stream_definition import Sink, StreamDefinition
+from spate.spark.stream_definition import Sink, StartOptions, StreamDefinition
 from spate.spark.stream_metrics import BatchMetrics, StreamFigures
 from spate.spark.subtask_job import JobCounter, SubtaskJob
 from spate.spark.task import TaskSpec
@@ -31,18 +30,6 @@ from spate.spark.ticks import WakeFile, logs_ticks, with_ticks, without_ticks
 from spate.spark.worker_errors import BatchFailedError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StartOptions:
-    """How a run's ``StreamingQuery`` starts (:meth:`StatefulStream.start`'s keyword arguments): Spark's trigger,
-    the query's name, and where Spark's own checkpoint is (a location given, or a driver-local cache directory
-    spate mirrors into the root)."""
-
-    trigger: dict[str, Any] | None = None
-    query_name: str | None = None
-    spark_checkpoint: str | None = None
-    spark_checkpoint_cache: str | None = None
 
 
 class StreamRun:
