@@ -223,8 +223,12 @@ class ProgressListener(StreamingQueryListener):
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop listening, wait for an unregistration the query's end started, and for the events Spark had
         already queued: one the JVM sends this listener once the script's Python has exited is a py4j error
-        trace on the user's terminal."""
+        trace on the user's terminal. What Spark had queued when the stream is closed is passed on first (a
+        query's end, which Spark's listener thread may deliver after ``awaitTermination()`` returned: unregistering
+        first would drop it, and a listener would never see the query terminate)."""
         spark = self._session
+        if spark is not None:  # what Spark queued before (a query's end) reaches the listeners before they go
+            _drain_listener_bus(spark, timeout_s)
         self.unregister()
         thread = self._unregistering
         if thread is not None and thread is not threading.current_thread():
