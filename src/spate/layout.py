@@ -20,6 +20,7 @@ SHARED_DIR = "shared"  # state several checkpoints (and subtasks, after a rescal
 CHANGELOG_DIR = f"{SHARED_DIR}/changelog"  # change files, merging off
 TASKOWNED_DIR = "taskowned"  # file merging: one directory per worker process
 STAGED_DIR = "staged"  # outputs staged for a sink, one directory per batch
+INITIAL_DIR = "_initial"  # on Spark Connect: a new query's initial state, staged by Spark's Parquet writer
 SAVEPOINTS_DIR = "savepoints"  # savepoints written into the root: spate's, but never deleted by it
 CHECKPOINT_PREFIX = "chk-"
 SUBTASK_PREFIX = f"{SHARED_DIR}/subtask-"
@@ -75,6 +76,11 @@ def staged_dir(checkpoint_id: int) -> str:
     return f"{STAGED_DIR}/{checkpoint_id}"
 
 
+def staged_initial_dir(run_id: str) -> str:
+    """Where one ``start()`` on Spark Connect stages a new query's initial state (``run_id``: 32 hex digits)."""
+    return f"{INITIAL_DIR}/{run_id}"
+
+
 def subtask_dir(index: int, parallelism: int) -> str:
     """Directory of subtask ``index`` of ``parallelism``'s shared state."""
     return f"{SUBTASK_PREFIX}{index}-{parallelism}"
@@ -104,6 +110,9 @@ _CHECKPOINT = rf"{CHECKPOINT_PREFIX}(\d+)"
 _SUBTASK = rf"{SUBTASK_PREFIX}\d+-\d+"
 _WORKER = rf"{TASKOWNED_DIR}/[0-9A-Za-z_-]+"
 _STAGED = rf"{STAGED_DIR}/\d+"
+_INITIAL = rf"{INITIAL_DIR}/[0-9a-f]{{32}}"
+# what Spark's Parquet writer leaves in a staged initial state's directory (checksums beside, on a local file system)
+_INITIAL_FILE = re.compile(rf"{_INITIAL}/\.?(?:part-[0-9A-Za-z._-]+\.parquet|_SUCCESS)(?:\.crc)?")
 _EPOCH_FILE = re.compile(rf"(\d+)({re.escape(SEAL_SUFFIX)}|{re.escape(COMPLETED_SUFFIX)})?")  # a name in _epochs/
 
 
@@ -125,12 +134,18 @@ _FILES = re.compile("|".join(rf"(?:{p})" for p in (
     _data(_STAGED, STAGED_OUTPUTS_SUFFIX, STAGED_PARQUET_SUFFIX),
 )))
 _DIRS = re.compile("|".join((EPOCHS_DIR, _CHECKPOINT, SHARED_DIR, _SUBTASK, CHANGELOG_DIR, TASKOWNED_DIR, _WORKER,
-                             STAGED_DIR, _STAGED)))
+                             STAGED_DIR, _STAGED, INITIAL_DIR, _INITIAL)))
 
 
 def is_spate_file(rel: str) -> bool:
     """Whether ``rel`` (relative to a checkpoint root) is a name spate writes there."""
     return _FILES.fullmatch(rel) is not None
+
+
+def is_staged_initial_file(rel: str) -> bool:
+    """Whether ``rel`` is a file Spark wrote into a staged initial state's directory (``_initial/<hex>/``) for
+    spate: spate deletes those once the query has a checkpoint; the root's cleanup leaves ``_initial`` alone."""
+    return _INITIAL_FILE.fullmatch(rel) is not None
 
 
 def is_spate_dir(rel: str) -> bool:

@@ -1,6 +1,6 @@
 """State bootstrapped from a batch DataFrame on a Spark Connect session (``write_savepoint``: the client drives
-the one batch job, the subtasks run in ``mapInArrow``), restored at other parallelisms; ``read_state``, which
-needs an RDD, refuses a Connect session with the fix."""
+the one batch job, the subtasks run in ``mapInArrow``), restored at other parallelisms, and read back over Connect
+(``read_state``: one ``mapInArrow`` task per subtask). tests/spark/test_state_frame.py runs over Connect too."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from pyspark import cloudpickle
 
 from spate import LocalRunner, Processor, ValueStateDescriptor
-from spate.errors import SettingError
 from spate.spark.state_frame import read_state, write_savepoint
 
 pytestmark = pytest.mark.spark
@@ -44,8 +43,14 @@ def test_a_savepoint_written_over_connect_restores_at_other_parallelisms(connect
         assert {o["user"]: o["total"] for o in out} == dict(want), p
 
 
-def test_read_state_names_the_fix_on_connect(connect, tmp_path):
+def test_read_state_over_connect_reads_what_was_written(connect, tmp_path):
     target = str(tmp_path / "sp")
-    write_savepoint(connect.createDataFrame(ROWS, "user string, n long"), "user", target, Sum(), parallelism=1)
-    with pytest.raises(SettingError, match="classic session"):
-        read_state(connect, target, "total")
+    write_savepoint(connect.createDataFrame(ROWS, "user string, n long"), "user", target, Sum(), parallelism=3)
+    frame = read_state(connect, target, "total", key_schema="user string")
+    assert frame.schema.simpleString() == ("struct<key:struct<user:string>,user_key:string,value:bigint,"
+                                           "key_group:int,expires_at_ms:bigint>")
+    want: Counter = Counter()
+    for r in ROWS:
+        want[r["user"]] += r["n"]
+    assert {r.key.user: r.value for r in frame.collect()} == dict(want)
+    assert frame.select("key_group").distinct().count() == len(want)

@@ -11,9 +11,10 @@ import sys
 import time
 from collections import Counter
 
+import pandas as pd
 import pytest
 from pyspark import cloudpickle
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming import StatefulProcessor, StreamingQueryListener
 
 from helpers.clicks import SCHEMA, CountClicks, clicks, reference_outputs, state
 from helpers.file_source import write_files
@@ -198,3 +199,41 @@ def test_a_timer_fires_on_an_idle_stream(connect, tmp_path):
     assert sorted(row for rows in alerts.values() for row in rows) == [["a", "silent"], ["b", "silent"]]
     assert min(alerts) > 0, "fired in a batch without input"
     assert os.path.isfile(os.path.join(root, "_ticks", "wake.json"))
+
+
+class ClicksFrom(StatefulProcessor):
+    """Counts a user's clicks from the count an initial state gives (``handleInitialState``)."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInitialState(self, key, initial, timerValues):  # noqa: N802,N803
+        self.count.update((int(initial["n"].sum()),))
+
+    def handleInputRows(self, key, rows, timerValues):  # noqa: N802,N803
+        n = sum(len(df) for df in rows) + (self.count.get()[0] if self.count.exists() else 0)
+        self.count.update((n,))
+        yield pd.DataFrame({"user": [key[0]], "clicks": [n]})
+
+    def close(self):
+        pass
+
+
+def test_an_initial_state_goes_into_the_first_run_only(connect, tmp_path):
+    """The initial state (``df.groupBy(key)`` of a client DataFrame) is staged in the root for the server's
+    driver, routed into the new query's first batch, and deleted once the query has a checkpoint; a restart given
+    it again keeps the checkpoint's state, as on Spark."""
+    source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    initial = connect.createDataFrame([("ann", 10), ("cid", 5)], "user string, n long").groupBy("user")
+    for batch, users in enumerate((["ann", "ann", "bob"], ["ann", "cid"])):
+        write_files(source, [[{"user": u, "page": "/", "ts": 0} for u in users]], start=batch)
+        df = connect.readStream.schema(SCHEMA).json(source)
+        stream = transform_with_state(df, "user", ClicksFrom(), "user string, clicks long", checkpoint_root=root,
+                                      parallelism=2, initial_state=initial)
+        stream.start(lambda d, n: d.write.mode("overwrite").json(f"{out}/{n}"),
+                     trigger={"availableNow": True}).awaitTermination()
+        stream.close()
+        assert not os.path.exists(os.path.join(root, "_initial"))
+    got = {n: sorted(tuple(r) for r in connect.read.schema("user string, clicks long").json(f"{out}/{n}").collect())
+           for n in (0, 1)}
+    assert got == {0: [("ann", 12), ("bob", 1)], 1: [("ann", 13), ("cid", 6)]}

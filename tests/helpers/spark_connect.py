@@ -9,7 +9,7 @@ classic ``spark`` fixture's tests.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -39,3 +39,22 @@ def connect(connect_server) -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+def connect_form(code: str, url: str) -> str:
+    """A documented example in the form it takes on Connect: its session from the server's URL instead of a local
+    master (Connect refuses both), and without calls to ``spark.sparkContext``, which a Connect session lacks."""
+    local = 'SparkSession.builder.master("local[2]")'
+    assert local in code, "the example makes no local session to turn into a Connect one"
+    code = code.replace(local, f"SparkSession.builder.remote({url!r})")
+    return "".join(line for line in code.splitlines(keepends=True) if "spark.sparkContext." not in line)
+
+
+@pytest.fixture
+def example_form(request) -> Callable[[str], str]:
+    """A documented example's code as this test session runs it: as written, or with ``--connect`` in its
+    :func:`connect_form` for the test session's server."""
+    if not request.config.getoption("connect"):
+        return lambda code: code
+    url = request.getfixturevalue("connect_server").url
+    return lambda code: connect_form(code, url)

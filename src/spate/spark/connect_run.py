@@ -40,6 +40,7 @@ from spate.spark.spark_checkpoint import (
     hadoop_opens,
     open_spark_checkpoint,
 )
+from spate.spark.staged_initial_state import StagedInitialState, remove_staged_initial_states
 from spate.spark.stream_definition import Sink, StartOptions, StreamDefinition
 from spate.spark.stream_metrics import StreamFigures
 from spate.spark.ticks import WakeFile, logs_ticks, root_wake_path, with_ticks, without_ticks
@@ -54,10 +55,13 @@ class ConnectBatchFunction:
     ``spark_checkpoint``: the location given to ``start()``, None for ``<root>/_spark``."""
 
     def __init__(self, stream: StreamDefinition, settings: SpateSettings, sink: Sink | TableSink | None,
-                 spark_checkpoint: str | None, wake_path: str | None = None) -> None:
-        self.stream = dataclasses.replace(stream, df=None)  # the client's DataFrame stays on the client
+                 spark_checkpoint: str | None, *, wake_path: str | None = None,
+                 initial: StagedInitialState | None = None) -> None:
+        # the client's DataFrames stay on the client: the initial state comes staged in the root
+        self.stream = dataclasses.replace(stream, df=None, initial_state=None)
         self.settings, self.sink, self.spark_checkpoint = settings, sink, spark_checkpoint
         self.wake_path = wake_path  # with the tick source: where the driver says when a batch without input is due
+        self.initial = initial
         self._batches: MicroBatches | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -78,8 +82,9 @@ class ConnectBatchFunction:
     def _batches_for(self, batch_df: Any) -> MicroBatches:
         batches = self._batches
         if batches is None:
+            initial = self.initial.read(batch_df.sparkSession) if self.initial is not None else None
             batches = MicroBatches(self.stream, self.settings, self.sink, StreamFigures(),
-                                   lambda spec: ArrowSubtaskJob(spec, None))
+                                   lambda spec: ArrowSubtaskJob(spec, initial))
             # refuses a Spark checkpoint behind spate's (Spark has logged this batch's offsets by now)
             open_spark_checkpoint(batch_df.sparkSession, batches.driver.coordinator, self.spark_checkpoint)
             self._batches = batches
@@ -108,9 +113,9 @@ class ConnectRun:
     there), and the query started with a :class:`ConnectBatchFunction`.
 
     Raises:
-        SettingError: what Connect cannot do (an initial state, autoscaling, a driver-local Spark checkpoint,
-            batches without input on a root that is not on a local file system), or a location Spark or spate
-            cannot use.
+        SettingError: what Connect cannot do (autoscaling, a driver-local Spark checkpoint; batches without
+            input, or an initial state, on a root that is not on a local file system), or a location Spark or
+            spate cannot use.
     """
 
     def __init__(self, stream: StreamDefinition, settings: SpateSettings, sink: Sink | TableSink | None,
@@ -121,8 +126,7 @@ class ConnectRun:
         self.spark_checkpoint = options.spark_checkpoint or join_uri(root, SPARK_CHECKPOINT_DIR)
         self.storage = _client_storage(root)
         self.wake = self._wake_file()
-        self.function = ConnectBatchFunction(stream, settings, sink, options.spark_checkpoint,
-                                             self.wake.path if self.wake is not None else None)
+        self.sink = sink
         self.query: ConnectQuery | None = None
         self._batches: RootBatches | None = None  # the run's batches as the client reads them from the root
         self._poller: ProgressPoller | None = None  # brings Spark's progress to the stream's listener
@@ -159,7 +163,10 @@ class ConnectRun:
         if self.wake is not None:  # what a batch without input is due for, from the latest checkpoint on
             _write_wake(self.wake, latest, self.stream.idle.due_at(latest))
             source = with_ticks(source, self.wake, options.trigger)
-        writer = source.writeStream.foreachBatch(self.function).option("checkpointLocation", self.spark_checkpoint)
+        function = ConnectBatchFunction(self.stream, self.settings, self.sink, options.spark_checkpoint,
+                                        wake_path=self.wake.path if self.wake is not None else None,
+                                        initial=self._staged_initial_state(latest))
+        writer = source.writeStream.foreachBatch(function).option("checkpointLocation", self.spark_checkpoint)
         if options.trigger:
             writer = writer.trigger(**options.trigger)
         if options.query_name:
@@ -173,6 +180,16 @@ class ConnectRun:
         self._poller = ProgressPoller(query, listener)
         self._poller.start()
         return self.query
+
+    def _staged_initial_state(self, latest: CheckpointMetadata | None) -> StagedInitialState | None:
+        """A new query's initial state, staged for the server's driver; None when there is none or the query
+        has a checkpoint (which holds its state; an earlier start's staged copy is deleted then)."""
+        initial = self.stream.initial_state
+        if initial is None:
+            return None
+        assert self.storage is not None  # checked by _check_connect
+        remove_staged_initial_states(self.storage)
+        return StagedInitialState.stage(initial, self.settings.checkpoint_root) if latest is None else None
 
     def rescale(self, request: RescaleRequest) -> None:
         """Ask the driver (in the server's process) to run at ``request.parallelism`` from its next batch on.
@@ -194,6 +211,9 @@ class ConnectRun:
         the server's process: nothing else to release here)."""
         if self._poller is not None:
             self._poller.stop()
+        if self.stream.initial_state is not None and self.storage is not None \
+                and latest_checkpoint(self.storage) is not None:  # the state is in the checkpoints now
+            remove_staged_initial_states(self.storage)
 
 
 def _client_storage(root: str) -> CheckpointStorage | None:
@@ -208,8 +228,13 @@ def _client_storage(root: str) -> CheckpointStorage | None:
 def _check_connect(stream: StreamDefinition, settings: SpateSettings, options: StartOptions) -> None:
     """Refuse, with the fix, what a stream on a Connect session cannot do (before anything is written)."""
     check_locations(stream.spark, settings.checkpoint_root, options.spark_checkpoint, options.spark_checkpoint_cache)
-    refused = [(stream.initial_state is not None, "an initial_state"),
-               (stream.autoscale is not None, "autoscale"),
+    if stream.initial_state is not None and not (hadoop_opens(settings.checkpoint_root)
+                                                  and _client_storage(settings.checkpoint_root) is not None):
+        raise SettingError("an initial_state on a Spark Connect session is staged in the checkpoint root, where "
+                           "Spark writes it and this client deletes it after the first checkpoint: use a local, "
+                           "file:// or hdfs:// root this client opens too, or bootstrap the state with "
+                           "write_savepoint and start with restore_from=")
+    refused = [(stream.autoscale is not None, "autoscale"),
                (options.spark_checkpoint_cache is not None, "spark_checkpoint_cache")]
     for refused_here, what in refused:
         if refused_here:

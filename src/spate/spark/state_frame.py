@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from spate.checkpoint.discovery import open_root
@@ -35,6 +36,7 @@ from spate.runtime.processor import Context, Processor, Row
 from spate.runtime.subtask import ProcessorFactory, processor_factory
 from spate.spark.adapter import StatefulProcessorAdapter
 from spate.spark.sessions import is_connect
+from spate.spark.state_rows_arrow import ArrowStateRows
 from spate.spark.state_schema import SCHEMAS_STATE, StateSchemaRecord
 
 INFER_SAMPLE = 100  # rows read to infer the types of the columns no schema describes
@@ -72,24 +74,27 @@ def read_state(spark: Any, root: str, state: str, checkpoint_id: int | None = No
         CheckpointError: the root does not exist or has no complete checkpoint, ``checkpoint_id`` does not
             exist, or the checkpoint has no keyed state ``state`` (the message lists those it has).
         SettingError: a schema that is not DDL or a ``DataType``, a ``value_schema`` for a state with a recorded
-            schema, or values of no common type without a ``value_schema``; a Spark Connect session (not
-            available there yet).
+            schema, or values of no common type without a ``value_schema``.
         InvalidKeyError: a key with another number of columns than ``key_schema`` (while the rows are read).
         SerializationError: pickled values without ``allow_pickle``.
     """
-    if is_connect(spark):
-        raise SettingError("read_state reads state on the executors through an RDD, which a Spark Connect session "
-                           "does not have: read it with a classic session (SparkSession.builder.master(...)), or "
-                           "with spate.keyed_state_entries in plain Python")
     storage = open_root(root)
     meta = load_checkpoint(storage, checkpoint_id)
     check_keyed_state(meta, state)
     info = _StateInfo(state, keyed_state_names(meta)[state], _schema_record(storage, meta, state))
     reader = _SubtaskReader(storage.uri, meta, state, info, allow_pickle,
                             int(time.time() * 1000) if now_ms is None else now_ms)
-    rows = spark.sparkContext.parallelize(range(len(meta.subtasks)), len(meta.subtasks)).mapPartitions(reader)
-    schema = _frame_schema(spark, rows, info, key_schema, value_schema)
-    return spark.createDataFrame(rows.map(_RowShaper(schema)), schema)
+    subtasks = len(meta.subtasks)
+    if is_connect(spark):  # no RDDs: a task per subtask through mapInArrow, the sample read by the client
+        schema = _frame_schema(spark, lambda: list(islice(reader(range(subtasks)), INFER_SAMPLE)), info,
+                               key_schema, value_schema)
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        rows = ArrowStateRows(reader, _RowShaper(schema), schema, to_arrow_schema(schema))
+        return spark.range(0, subtasks, 1, subtasks).mapInArrow(rows, schema)
+    rdd = spark.sparkContext.parallelize(range(subtasks), subtasks).mapPartitions(reader)
+    schema = _frame_schema(spark, lambda: rdd.take(INFER_SAMPLE), info, key_schema, value_schema)
+    return spark.createDataFrame(rdd.map(_RowShaper(schema)), schema)
 
 
 def _schema_record(storage: CheckpointStorage, meta: CheckpointMetadata, state: str) -> StateSchemaRecord | None:
@@ -154,7 +159,8 @@ class _SubtaskReader:
         return values.row, (lambda k: None if k is None or keys is None else keys.value(k))
 
 
-def _frame_schema(spark: Any, rows: Any, info: _StateInfo, key_schema: Any, value_schema: Any) -> Any:
+def _frame_schema(spark: Any, sample_rows: Callable[[], list[RawRow]], info: _StateInfo, key_schema: Any,
+                  value_schema: Any) -> Any:
     """The DataFrame's schema: recorded and given schemas, the rest inferred from a sample of the rows."""
     from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
@@ -165,7 +171,7 @@ def _frame_schema(spark: Any, rows: Any, info: _StateInfo, key_schema: Any, valu
     key_type = _parse_type(spark, key_schema, struct=True) if key_schema is not None else None
     value_type = recorded_value or (_parse_type(spark, value_schema) if value_schema is not None else None)
     # a StatefulProcessor's states need no sample once the key is typed; spate's own may hold namespaces
-    sample = [] if key_type and recorded_value else rows.take(INFER_SAMPLE)
+    sample = [] if key_type and recorded_value else sample_rows()
     key_type = key_type or _infer_key(sample)
     value_type = value_type or _infer(info.name, "values", [r[2] for r in sample], "value_schema")
     if info.kind == "map":
@@ -182,11 +188,11 @@ def _frame_schema(spark: Any, rows: Any, info: _StateInfo, key_schema: Any, valu
 
 def _parse_type(spark: Any, schema: Any, struct: bool = False) -> Any:
     """A DDL string or ``DataType`` as a ``DataType`` (``struct``: a single type becomes one field ``_1``)."""
-    from pyspark.sql.types import DataType, StructField, StructType, _parse_datatype_string
+    from pyspark.sql.types import DataType, StructField, StructType
 
     if not isinstance(schema, (str, DataType)):
         raise SettingError(f"a schema must be a DDL string or a pyspark DataType, got {schema!r}")
-    parsed = _parse_datatype_string(schema) if isinstance(schema, str) else schema
+    parsed = spark._parse_ddl(schema) if isinstance(schema, str) else schema  # the session's own parser
     if struct and not isinstance(parsed, StructType):
         return StructType([StructField("_1", parsed)])
     return parsed

@@ -83,9 +83,6 @@ class StatefulStream:
         spark = df.sparkSession
         factory = processor_factory(processor)
         connect = is_connect(spark)
-        if connect and initial_state is not None:
-            raise SettingError("initial_state is not available on a Spark Connect session yet: use a classic session "
-                               "(SparkSession.builder.master(...)) for the first run, which bootstraps the state")
         self._settings = settings_of(spark, settings, overrides)  # until start(); then the run's query driver's
         if idle_batches is None:  # on Connect the tick source's wake file lives in the root: a local one
             idle_batches = ticks_by_default(processor, spark) and (

@@ -135,6 +135,9 @@ def initial_state_of(initial_state: Any, key_columns: tuple[str, ...]) -> Initia
     if hasattr(initial_state, "_jgd"):  # GroupedData: its DataFrame and grouping columns
         exprs = initial_state._jgd.groupingExprs()  # noqa: SLF001
         df, keys = initial_state._df, [exprs.apply(i).name() for i in range(exprs.size())]  # noqa: SLF001
+    elif hasattr(initial_state, "_grouping_cols"):  # Spark Connect's GroupedData: the names its columns select
+        df = initial_state._df  # noqa: SLF001
+        keys = df.select(*initial_state._grouping_cols).columns  # noqa: SLF001
     elif hasattr(initial_state, "isStreaming"):
         df, keys = initial_state, list(key_columns)
     else:
