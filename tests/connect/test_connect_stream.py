@@ -19,8 +19,9 @@ from pyspark.sql.streaming import StatefulProcessor, StreamingQueryListener
 from helpers.clicks import SCHEMA, CountClicks, clicks, reference_outputs, state
 from helpers.file_source import write_files
 from helpers.side_by_side import SilenceAlert
-from spate import load_checkpoint, verify_checkpoint
+from spate import AutoscalePolicy, load_checkpoint, verify_checkpoint
 from spate.checkpoint.discovery import list_complete_checkpoints
+from spate.errors import SettingError
 from spate.fs import CheckpointStorage
 from spate.spark.stream import StatefulStream, transform_with_state
 from spate.spark.worker_errors import BatchFailedError
@@ -237,3 +238,24 @@ def test_an_initial_state_goes_into_the_first_run_only(connect, tmp_path):
     got = {n: sorted(tuple(r) for r in connect.read.schema("user string, clicks long").json(f"{out}/{n}").collect())
            for n in (0, 1)}
     assert got == {0: [("ann", 12), ("bob", 1)], 1: [("ann", 13), ("cid", 6)]}
+
+
+def test_the_autoscaler_rescales_a_running_stream_on_the_server(connect, tmp_path):
+    """A target no batch can meet: the autoscaler (in the server's foreachBatch process) doubles the parallelism
+    up to the policy's maximum; the client sees the rescales and their reasons through the root. The backlog
+    rule, which needs Spark's progress of the query, is refused with the fix."""
+    source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
+    batches = clicks(5, seed=2)
+    write_files(source, batches)
+    df = connect.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
+    backlog = AutoscalePolicy(min_parallelism=1, max_parallelism=4, max_backlog_rows=100)
+    with pytest.raises(SettingError, match="max_backlog_rows is not available on a Spark Connect session"):
+        StatefulStream(df, "user", CountClicks, "user string, clicks long, batch long", checkpoint_root=root,
+                       parallelism=1, autoscale=backlog).start(file_sink(out))
+    assert not os.path.exists(root), "refused before anything was written"
+    policy = AutoscalePolicy(min_parallelism=1, max_parallelism=4, target_batch_ms=0.001, cooldown_batches=1)
+    stream, _query = run(connect, source, root, 1, file_sink(out), autoscale=policy)
+    assert outputs(out) == reference_outputs(batches)
+    assert [m.parallelism for m in stream.metrics] == [1, 2, 2, 4, 4]
+    assert [(r["from"], r["to"]) for r in stream.rescales] == [(1, 2), (2, 4)]
+    assert all("target" in r["reason"] for r in stream.rescales), stream.rescales

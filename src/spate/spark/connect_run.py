@@ -71,7 +71,9 @@ class ConnectBatchFunction:
         try:
             batches = self._batches_for(batch_df)
             _take_rescale(batches.driver)
-            batches.run(without_ticks(batch_df) if self.wake_path else batch_df, batch_id, NoJobCount())
+            metrics = batches.run(without_ticks(batch_df) if self.wake_path else batch_df, batch_id, NoJobCount())
+            if metrics is not None:  # the backlog (Spark's progress of the query) is not visible from here
+                batches.driver.autoscale(metrics.batch_id, metrics.batch_ms, metrics.rows)
             if self.wake_path is not None:
                 _write_wake(WakeFile(self.wake_path), batches.driver.latest, batches.driver.idle_batch_due_at)
         except BatchFailedError as e:  # Spark's error and the client get spate's message, not these frames
@@ -113,9 +115,9 @@ class ConnectRun:
     there), and the query started with a :class:`ConnectBatchFunction`.
 
     Raises:
-        SettingError: what Connect cannot do (autoscaling, a driver-local Spark checkpoint; batches without
-            input, or an initial state, on a root that is not on a local file system), or a location Spark or
-            spate cannot use.
+        SettingError: what Connect cannot do (autoscaling on the backlog, a driver-local Spark checkpoint;
+            batches without input, or an initial state, on a root that is not on a local file system), or a
+            location Spark or spate cannot use.
     """
 
     def __init__(self, stream: StreamDefinition, settings: SpateSettings, sink: Sink | TableSink | None,
@@ -234,8 +236,11 @@ def _check_connect(stream: StreamDefinition, settings: SpateSettings, options: S
                            "Spark writes it and this client deletes it after the first checkpoint: use a local, "
                            "file:// or hdfs:// root this client opens too, or bootstrap the state with "
                            "write_savepoint and start with restore_from=")
-    refused = [(stream.autoscale is not None, "autoscale"),
-               (options.spark_checkpoint_cache is not None, "spark_checkpoint_cache")]
+    if stream.autoscale is not None and stream.autoscale.max_backlog_rows is not None:
+        raise SettingError("autoscale's max_backlog_rows is not available on a Spark Connect session: the backlog is "
+                           "Spark's progress of the query, which the server's foreachBatch process (where the "
+                           "autoscaler runs) cannot read; scale on target_batch_ms there, or use a classic session")
+    refused = [(options.spark_checkpoint_cache is not None, "spark_checkpoint_cache")]
     for refused_here, what in refused:
         if refused_here:
             raise SettingError(f"{what} is not available on a Spark Connect session yet: use a classic session "

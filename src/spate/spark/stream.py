@@ -121,7 +121,8 @@ class StatefulStream:
 
     @property
     def decisions(self) -> list[ScalingDecision]:
-        """What the autoscaling policy decided so far (empty without one)."""
+        """What the autoscaling policy decided so far (empty without one, and on Spark Connect, where the
+        autoscaler runs on the server: there ``rescales`` carry each applied decision's reason)."""
         return self._run.driver.decisions if self._run is not None else []
 
     @property
