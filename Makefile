@@ -16,7 +16,7 @@ SMOKE_TESTS ?= tests/spark/test_spark_dropin.py tests/spark/test_spark_adapter.p
 	tests/spark/test_spark_progress.py \
 	tests/spark/test_spark_stream.py::test_counts_checkpoints_sink_and_rescale
 # and on Spark Connect (a pytest process of their own, as in `make connect`)
-SMOKE_CONNECT_TESTS ?= tests/connect/test_connect_stream.py tests/connect/test_connect_docs.py
+SMOKE_CONNECT_TESTS ?= tests/connect/test_connect_stream.py tests/connect/test_connect_state.py tests/connect/test_connect_docs.py
 
 .PHONY: demo test fast connect smoke lint typecheck bench install java clean
 

@@ -29,10 +29,11 @@ def pytest_addoption(parser):
 # What runs on a Spark Connect session with --connect (their ``spark`` fixture is then a Connect session): the
 # Connect tests, and a representative part of Spark's own transformWithState tests as the drop-in's side by side
 # over Connect (a restart, processing-time and event-time timers, composite types, value, list and map state in
-# the running count / top-k / word frequency processors). Not the initial-state ones (spate takes no initial state
-# on Connect yet), nor test_spark_own_tws_state_variable_tests.py, whose module runs all its queries in the
-# background, two at a time: over Connect that load makes Spark's foreachBatch process miss its hard-coded 10 s
-# to connect back. All of them would take about 25 minutes there, beyond CI's budget.
+# the running count / top-k / word frequency processors, an initial state grouped by non-contiguous columns), and
+# the state-frame tests (read_state and write_savepoint). Not test_spark_own_tws_state_variable_tests.py, whose
+# module runs all its queries in the background, two at a time: over Connect that load makes Spark's foreachBatch
+# process miss its hard-coded 10 s to connect back. All of them would take about 25 minutes there, beyond CI's
+# budget.
 CONNECT_DIR = "connect"
 CONNECT_PORTED = {
     "spark/test_spark_own_tws_tests.py": (

@@ -48,11 +48,11 @@ def outputs(out: str) -> dict[int, list]:
     return {int(name[6:-5]): json.load(open(os.path.join(out, name))) for name in os.listdir(out)}
 
 
-def run(connect, source, root, parallelism, sink, **settings):
+def run(connect, source, root, parallelism, sink, start=None, **settings):
     df = connect.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
     stream = StatefulStream(df, "user", CountClicks, "user string, clicks long, batch long", checkpoint_root=root,
                             parallelism=parallelism, **settings)
-    query = stream.start(sink, trigger={"availableNow": True})
+    query = stream.start(sink, trigger={"availableNow": True}, **(start or {}))
     try:
         query.awaitTermination()
     finally:
@@ -64,9 +64,11 @@ def run(connect, source, root, parallelism, sink, **settings):
 def test_exactly_once_through_restarts_at_other_parallelisms(connect, tmp_path, table):
     source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
     batches = clicks(6, seed=2)
+    elsewhere = {"spark_checkpoint": f"file://{tmp_path}/spark"}  # Spark's checkpoint given, as a Hadoop URI
     for parallelism, upto in ((2, 2), (3, 4), (1, 6)):
         write_files(source, batches[upto - 2:upto], start=upto - 2)
-        run(connect, source, root, parallelism, file_sink(out), table=table, local_dir=str(tmp_path / "local"))
+        run(connect, source, root, parallelism, file_sink(out), elsewhere, table=table,
+            local_dir=str(tmp_path / "local"))
         assert load_checkpoint(CheckpointStorage(root)).parallelism == parallelism
     assert outputs(out) == reference_outputs(batches), "every batch's outputs equal a single-process run"
     assert state(root) == dict(Counter(r["user"] for rows in batches for r in rows))

@@ -79,6 +79,7 @@ from urllib.parse import urlsplit
 from spate.checkpoint.coordinator import Coordinator
 from spate.errors import CheckpointError, SettingError
 from spate.fs import CheckpointStorage, join_uri, validate_relative_path
+from spate.spark.sessions import is_connect
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +163,11 @@ def check_locations(spark: Any, root: str, spark_checkpoint: str | None, cache_d
 
 
 def _hadoop_has_scheme(spark: Any, scheme: str) -> bool:
+    if is_connect(spark):  # no py4j gateway: Spark itself will tell
+        return True
     sc = spark.sparkContext
     jvm = getattr(sc, "_jvm", None)
-    if jvm is None:  # no py4j gateway (Spark Connect): Spark itself will tell
+    if jvm is None:
         return True
     try:
         jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, sc._jsc.hadoopConfiguration())
