@@ -100,6 +100,8 @@ def test_a_failed_batch_raises_spates_error_on_the_client(connect, tmp_path):
     df = connect.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
     stream = StatefulStream(df, "user", Bad, "user string, clicks long, batch long",
                             checkpoint_root=str(tmp_path / "ckpt"), parallelism=2)
+    events = Events()
+    stream.add_listener(events)
     query = stream.start(file_sink(str(tmp_path / "out")), trigger={"availableNow": True})
     with pytest.raises(BatchFailedError) as failed:
         query.awaitTermination()
@@ -107,25 +109,30 @@ def test_a_failed_batch_raises_spates_error_on_the_client(connect, tmp_path):
     assert message.startswith("batch 0 failed on an executor: spate.errors.OutputError: Bad.process for key"), message
     assert "'many'" in message and failed.value.batch_id == 0
     assert isinstance(query.exception(), BatchFailedError)
+    stream.close()
+    ended = events.order[-1]  # the listener heard of the failure too, Spark's exception text with spate's message
+    assert ended[0] == "terminated" and "'many'" in ended[2], events.order
 
 
 class Events(StreamingQueryListener):
-    """The progress events a stream's listener got on the client."""
+    """The events a stream's listener got on the client, in order."""
 
     def __init__(self) -> None:
         self.progress: list = []
+        self.order: list = []  # (kind, query id)
 
     def onQueryStarted(self, event) -> None:  # noqa: N802
-        pass
+        self.order.append(("started", str(event.id)))
 
     def onQueryProgress(self, event) -> None:  # noqa: N802
         self.progress.append(event.progress)
+        self.order.append(("progress", str(event.progress.id)))
 
     def onQueryIdle(self, event) -> None:  # noqa: N802
         pass
 
     def onQueryTerminated(self, event) -> None:  # noqa: N802
-        pass
+        self.order.append(("terminated", str(event.id), event.exception))
 
 
 def wait_for(condition, timeout_s=60.0):
@@ -168,6 +175,11 @@ def test_the_client_sees_figures_progress_and_rescales_through_the_root(connect,
     assert spate_progress[1].observedMetrics["spate"].state_rows == len({r["user"] for b in batches[:2] for r in b})
     assert stream.last_progress is not None and stream.last_progress.batchId >= 3
     assert not os.listdir(os.path.join(root, "_requests")), "the driver took the request"
+    # the query's start first, its end last (stopped: no exception), every event of this query
+    qid = str(query.id)
+    assert events.order[0] == ("started", qid) and events.order[-1] == ("terminated", qid, None)
+    assert {e[1] for e in events.order} == {qid} and [e[0] for e in events.order[1:-1]] == [
+        "progress"] * (len(events.order) - 2)
 
 
 def test_a_timer_fires_on_an_idle_stream(connect, tmp_path):

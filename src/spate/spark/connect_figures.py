@@ -10,14 +10,16 @@ the batch in the stream's :class:`~spate.spark.stream_metrics.StreamFigures`, so
 subtask found its state (``local_reuse``, ``restored``), restore bytes and times, state size, the new bytes of
 the checkpoint. The batch's duration is Spark's ``addBatch`` (the whole ``foreachBatch``: job, checkpoint and
 sink); the split into job, checkpoint and sink time, and the count of Spark jobs, are known only on the server,
-and are 0 here. The stream's listeners get the progress events (with spate's entry); the query's start and end
-are Spark's to tell (``query.isActive``, ``awaitTermination``).
+and are 0 here. The stream's listeners get the progress events (with spate's entry), and the query's start and
+end as the client sees them: started once ``start()`` returned, terminated at the first poll that finds the
+query inactive (after its last progress), with the query's exception, if any.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 from spate.checkpoint.discovery import list_complete_checkpoints
@@ -77,16 +79,19 @@ def _field(progress: Any, name: str) -> Any:
 class ProgressPoller:
     """Polls ``query`` (Spark Connect's ``StreamingQuery``) every ``interval_s`` for its recent progress and passes
     each new one to ``listener`` (:meth:`~spate.spark.progress.ProgressListener.deliver_progress`), on a thread of
-    its own until :meth:`stop`, which polls once more."""
+    its own until :meth:`stop`, which polls once more. The query's start is passed on when polling starts, its
+    end at the first poll that finds it inactive, after the progress it reported last."""
 
     def __init__(self, query: Any, listener: Any, interval_s: float = 0.5) -> None:
         self.query, self.listener, self.interval_s = query, listener, interval_s
         self._seen: set[tuple[Any, Any]] = set()  # (batch id, timestamp) of the progress passed on
+        self._ended = False  # the query's end passed on
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spate-connect-progress", daemon=True)
         self._polling = threading.Lock()
 
     def start(self) -> None:
+        self.listener.deliver_event("onQueryStarted", started_event(self.query))
         self._thread.start()
 
     def _run(self) -> None:
@@ -94,9 +99,10 @@ class ProgressPoller:
             self.poll()
 
     def poll(self) -> None:
-        """Pass on the progress the query reported since the last poll."""
+        """Pass on the progress the query reported since the last poll, then its end if it ended before."""
         with self._polling:
             try:
+                ended = not self._ended and not self.query.isActive  # asked first: no progress can come after
                 reported = self.query.recentProgress
             except Exception as e:  # noqa: BLE001 - the session is gone: nothing more to read
                 log.debug("recent progress not read: %s", e)
@@ -106,9 +112,37 @@ class ProgressPoller:
                 if key not in self._seen:
                     self._seen.add(key)
                     self.listener.deliver_progress(progress)
+            if ended:
+                self._ended = True
+                self.listener.deliver_event("onQueryTerminated", terminated_event(self.query))
 
     def stop(self) -> None:
         self._stopped.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(10)
         self.poll()
+
+
+def started_event(query: Any) -> Any:
+    """Spark's ``QueryStartedEvent`` of ``query``, as the client saw it start (now)."""
+    from pyspark.sql.streaming.listener import QueryStartedEvent
+
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"  # Spark's form of the timestamp
+    return QueryStartedEvent.fromJson({"id": str(query.id), "runId": str(query.runId), "name": query.name,
+                                       "timestamp": now})
+
+
+def terminated_event(query: Any) -> Any:
+    """Spark's ``QueryTerminatedEvent`` of ``query``, which is no longer active: its exception's message and
+    error class, if it failed."""
+    from pyspark.sql.streaming.listener import QueryTerminatedEvent
+
+    try:
+        error = query.exception()
+    except Exception as e:  # noqa: BLE001 - the session is gone: the end is all there is to tell
+        log.debug("the query's exception not read: %s", e)
+        error = None
+    condition = getattr(error, "getCondition", None) or getattr(error, "getErrorClass", None)
+    return QueryTerminatedEvent.fromJson({"id": str(query.id), "runId": str(query.runId),
+                                          "exception": None if error is None else str(error),
+                                          "errorClassOnException": condition() if condition else None})

@@ -276,6 +276,12 @@ class ProgressListener(StreamingQueryListener):
         with self._passing:
             self._pass_progress(progress)
 
+    def deliver_event(self, method: str, event: Any) -> None:
+        """Pass on another event of the query that did not come through Spark's listener bus (on Spark Connect:
+        its start and end, as the client sees them); ``method`` is the listener method that takes it."""
+        with self._passing:
+            self._tell_listeners(method, event)
+
     def _pass_progress(self, progress: StreamingQueryProgress) -> None:
         if self.on_progress is not None:
             self.on_progress(progress)
