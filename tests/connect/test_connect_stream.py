@@ -256,20 +256,41 @@ def test_an_initial_state_goes_into_the_first_run_only(connect, tmp_path):
 
 def test_the_autoscaler_rescales_a_running_stream_on_the_server(connect, tmp_path):
     """A target no batch can meet: the autoscaler (in the server's foreachBatch process) doubles the parallelism
-    up to the policy's maximum; the client sees the rescales and their reasons through the root. The backlog
-    rule, which needs Spark's progress of the query, is refused with the fix."""
+    up to the policy's maximum; the client sees the rescales and their reasons through the root."""
     source, root, out = str(tmp_path / "in"), str(tmp_path / "ckpt"), str(tmp_path / "out")
     batches = clicks(5, seed=2)
     write_files(source, batches)
-    df = connect.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(source)
-    backlog = AutoscalePolicy(min_parallelism=1, max_parallelism=4, max_backlog_rows=100)
-    with pytest.raises(SettingError, match="max_backlog_rows is not available on a Spark Connect session"):
-        StatefulStream(df, "user", CountClicks, "user string, clicks long, batch long", checkpoint_root=root,
-                       parallelism=1, autoscale=backlog).start(file_sink(out))
-    assert not os.path.exists(root), "refused before anything was written"
     policy = AutoscalePolicy(min_parallelism=1, max_parallelism=4, target_batch_ms=0.001, cooldown_batches=1)
     stream, _query = run(connect, source, root, 1, file_sink(out), autoscale=policy)
     assert outputs(out) == reference_outputs(batches)
     assert [m.parallelism for m in stream.metrics] == [1, 2, 2, 4, 4]
     assert [(r["from"], r["to"]) for r in stream.rescales] == [(1, 2), (2, 4)]
     assert all("target" in r["reason"] for r in stream.rescales), stream.rescales
+
+
+def test_what_connect_cannot_do_is_refused_before_anything_is_written(connect, tmp_path):
+    """The autoscaler's backlog rule (Spark's progress of the query is not visible where it runs), a driver-local
+    copy of Spark's checkpoint (Spark's driver is the server), and an initial state on a root Spark cannot
+    write by path: each refused with the fix, at start(), with nothing written."""
+    source, root = str(tmp_path / "in"), str(tmp_path / "ckpt")
+    write_files(source, clicks(1))
+    df = connect.readStream.schema(SCHEMA).json(source)
+    initial = connect.createDataFrame([("ann", 1)], "user string, n long").groupBy("user")
+
+    def stream(checkpoint_root=root, **settings):
+        return StatefulStream(df, "user", CountClicks, "user string, clicks long, batch long",
+                              checkpoint_root=checkpoint_root, parallelism=1, **settings)
+
+    backlog = AutoscalePolicy(min_parallelism=1, max_parallelism=4, max_backlog_rows=100)
+    with pytest.raises(SettingError, match="max_backlog_rows is not available on a Spark Connect session.*"
+                                           "target_batch_ms"):
+        stream(autoscale=backlog).start(lambda d, n: None)
+    with pytest.raises(SettingError, match="spark_checkpoint_cache is not available on a Spark Connect session"):
+        stream().start(lambda d, n: None, spark_checkpoint_cache=str(tmp_path / "cache"))
+    s3 = "s3://bucket/ckpt?endpoint_override=127.0.0.1:9&scheme=http&region=us-east-1"
+    with pytest.raises(SettingError, match="initial_state on a Spark Connect session is staged in the checkpoint "
+                                           "root.*write_savepoint"):
+        transform_with_state(df, "user", ClicksFrom(), "user string, clicks long", checkpoint_root=s3,
+                             parallelism=1, initial_state=initial).start(lambda d, n: None,
+                                                                          spark_checkpoint=f"file://{tmp_path}/s")
+    assert sorted(os.listdir(tmp_path)) == ["in"], "refused before anything was written"

@@ -240,11 +240,9 @@ def _check_connect(stream: StreamDefinition, settings: SpateSettings, options: S
         raise SettingError("autoscale's max_backlog_rows is not available on a Spark Connect session: the backlog is "
                            "Spark's progress of the query, which the server's foreachBatch process (where the "
                            "autoscaler runs) cannot read; scale on target_batch_ms there, or use a classic session")
-    refused = [(options.spark_checkpoint_cache is not None, "spark_checkpoint_cache")]
-    for refused_here, what in refused:
-        if refused_here:
-            raise SettingError(f"{what} is not available on a Spark Connect session yet: use a classic session "
-                               "(SparkSession.builder.master(...)) for it, or leave it out")
+    if options.spark_checkpoint_cache is not None:  # a driver-local mirror: on Connect Spark's driver is the server
+        raise SettingError("spark_checkpoint_cache is not available on a Spark Connect session: use a classic "
+                           "session (SparkSession.builder.master(...)) for it, or leave it out")
     if options.spark_checkpoint is None and not hadoop_opens(settings.checkpoint_root):
         raise SettingError(f"on a Spark Connect session Spark's own checkpoint must be a location Spark opens: "
                            f"the checkpoint root {settings.checkpoint_root!r} is not one (spate keeps no driver-local "
