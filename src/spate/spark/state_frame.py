@@ -49,6 +49,9 @@ def read_state(spark: Any, root: str, state: str, checkpoint_id: int | None = No
                value_schema: Any = None, allow_pickle: bool = False, now_ms: int | None = None) -> Any:
     """Keyed state ``state`` of a checkpoint as a DataFrame, read on the executors (one task per subtask).
 
+    On a Spark Connect session the tasks run in ``mapInArrow`` (no RDDs there), and the sample of rows the
+    columns' types are inferred from is read by the client, which opens the root too (as for the metadata).
+
     Args:
         spark: the ``SparkSession``.
         root: the checkpoint root or a savepoint directory (path or ``pyarrow.fs`` URI, e.g. ``s3://...``).
