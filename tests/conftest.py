@@ -29,11 +29,11 @@ def pytest_addoption(parser):
 # What runs on a Spark Connect session with --connect (their ``spark`` fixture is then a Connect session): the
 # Connect tests, and a representative part of Spark's own transformWithState tests as the drop-in's side by side
 # over Connect (a restart, processing-time and event-time timers, composite types, value, list and map state in
-# the running count / top-k / word frequency processors, an initial state grouped by non-contiguous columns), and
-# the state-frame tests (read_state and write_savepoint). Not test_spark_own_tws_state_variable_tests.py, whose
-# module runs all its queries in the background, two at a time: over Connect that load makes Spark's foreachBatch
-# process miss its hard-coded 10 s to connect back. All of them would take about 25 minutes there, beyond CI's
-# budget.
+# the running count / top-k / word frequency processors, an initial state grouped by non-contiguous columns), the
+# state-frame tests (read_state and write_savepoint), and docs/spark.md's Kafka recipe. Not
+# test_spark_own_tws_state_variable_tests.py, whose module runs all its queries in the background, two at a time:
+# over Connect that load makes Spark's foreachBatch process miss its hard-coded 10 s to connect back. All of them
+# would take about 25 minutes there, beyond CI's budget.
 CONNECT_DIR = "connect"
 CONNECT_PORTED = {
     "spark/test_spark_own_tws_tests.py": (
@@ -45,6 +45,7 @@ CONNECT_PORTED = {
         "test_transform_with_state_non_contiguous_grouping_cols[with_init_state-pandas]",
         "test_fuzz_running_count_topk_word_frequency[pandas]"),
     "spark/test_state_frame.py": None,  # read_state and write_savepoint: all of them
+    "spark/test_kafka_recipe.py": None,  # docs/spark.md's Kafka recipe, on Kafka-shaped files
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
