@@ -5,13 +5,13 @@ of several frames goes through any :class:`RangeReader` (a checkpoint storage)."
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import zstandard
 
+from spate.crc import crc32
 from spate.errors import RESTORE_ADVICE, CorruptFileError
 
 
@@ -55,7 +55,7 @@ def frame(kind: int, payload: bytes, compress: bool = False) -> bytes:
         payload = zstandard.ZstdCompressor(level=1).compress(payload)
         flags |= _FLAG_ZSTD
     fields = _FIELDS.pack(FRAME_MAGIC, FRAME_FORMAT_VERSION, kind, flags, len(payload))
-    return fields + _CRC.pack(zlib.crc32(payload, zlib.crc32(fields))) + payload
+    return fields + _CRC.pack(crc32(payload, crc32(fields))) + payload
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,8 @@ def _read_frame(view: memoryview, pos: int, where: str, base_offset: int) -> Fra
     if len(view) - start < length:
         raise CorruptFileError(f"{at}: truncated (frame says {length} bytes, {len(view) - start} present)")
     payload = bytes(view[start:start + length])
-    covered = zlib.crc32(view[pos:pos + _FIELDS.size]) if version >= 2 else 0  # version 1: the payload only
-    if zlib.crc32(payload, covered) != crc:
+    covered = crc32(view[pos:pos + _FIELDS.size]) if version >= 2 else 0  # version 1: the payload only
+    if crc32(payload, covered) != crc:
         raise CorruptFileError(f"{at}: checksum mismatch; the file is corrupt: {RESTORE_ADVICE}")
     if flags & _FLAG_ZSTD:
         payload = _decompress(payload, at)

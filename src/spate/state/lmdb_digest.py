@@ -3,13 +3,12 @@ excluded), so it can be kept up to date one write at a time and stored with each
 
 Being a sum, it splits by key group: a key group's share (:func:`key_group_digest`) travels with the key group
 in a keyed snapshot, so a restore adds it instead of hashing every entry again. Sums over many entries run in
-C loops (``map`` over ``zlib.crc32``), never a Python loop per entry; a key's CRC is continued from its key
+C loops (``map`` over :func:`spate.crc.crc32`), never a Python loop per entry; a key's CRC is continued from its key
 group's 2-byte prefix instead of hashing a concatenated key.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
 from itertools import compress, islice, repeat
 from operator import is_not
@@ -17,6 +16,7 @@ from typing import cast
 
 import lmdb
 
+from spate.crc import crc32
 from spate.state.layout import META_PREFIX
 
 DIGEST_KEY = META_PREFIX + b"digest"
@@ -35,19 +35,19 @@ def digest_problem(txn: lmdb.Transaction) -> str | None:
 
 
 def entry_hash(key: bytes, value: bytes) -> int:
-    return zlib.crc32(value, zlib.crc32(key)) + 1
+    return crc32(value, crc32(key)) + 1
 
 
 def entries_digest(keys: Sequence[bytes], values: Sequence[bytes]) -> int:
     """The sum of :func:`entry_hash` over the entries (full table keys ``keys``, ``values``), not masked."""
-    crc = zlib.crc32
+    crc = crc32
     return sum(map(crc, values, map(crc, keys))) + len(keys)
 
 
 def key_group_digest(prefix: bytes, flat_keys: Sequence[bytes], values: Sequence[bytes]) -> int:
     """A key group's share of the digest (masked): the entries ``flat_keys`` (without the key group's 2-byte
     ``prefix``) and ``values``, hashed as the table stores them (prefix + flat key)."""
-    crc = zlib.crc32
+    crc = crc32
     return (sum(map(crc, values, map(crc, flat_keys, repeat(crc(prefix))))) + len(flat_keys)) & MASK64
 
 

@@ -9,12 +9,12 @@ are importable from here too.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import cast
 
 import lmdb
 
+from spate.crc import crc32
 from spate.errors import SpateError
 from spate.state.layout import META_PREFIX, primary_length
 from spate.state.lmdb_digest import DIGEST_KEY, MASK64, replaced_digest
@@ -61,7 +61,7 @@ class LmdbTable(LmdbWriter, StateTable):
             for kg, primary, value in entries:
                 self._put(KG_PREFIXES[kg] + primary, value)
             return
-        txn, crc, digest = self._txn or self._begin(), zlib.crc32, self._digest
+        txn, crc, digest = self._txn or self._begin(), crc32, self._digest
         done: list[tuple[bytes, bytes | None]] = []
         try:
             for kg, primary, value in entries:
@@ -177,7 +177,7 @@ class LmdbTable(LmdbWriter, StateTable):
     def _drop_range(self, start: bytes, end: bytes, limit: int | None) -> int:
         """Delete entries with keys in ``[start, end)`` through one cursor."""
         cur = (self._txn or self._begin()).cursor()
-        digest, crc, ops, n = self._digest, zlib.crc32, self._ops, 0
+        digest, crc, ops, n = self._digest, crc32, self._ops, 0
         found = cur.set_range(start)
         while found and (limit is None or n < limit):
             key: bytes = cur.key()  # type: ignore[assignment]
@@ -204,7 +204,7 @@ class LmdbTable(LmdbWriter, StateTable):
         txn = self._txn or self._begin()
         digest = self._digest
         if digest is not None:
-            crc = zlib.crc32
+            crc = crc32
             digest += sum(crc(v, crc(k)) + 1 for k, v in items)
         try:
             txn.cursor().putmulti(items)

@@ -15,11 +15,11 @@ import fcntl
 import os
 import shutil
 import threading
-import zlib
 from collections.abc import Iterator
 
 import lmdb
 
+from spate.crc import crc32
 from spate.errors import SpateError
 from spate.state.layout import META_PREFIX
 from spate.state.lmdb_digest import DIGEST_KEY, MASK64, digest_problem, parse_digest, table_digest
@@ -109,11 +109,11 @@ class LmdbWriter:
         old = txn.pop(key) if value is None else txn.replace(key, value)
         digest = self._digest
         if digest is not None and key[:2] != META_PREFIX:
-            key_crc = zlib.crc32(key)  # as in entry_hash, shared by the old and the new entry
+            key_crc = crc32(key)  # as in entry_hash, shared by the old and the new entry
             if value is not None:
-                digest += zlib.crc32(value, key_crc) + 1
+                digest += crc32(value, key_crc) + 1
             if old is not None:
-                digest -= zlib.crc32(old, key_crc) + 1
+                digest -= crc32(old, key_crc) + 1
             self._digest = digest & MASK64
         return old is not None
 

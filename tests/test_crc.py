@@ -1,0 +1,22 @@
+"""spate.crc: the CRC-32 of frames and digests is zlib's function, whichever implementation computes it (files
+written with one read with the other), and the fast one is in use where the package is installed."""
+
+from __future__ import annotations
+
+import zlib
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spate import crc
+
+
+@given(st.binary(max_size=9000), st.integers(0, 2**32 - 1))
+def test_crc32_is_zlibs(data, start):
+    assert crc.crc32(data, start) == zlib.crc32(data, start)
+    assert crc.crc32(memoryview(data)[1:]) == zlib.crc32(data[1:])
+
+
+def test_the_fast_implementation_is_used_where_installed():
+    isal_zlib = __import__("isal.isal_zlib", fromlist=["crc32"])  # a dependency: installed with spate
+    assert crc.crc32 is isal_zlib.crc32
