@@ -7,6 +7,7 @@ file merging, the coordinator), so none of them depends on a higher one to name 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -62,8 +63,13 @@ class WholeFileWriter:
 
     def write_parts(self, parts: Iterable[bytes]) -> FileRef:
         path = data_file(self.directory, self.suffix)
-        with naming_disk_full(self.storage.path(path), self.checkpoint_id):
-            size = self.storage.write_parts(path, parts)
+        try:
+            with naming_disk_full(self.storage.path(path), self.checkpoint_id):
+                size = self.storage.write_parts(path, parts)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the part written so far, under a new name of ours: no one's
+                self.storage.delete(path)
+            raise
         return FileRef(path, 0, size)
 
     def discard(self, ref: FileRef) -> None:

@@ -237,3 +237,24 @@ def test_a_view_that_cannot_be_renewed_fails_the_materialization_instead_of_hang
         view.advance(3)
     with pytest.raises(RuntimeError, match="closed materialization view"):
         view.key_group_flat(0)  # the background read fails at once, and the materialization with it
+
+
+@pytest.mark.parametrize("table", ["lmdb", "heap"])
+def test_close_stops_a_running_materialization_and_deletes_what_it_wrote(tmp_path, table):
+    """A materialization no checkpoint can reference any more is not finished at close (a large state's takes
+    minutes): it stops after the key group it is reading, and the part of its file written so far is deleted;
+    the checkpoint before it still restores whole."""
+    job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb") if table == "lmdb" else None)
+    job.batch(1)
+    meta = job.checkpoint()
+    job.clog.start_materialization(job.backend, job.clog.writer.next_sequence_number())
+    assert job.storage.paused.wait(10)
+    view = job.clog._running.view
+    threading.Timer(0.2, job.storage.resume.set).start()  # the write goes on once close() has stopped the view
+    job.clog.close()
+    assert job.clog._running is None
+    # the frames up to the pause (the first one is made before writing starts), then the read the view refused
+    assert len(view.positions) <= PausingStorage.after + 2 < 128, f"read {len(view.positions)} of 128 key groups"
+    assert list((tmp_path / "root").rglob("*.kg")) == [], "what the stopped materialization wrote is deleted"
+    assert job.restored(meta) == {k: {key: ([1] if k == "l" else 1 if k == "v" else {1: key}) for key in range(KEYS)}
+                                  for k in ("v", "l", "m")}

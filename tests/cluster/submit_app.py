@@ -29,6 +29,7 @@ class Views(Processor):
 
 def python_here(_: object) -> dict:
     """Runs on an executor: the Python that runs the task and the files its packages were imported from."""
+    import isal
     import lmdb
     import msgpack
     import numpy
@@ -39,7 +40,8 @@ def python_here(_: object) -> dict:
     import spate
 
     return {"executable": sys.executable, "prefix": sys.prefix, "cwd": os.getcwd(), "path": sys.path,
-            "modules": {m.__name__: m.__file__ for m in (spate, pyarrow, lmdb, msgpack, zstandard, numpy, pyspark)}}
+            "modules": {m.__name__: m.__file__
+                        for m in (spate, pyarrow, lmdb, msgpack, zstandard, isal, numpy, pyspark)}}
 
 
 def main() -> None:

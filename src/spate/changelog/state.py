@@ -344,14 +344,25 @@ class ChangelogKeyedState:
             out.discard(ref)
             self._unreferenced_materialization = None
 
+    def _stop_materialization(self) -> None:
+        """Stop a running materialization after the key group it is reading, before the table goes: no checkpoint
+        can reference it any more, so finishing it (minutes for a large state) would only write a file to delete.
+        What it wrote is deleted (a finished one's file, or the part its writer had written)."""
+        run, self._running = self._running, None
+        if run is None:
+            return
+        run.view.close()  # its next key group read fails: the write stops there
+        with contextlib.suppress(Exception):
+            handle = run.future.result()
+            if handle is not None:
+                run.out.discard(handle.segment)
+
     def wait_for_materialization(self) -> None:
         """Block until a running materialization is done and applied (tests, shutdown)."""
         self._collect_materialization(wait=True)
 
     def close(self) -> None:
-        if self._running is not None:  # let the background write finish before the table goes
-            with contextlib.suppress(Exception):
-                self._collect_materialization(wait=True)
+        self._stop_materialization()
         self._drop_unreferenced_materialization()
         for listed in self._included.values():
             # a checkpoint that included these may have completed without telling us yet: keep the files

@@ -14,6 +14,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from pyspark.errors import AnalysisException
+
+from spate.errors import SettingError
 from spate.fs import CheckpointStorage, join_uri
 from spate.layout import INITIAL_DIR, is_staged_initial_file, staged_initial_dir
 from spate.spark.subtask_job import InitialState
@@ -28,10 +31,22 @@ class StagedInitialState:
 
     @classmethod
     def stage(cls, initial: InitialState, root: str) -> StagedInitialState:
-        """Have Spark write ``initial``'s rows below ``root`` (a root Spark opens by its path or URI)."""
+        """Have Spark write ``initial``'s rows below ``root`` (a root Spark opens by its path or URI).
+
+        Raises:
+            SettingError: Spark's Parquet writer refused the rows (a column of a type Parquet cannot hold, such as
+                the interval of ``make_interval``); what it may have left is deleted at the next ``start()``.
+        """
         df, keys = initial
         location = join_uri(root, staged_initial_dir(uuid.uuid4().hex))
-        df.write.parquet(location)
+        try:
+            df.write.parquet(location)
+        except AnalysisException as e:
+            raise SettingError(
+                "initial_state on a Spark Connect session is staged in the checkpoint root as Parquet, and Spark "
+                f"could not write it: {str(e).splitlines()[0]}. Cast or drop the columns Parquet cannot hold (an "
+                "interval of make_interval: .cast('string')), or bootstrap the state with write_savepoint and "
+                "start with restore_from=") from e
         return cls(location, tuple(keys))
 
     def read(self, spark: Any) -> InitialState:
