@@ -12,7 +12,7 @@ import pytest
 from spate.changelog import restore as changelog_restore
 from spate.changelog.changeset import replay
 from spate.changelog.format import read_change_set
-from spate.changelog.restore import fold, restore_keyed_state
+from spate.changelog.restore import fold, remapped_records, restore_keyed_state
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
 from spate.fs import CheckpointStorage
@@ -120,10 +120,12 @@ def test_a_folded_restore_is_a_sequential_replay(tmp_path, monkeypatch, coalesce
 def test_fold_keeps_each_keys_last_change_and_every_delete():
     put, delete = 1, 2
     a, b, c = b"\x00\x01a", b"\x00\x01b", b"\x00\x01c"
-    logged = [([put, a, b"1", put, b, b"1"], {}),
-              ([delete, a, b"", put, c, b"1"], {}),
-              ([put, a, b"2", delete, c, b"", put, b, b"3"], {}),
-              ([put, c, b"4"], {b"\x00\x01": b"\x00\x02"})]  # a change set written by another state registry
+    other_registry = {b"\x00\x01": b"\x00\x02"}  # a change set written where the state had another id
+    logged = [put, a, b"1", put, b, b"1",
+              delete, a, b"", put, c, b"1",
+              put, a, b"2", delete, c, b"", put, b, b"3",
+              *remapped_records([put, c, b"4"], other_registry)]
     puts, deleted = fold(logged)
     assert puts == {a: b"2", b: b"3", b"\x00\x02c": b"4"}
     assert deleted == [a, c], "deleted before the puts: a is deleted, then put"
+    assert fold([put, a, b"1", put, b, b"1", put, a, b"2"]) == ({a: b"2", b: b"1"}, []), "puts only: the last wins"

@@ -53,8 +53,9 @@ CHUNK_BYTES = 4 << 20  # a materialized snapshot is fetched in ranged reads of a
 PART_LOG_BYTES = 16 << 20  # the key groups are restored in parts of about this much log (at most MAX_PARTS),
 MIN_READ_BYTES = 256 << 10  # as long as a part of a change set is about this long (object stores: few requests)
 MAX_PARTS = 8
-Records = list  # [op, key, value, op, key, value, ...] of one key group of one change set
-Logged = list[tuple[Records, dict[bytes, bytes]]]  # a key group's records per change set, with the sid remap
+# [op, key, value, op, key, value, ...] of one key group: of one change set as read (state ids mapped to the
+# backend's), then of all of them in log order
+Records = list
 Offsets = dict[int, tuple[int, int]]
 FOLDABLE = frozenset((PUT, DELETE))
 
@@ -80,26 +81,24 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
     for part in _split(owned, parts):
         for j, h in enumerate(changelog):
             if offsets := _within(h.offsets, part):
-                reads.append((_span(offsets), functools.partial(_change_set, storage, h, offsets, context), (True, j)))
+                read = functools.partial(_change_set, storage, h, offsets, remaps[j], context)
+                reads.append((_span(offsets), read, (True, j)))
         for i, m in enumerate(materialized):
             for chunk in _chunks(_within(m.offsets, part)):
                 reads.append((_span(chunk), functools.partial(_key_groups, storage, m, chunk, context), (False, i)))
         reads.append((0, list, (True, -1)))  # the part's end: apply its log of key groups not materialized
-    log: dict[int, Logged] = {}
-    ops: dict[int, set[int]] = {}  # the operations in a key group's log
+    log: dict[int, Records] = {}
     with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, gc_paused():
         fetched = _read_ahead(pool, [(size, read) for size, read, _to in reads], READ_AHEAD_BYTES)
         try:
             for (_size, _read, (is_log, n)), groups in zip(reads, fetched, strict=True):
                 if is_log and n < 0:
                     for kg in sorted(log):
-                        apply_logged(table, kg, log[kg], ops[kg])
+                        apply_logged(table, kg, log[kg])
                     log.clear()
-                    ops.clear()
                 elif is_log:
-                    for kg, records, kinds in groups:
-                        log.setdefault(kg, []).append((records, remaps[n]))
-                        ops.setdefault(kg, set()).update(kinds)
+                    for kg, records in groups:
+                        log.setdefault(kg, []).extend(records)
                 else:
                     remap, maps = snapshots[n]
                     for kg, flat, digest in groups:
@@ -108,7 +107,7 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
                         if logged is None:
                             table.restore_key_group(kg, frame.flat, maps, frame.digest)
                         else:
-                            apply_logged(table, kg, logged, ops.pop(kg), frame)
+                            apply_logged(table, kg, logged, frame)
         finally:
             fetched.close()  # cancels the reads not under way yet
     backend.table.commit()
@@ -125,15 +124,13 @@ class MaterializedFrame:
     digest: int | None = None
 
 
-def apply_logged(table: StateTable, kg: int, logged: Logged, ops: set[int],
-                 frame: MaterializedFrame | None = None) -> None:
-    """Apply key group ``kg``'s change-set records ``logged`` (in log order; ``ops``: the operations in them) to
-    ``table``, after its materialized ``frame`` if it has one; folded where that is exact (module doc)."""
-    if not ops <= FOLDABLE:
+def apply_logged(table: StateTable, kg: int, logged: Records, frame: MaterializedFrame | None = None) -> None:
+    """Apply key group ``kg``'s change-set records ``logged`` (of every change set, in log order) to ``table``,
+    after its materialized ``frame`` if it has one; folded where that is exact (module doc)."""
+    if not FOLDABLE.issuperset(logged[0::3]):
         if frame is not None:
             table.restore_key_group(kg, frame.flat, frame.maps, frame.digest)
-        for records, remap in logged:
-            replay(table, kg, records, remap)
+        replay(table, kg, logged)
         return
     puts, deleted = fold(logged)
     if frame is not None and not deleted:  # one write of the key group: its frame updated by the log
@@ -170,32 +167,36 @@ def _merged_digest(kg: int, digest: int, entries: dict[bytes, bytes], puts: dict
     return (digest - replaced + key_group_digest(prefix, keys, list(puts.values()))) & MASK64
 
 
-def fold(logged: Logged) -> tuple[dict[bytes, bytes], list[bytes]]:
-    """The effect of ``PUT`` / ``DELETE`` records ``logged``: (each key's last value, if its last change puts
-    it; every key deleted at some point, each once, to delete before the puts)."""
+def fold(logged: Records) -> tuple[dict[bytes, bytes], list[bytes]]:
+    """The effect of ``PUT`` / ``DELETE`` records ``logged`` (in log order): (each key's last value, if its last
+    change puts it; every key deleted at some point, each once, to delete before the puts)."""
+    ops, keys, values = logged[0::3], logged[1::3], logged[2::3]
+    if DELETE not in ops:
+        return dict(zip(keys, values, strict=True)), []  # the last put of a key wins
     puts: dict[bytes, bytes] = {}
     deleted: dict[bytes, None] = {}
-    for records, remap in logged:
-        ops, keys, values = records[0::3], records[1::3], records[2::3]
-        if remap:
-            keys = [remap.get(k[:2], k[:2]) + k[2:] for k in keys]
-        if DELETE not in ops:
-            puts.update(zip(keys, values, strict=True))
-            continue
-        for op, key, value in zip(ops, keys, values, strict=True):
-            if op == PUT:
-                puts[key] = value
-            else:
-                puts.pop(key, None)
-                deleted[key] = None
+    for op, key, value in zip(ops, keys, values, strict=True):
+        if op == PUT:
+            puts[key] = value
+        else:
+            puts.pop(key, None)
+            deleted[key] = None
     return puts, list(deleted)
 
 
+def remapped_records(records: Records, remap: Mapping[bytes, bytes]) -> Records:
+    """``records`` with their keys' state ids mapped by ``remap`` (a change set written by another registry)."""
+    out = list(records)
+    out[1::3] = [remap.get(k[:2], k[:2]) + k[2:] for k in records[1::3]]
+    return out
+
+
 # -- reading ahead --------------------------------------------------------------------------------------------
-def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offsets,
-                context: str) -> list[tuple[int, Records, set[int]]]:
-    """(key group, records, the operations in them) of the key groups ``part`` of a change set."""
-    return [(kg, records, set(records[0::3])) for kg, records in read_change_set(storage, handle, context, part)]
+def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offsets, remap: Mapping[bytes, bytes],
+                context: str) -> list[tuple[int, Records]]:
+    """(key group, records, state ids mapped by ``remap``) of the key groups ``part`` of a change set."""
+    read = read_change_set(storage, handle, context, part)
+    return [(kg, remapped_records(records, remap)) for kg, records in read] if remap else list(read)
 
 
 def _key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, part: Offsets,
