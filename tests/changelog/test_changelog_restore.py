@@ -8,9 +8,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from spate.changelog import restore as changelog_restore
-from spate.changelog.changeset import replay
+from spate.changelog.changeset import DELETE, PUT, replay
 from spate.changelog.format import read_change_set
 from spate.changelog.restore import fold, remapped_records, restore_keyed_state
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
@@ -129,3 +131,22 @@ def test_fold_keeps_each_keys_last_change_and_every_delete():
     assert puts == {a: b"2", b: b"3", b"\x00\x02c": b"4"}
     assert deleted == [a, c], "deleted before the puts: a is deleted, then put"
     assert fold([put, a, b"1", put, b, b"1", put, a, b"2"]) == ({a: b"2", b: b"1"}, []), "puts only: the last wins"
+
+
+@given(st.lists(st.tuples(st.sampled_from([PUT, DELETE]), st.sampled_from([b"\x00\x01a", b"\x00\x01b", b"\x00\x01c"]),
+                          st.binary(max_size=2)), max_size=30))
+def test_fold_equals_applying_each_change_in_order(changes):
+    """Deleting fold's deleted keys, then putting its puts, leaves what applying every change in order leaves."""
+    model: dict[bytes, bytes] = {b"\x00\x01a": b"base", b"\x00\x01c": b"base"}
+    folded = dict(model)
+    for op, key, value in changes:
+        if op == PUT:
+            model[key] = value
+        else:
+            model.pop(key, None)
+    puts, deleted = fold([x for change in changes for x in change])
+    assert len(deleted) == len(set(deleted))
+    for key in deleted:
+        folded.pop(key, None)
+    folded.update(puts)
+    assert folded == model

@@ -171,17 +171,20 @@ def fold(logged: Records) -> tuple[dict[bytes, bytes], list[bytes]]:
     """The effect of ``PUT`` / ``DELETE`` records ``logged`` (in log order): (each key's last value, if its last
     change puts it; every key deleted at some point, each once, to delete before the puts)."""
     ops, keys, values = logged[0::3], logged[1::3], logged[2::3]
-    if DELETE not in ops:
-        return dict(zip(keys, values, strict=True)), []  # the last put of a key wins
     puts: dict[bytes, bytes] = {}
     deleted: dict[bytes, None] = {}
-    for op, key, value in zip(ops, keys, values, strict=True):
-        if op == PUT:
-            puts[key] = value
-        else:
-            puts.pop(key, None)
-            deleted[key] = None
-    return puts, list(deleted)
+    start = 0
+    while True:  # the puts between two deletes in one C loop each (the last put of a key wins)
+        try:
+            at = ops.index(DELETE, start)
+        except ValueError:
+            at = len(ops)
+        puts.update(zip(keys[start:at], values[start:at], strict=True))
+        if at == len(ops):
+            return puts, list(deleted)
+        puts.pop(keys[at], None)
+        deleted[keys[at]] = None
+        start = at + 1
 
 
 def remapped_records(records: Records, remap: Mapping[bytes, bytes]) -> Records:
@@ -194,7 +197,8 @@ def remapped_records(records: Records, remap: Mapping[bytes, bytes]) -> Records:
 # -- reading ahead --------------------------------------------------------------------------------------------
 def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offsets, remap: Mapping[bytes, bytes],
                 context: str) -> list[tuple[int, Records]]:
-    """(key group, records, state ids mapped by ``remap``) of the key groups ``part`` of a change set."""
+    """(key group, its records with their state ids mapped by ``remap``) of the key groups ``part`` of a change
+    set."""
     read = read_change_set(storage, handle, context, part)
     return [(kg, remapped_records(records, remap)) for kg, records in read] if remap else list(read)
 
