@@ -18,5 +18,6 @@ def test_crc32_is_zlibs(data, start):
 
 
 def test_the_fast_implementation_is_used_where_installed():
-    isal_zlib = __import__("isal.isal_zlib", fromlist=["crc32"])  # a dependency: installed with spate
+    from isal import isal_zlib  # a dependency: installed with spate
+
     assert crc.crc32 is isal_zlib.crc32
