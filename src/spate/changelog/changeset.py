@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import repeat
 
+from spate.snapshot.keyed import remapped_keys
 from spate.state.layout import primary_length
 from spate.state.table import StateTable
 
@@ -242,7 +243,7 @@ def replay(table: StateTable, kg: int, records: list, remap: dict[bytes, bytes] 
     if records and all(op == PUT for op in records[0::3]):  # common case: bulk insert, no per-record dispatch
         keys = records[1::3]
         if remap:
-            keys = [remap.get(k[:2], k[:2]) + k[2:] for k in keys]
+            keys = remapped_keys(keys, remap)
         flat: list[bytes] = [None] * (2 * len(keys))  # type: ignore[list-item]
         flat[0::2], flat[1::2] = keys, records[2::3]
         table.restore_key_group(kg, flat, frozenset())

@@ -39,7 +39,7 @@ from spate.changelog.format import read_change_set
 from spate.changelog.table import ChangelogTable
 from spate.fs import CheckpointStorage
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
-from spate.snapshot.keyed import gc_paused, map_sids, read_key_group_frames, remapped, sid_remap
+from spate.snapshot.keyed import gc_paused, map_sids, read_key_group_frames, remapped, remapped_keys, sid_remap
 from spate.state.keyed import KeyedStateBackend
 from spate.state.layout import U16
 from spate.state.lmdb_digest import MASK64, key_group_digest
@@ -188,10 +188,10 @@ def fold(logged: Records) -> tuple[dict[bytes, bytes], list[bytes]]:
 
 
 def remapped_records(records: Records, remap: Mapping[bytes, bytes]) -> Records:
-    """``records`` with their keys' state ids mapped by ``remap`` (a change set written by another registry)."""
-    out = list(records)
-    out[1::3] = [remap.get(k[:2], k[:2]) + k[2:] for k in records[1::3]]
-    return out
+    """``records`` with their keys' state ids mapped by ``remap`` (in place; a change set written by another
+    registry)."""
+    records[1::3] = remapped_keys(records[1::3], remap)
+    return records
 
 
 # -- reading ahead --------------------------------------------------------------------------------------------

@@ -219,9 +219,14 @@ def _restore_digested(backend: KeyedStateBackend, states: tuple[dict, ...],
     return count
 
 
-def remapped(flat: list[bytes], remap: dict[bytes, bytes]) -> list[bytes]:
+def remapped(flat: list[bytes], remap: Mapping[bytes, bytes]) -> list[bytes]:
     """``flat`` with its keys' state ids mapped by ``remap`` (in place; a digest of the entries no longer
     holds where it is not empty)."""
     if remap:
-        flat[0::2] = [remap.get(k[:2], k[:2]) + k[2:] for k in flat[0::2]]
+        flat[0::2] = remapped_keys(flat[0::2], remap)
     return flat
+
+
+def remapped_keys(keys: list[bytes], remap: Mapping[bytes, bytes]) -> list[bytes]:
+    """``keys`` (state id, then the rest) with their state ids mapped by ``remap`` (ids it does not name kept)."""
+    return [remap.get(k[:2], k[:2]) + k[2:] for k in keys]
