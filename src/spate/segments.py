@@ -66,6 +66,8 @@ class WholeFileWriter:
         try:
             with naming_disk_full(self.storage.path(path), self.checkpoint_id):
                 size = self.storage.write_parts(path, parts)
+        except FileExistsError:
+            raise  # the name was taken: that file is not ours to delete
         except BaseException:
             with contextlib.suppress(OSError):  # the part written so far, under a new name of ours: no one's
                 self.storage.delete(path)

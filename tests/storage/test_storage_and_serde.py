@@ -113,3 +113,26 @@ def test_a_span_of_frames_is_read_in_bounded_ranged_reads(tmp_path, monkeypatch)
     got_payloads = [f.payload for f in got]
     assert set(got_payloads) >= {payloads[k] for k in wanted}
     assert len(reads) > 3 and max(reads) <= max(1000, max(n for _o, n in offsets.values()))
+
+
+def test_a_failed_whole_file_write_deletes_its_part_but_never_a_file_it_did_not_create(tmp_path, monkeypatch):
+    """A write whose parts fail part-way leaves nothing (its file has a new name of its own); a write that finds
+    its name taken leaves the file that was there."""
+    import spate.segments as segments
+
+    storage = CheckpointStorage(str(tmp_path))
+    writer = segments.WholeFileWriter(storage, "shared", ".kg")
+
+    def parts():
+        yield frame(FrameKind.KEY_GROUP, b"written")
+        raise OSError("the reading side failed")
+
+    with pytest.raises(OSError, match="reading side"):
+        writer.write_parts(parts())
+    assert list(tmp_path.rglob("*.kg")) == []
+
+    (tmp_path / "shared" / "taken.kg").write_bytes(b"someone else's")
+    monkeypatch.setattr(segments, "data_file", lambda directory, suffix: f"{directory}/taken{suffix}")
+    with pytest.raises(FileExistsError):
+        writer.write_parts([frame(FrameKind.KEY_GROUP, b"mine")])
+    assert (tmp_path / "shared" / "taken.kg").read_bytes() == b"someone else's"
