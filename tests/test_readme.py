@@ -77,10 +77,14 @@ def _path_without_java(path: str, mirrors: Path) -> str:
 def test_readme_spark_examples_run_without_java_on_path(tmp_path):
     """The README's first two examples, as a new user runs them: one after the other in a fresh
     ``.venv/bin/python`` (the second continues the first's session), with no Java on ``PATH`` and no
-    ``JAVA_HOME`` (importing spate finds the one ``make`` installed); what they print is what the README shows."""
+    ``JAVA_HOME`` (importing spate finds the one ``make`` installed); what they print is what the README shows,
+    with no warning of Spark's about executor requests (which spate's placement makes every batch in local mode)
+    and no error trace after they end."""
     code = python_block("StatefulStream(clicks") + "\n" + python_block("class CountViews(StatefulProcessor)")
-    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYSPARK_PYTHON")}
+    gone = ("JAVA_HOME", "PYSPARK_PYTHON", "SPARK_HOME", "PYSPARK_SUBMIT_ARGS")
+    env = {k: v for k, v in os.environ.items() if k not in gone}
     env["PATH"] = _path_without_java(env.get("PATH", ""), tmp_path / "path")
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
     script = tmp_path / "first_query.py"
     script.write_text(code)
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -88,6 +92,9 @@ def test_readme_spark_examples_run_without_java_on_path(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     shown = [block for lang, block in fenced_blocks(README) if lang == "text"]
     assert done.stdout == shown[0] + shown[1]  # the outputs the README shows beside each example
+    assert "Requesting executors is not supported" not in done.stderr, done.stderr[-3000:]
+    # nor, once the script's Python exited, a py4j error of Spark's about an event for spate's listener
+    assert "Py4J" not in done.stderr and "threw an exception" not in done.stderr, done.stderr[-3000:]
 
 
 @pytest.mark.spark

@@ -338,6 +338,33 @@ def test_old_directories_go_after_a_rescale(tmp_path):
     assert counts(root) == expected_counts(src)
 
 
+@pytest.mark.parametrize("table", ["heap", "lmdb"])
+def test_a_rescaled_full_snapshot_is_copied_not_written_again(tmp_path, table):
+    """Without the changelog, a rescaled subtask whose state is still the restored one names the base's key
+    groups again, copied byte for byte into its own directory (its first checkpoint does not serialize its
+    share of the state again); the copies restore to the same counts at yet another parallelism."""
+    root, src = str(tmp_path / "c"), batches(6)
+    kw = dict(key="k", checkpoint_root=root, file_merging="across", table=table)
+    with LocalRunner(Count, parallelism=1, local_dir=str(tmp_path / "l1"), **kw) as r:
+        r.run(src)
+        r.coordinator.drain()
+        base = load_checkpoint(r.coordinator.storage).subtasks[0].keyed
+    storage = CheckpointStorage(root)
+    frames = {kg: storage.read_range(h.path, h.file_offset + o, n) for h in base for kg, (o, n) in h.offsets.items()}
+    with LocalRunner(Count, parallelism=2, local_dir=str(tmp_path / "l2"), **kw) as r:
+        acks = r.run_batch(len(src), []).checkpoint.subtasks
+        assert [a.stats["snapshot_reused"] for a in acks] == [True, True]
+        for i, a in enumerate(acks):
+            assert a.keyed and all(h.path.startswith(subtask_dir(i, 2) + "/") for h in a.keyed), a.keyed
+            copied = {kg: storage.read_range(h.path, h.file_offset + o, n)
+                      for h in a.keyed for kg, (o, n) in h.offsets.items()}
+            assert copied and copied == {kg: frames[kg] for kg in copied}, "the base's frames, byte for byte"
+        assert sorted(kg for a in acks for h in a.keyed for kg in h.offsets) == sorted(frames)
+    with LocalRunner(Count, parallelism=3, local_dir=str(tmp_path / "l3"), **kw) as r:
+        r.run_batch(r.next_batch_id, src[0])  # restored from the copies, then counted on
+    assert counts(root) == expected_counts([*src, src[0]])
+
+
 # -- crashes ------------------------------------------------------------------------------------------------
 # the job runs in a process of its own (the venv's python), the same Count job as here: helpers is importable
 # there through PYTHONPATH (tests/, where the helpers package is)

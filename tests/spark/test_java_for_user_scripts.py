@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers.readme_blocks import python_block
-
 pytestmark = pytest.mark.spark
 
 SESSION = """
@@ -53,20 +51,3 @@ def test_a_script_finds_the_java_make_recorded(tmp_path):
     with_spate = run("import spate.spark\n" + SESSION, env, tmp_path)
     assert with_spate.returncode == 0 and "rows 3" in with_spate.stdout, with_spate.stderr[-3000:]
 
-
-def test_the_readme_spark_example_runs_as_a_script_without_java_on_path(tmp_path):
-    """The README's Spark example, saved as a script and run with the environment's Python on a machine
-    without Java on PATH: it runs, and prints no warning of Spark's about executor requests, which spate's
-    placement made every batch in local mode, nor an error trace after it ends."""
-    script = tmp_path / "example.py"
-    script.write_text(python_block("StatefulStream(clicks"))
-    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "SPARK_HOME", "PYSPARK_SUBMIT_ARGS")}
-    env["PATH"] = path_without_java(tmp_path)
-    env["SPARK_LOCAL_IP"] = "127.0.0.1"
-    done = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["0 [Row(user='ann', views=2), Row(user='bob', views=1)]"]
-    assert "Requesting executors is not supported" not in done.stderr, done.stderr[-3000:]
-    # nor, once the script's Python exited, a py4j error of Spark's about an event for spate's listener
-    assert "Py4J" not in done.stderr and "threw an exception" not in done.stderr, done.stderr[-3000:]

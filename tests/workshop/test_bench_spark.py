@@ -1,8 +1,8 @@
 """``spate bench spark``: the benchmark's contract (its variants, cases and JSON keys) and a small shape check.
 
 The check runs the command as a user does, in its own process, on a few variants that cover its code paths: the
-floor (no state), spate's per-key processor, the Row-flavour adapter, one of Spark's own APIs and a table sink,
-on its quick cases made smaller (same batches, both branches of the input: every row a new key, keys drawn from
+floor (no state), spate's per-key processor, one of Spark's own APIs and a table sink, on its quick cases made
+smaller (same batches, both branches of the input: every row a new key, keys drawn from
 a few). Every variant on both cases is the benchmark's own run (``spate bench spark --quick``, a command, about
 four minutes: docs/benchmarks.md), not this test's."""
 
@@ -30,7 +30,7 @@ assert [(c.name, c.batches, c.keys is None) for c in spark.cases(True)] == [
     (c.name, c.batches, c.keys is None) for c in quick], "the same cases as --quick, smaller"
 sys.exit(cli.main(sys.argv[1:]))
 """
-SHAPED = ("floor", "spate", "spate-adapter-row", "transformWithStateInPandas", "spate-delta")
+SHAPED = ("floor", "spate", "transformWithStateInPandas", "spate-delta")
 
 
 def test_the_variants_and_cases_are_the_contract():
@@ -66,7 +66,20 @@ def test_bench_spark_quick_json_shape(tmp_path):
         if r["variant"].endswith(("-parquet", "-delta", "-iceberg")):
             assert r["table_rows_ok"] and r["table_rows"] > 0 and r["table_files_per_batch"] > 0, r
             assert r["vs_noop_sink"] is not None, r
-        if r["variant"] in ("spate", "spate-adapter-row"):
+        if r["variant"] == "spate":
             assert r["spark_best"] == "transformWithStateInPandas" and r["vs_spark_best"] is not None, r
-        if r["variant"] == "spate-adapter-row":
-            assert r["vs_same_api_on_spark"] is None, "its base (transformWithState) did not run"
+
+
+def test_a_ratio_whose_base_did_not_run_is_empty():
+    def ran(variant: str, rows_per_s: int) -> dict:
+        return {"variant": variant, "cardinality": "high", "rows_per_s": rows_per_s, "batch_ms_p50": 10.0,
+                "files_per_batch": 1.0, "steady_files_per_batch": 1.0}
+
+    results = [ran("floor", 0), ran("spate-adapter-row", 300), ran("transformWithStateInPandas", 100)]
+    spark.add_ratios(results)
+    adapter = results[1]
+    assert adapter["vs_same_api_on_spark"] is None, "its base (transformWithState) did not run"
+    assert adapter["spark_best"] == "transformWithStateInPandas" and adapter["vs_spark_best"] == 3.0
+    results = [*results[:2], ran("transformWithState", 150)]
+    spark.add_ratios(results)
+    assert results[1]["vs_same_api_on_spark"] == 2.0

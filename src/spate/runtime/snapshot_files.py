@@ -60,8 +60,10 @@ class Relocator:
     def _other_subtask(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
         return in_subtask_dir(h.path) and not h.path.startswith(self.mine)
 
-    def needed(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
-        return self._other_subtask(h) or h.path in self.bad
+    def keeps(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
+        """Whether a new checkpoint may name ``h`` or its copy: not in a file the plan names as not reusable
+        (a handle in another subtask's directory is copied, as :meth:`__call__` does)."""
+        return h.path not in self.bad
 
     def __call__(self, h: H) -> H:
         if not self._other_subtask(h):

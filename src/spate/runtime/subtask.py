@@ -83,7 +83,7 @@ class _Snapshot:
     own: list[FileRef] = field(default_factory=list)  # files of their own among the staged outputs
     sink_file: SinkFile | None = None  # a table sink's data file
     written: list[FileRef] = field(default_factory=list)  # whole files (without file merging)
-    reuse: bool = False  # the keyed handles are the base's, named again
+    reuse: bool = False  # the keyed handles are the base's, named again (after a rescale, copied)
     start_ms: float = 0.0
 
 
@@ -279,7 +279,8 @@ class Subtask:
         if clog is not None:
             snap.clog_finish = clog.start_snapshot(plan.checkpoint_id, keyed, fix)
         elif snap.reuse:
-            snap.keyed_handles = live.handles[1]  # type: ignore[index]
+            reused = live.handles[1]  # type: ignore[index]
+            snap.keyed_handles = reused if fix is None else [fix(h) for h in reused]
         else:
             handle = write_keyed_snapshot(keyed, keyed_out, self.config.compress)
             snap.keyed_handles = [handle] if handle else []

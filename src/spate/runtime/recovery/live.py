@@ -127,14 +127,15 @@ class LiveState:
         self.tag = None
 
     def may_reuse_handles(self, plan: SubtaskPlan, fix: Relocator | None) -> bool:
-        """Whether the keyed handles of the base still describe the state, so the snapshot may name them again.
-        Only what the coordinator recorded for this subtask in the base checkpoint: an attempt whose ack was
-        rejected must not reuse its (deleted) files."""
+        """Whether the keyed handles of the base still describe the state, so the snapshot may name them again
+        (those in another subtask's directory, after a rescale, copied by ``fix``: a byte copy, not the state
+        written again). Only what the coordinator recorded for this subtask in the base checkpoint: an attempt
+        whose ack was rejected must not reuse its (deleted) files."""
         keyed, handles = self.keyed, self.handles
         assert keyed is not None
         return (self.clog is None and handles is not None and handles[0] == plan.base_checkpoint_id
                 and handles[1] == plan.keyed and not keyed.dirty and not keyed.has_ttl_state()
-                and (fix is None or not any(fix.needed(h) for h in plan.keyed)))
+                and (fix is None or all(map(fix.keeps, plan.keyed))))
 
     def tag_as(self, plan: SubtaskPlan, keyed_handles: list, changelog: list) -> None:
         """The live state is the plan's checkpoint now, exactly as the ack describes it."""
