@@ -6,8 +6,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 JAVA_HOME_FILE := $(VENV)/java-home
 PYTEST_ARGS ?=
-# test processes (pytest-xdist): on 2 cores one test's JVM start, Spark batches and subprocess waits overlap another's
+# test processes (pytest-xdist): on 2 cores one test's JVM start, Spark batches and subprocess waits overlap another's;
+# work stealing keeps both busy to the end (tests last from milliseconds to two minutes)
 PYTEST_WORKERS ?= 2
+PYTEST_DIST ?= worksteal
 
 # Every pyspark minor version pyproject.toml allows, besides the newest (which `make test` runs on): a virtual
 # environment each, and the Spark tests of the transport, placement and the transformWithState drop-in.
@@ -40,7 +42,7 @@ demo: $(STAMP) $(JAVA_HOME_FILE)
 test: $(STAMP) $(JAVA_HOME_FILE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy src
-	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) $(PYTEST_ARGS)
 
 # The Spark Connect tests: a real Connect server on loopback, in a pytest process of its own (a Connect client
 # session turns a whole Python process to Connect mode, so they never share one with the other Spark tests); one
@@ -53,7 +55,7 @@ connect: $(STAMP) $(JAVA_HOME_FILE)
 fast: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy src
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not spark" --ignore=tests/spark --ignore=tests/cluster \
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) -m "not spark" --ignore=tests/spark --ignore=tests/cluster \
 	  --ignore=tests/workshop $(PYTEST_ARGS)
 
 smoke: $(STAMP) $(JAVA_HOME_FILE)
