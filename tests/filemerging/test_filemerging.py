@@ -342,7 +342,8 @@ def test_old_directories_go_after_a_rescale(tmp_path):
 def test_a_rescaled_full_snapshot_is_copied_not_written_again(tmp_path, table):
     """Without the changelog, a rescaled subtask whose state is still the restored one names the base's key
     groups again, copied byte for byte into its own directory (its first checkpoint does not serialize its
-    share of the state again); the copies restore to the same counts at yet another parallelism."""
+    share of the state again), and named as they are by the next unchanged checkpoint; the copies restore to
+    the same counts at yet another parallelism."""
     root, src = str(tmp_path / "c"), batches(6)
     kw = dict(key="k", checkpoint_root=root, file_merging="across", table=table)
     with LocalRunner(Count, parallelism=1, local_dir=str(tmp_path / "l1"), **kw) as r:
@@ -360,6 +361,8 @@ def test_a_rescaled_full_snapshot_is_copied_not_written_again(tmp_path, table):
                       for h in a.keyed for kg, (o, n) in h.offsets.items()}
             assert copied and copied == {kg: frames[kg] for kg in copied}, "the base's frames, byte for byte"
         assert sorted(kg for a in acks for h in a.keyed for kg in h.offsets) == sorted(frames)
+        again = r.run_batch(len(src) + 1, []).checkpoint.subtasks
+        assert [a.keyed for a in again] == [a.keyed for a in acks], "the copies named again, not copied again"
     with LocalRunner(Count, parallelism=3, local_dir=str(tmp_path / "l3"), **kw) as r:
         r.run_batch(r.next_batch_id, src[0])  # restored from the copies, then counted on
     assert counts(root) == expected_counts([*src, src[0]])
