@@ -223,7 +223,7 @@ NO_SPATE_JOB = textwrap.dedent("""
         print("ExecutorPythonError:", e)
     print("checkpoints:", [name for name in os.listdir(sys.argv[2]) if name.startswith("chk-")])
     with_ticks = StatefulStream(spark.readStream.format("rate").load(), "value", Echo, "value long",
-                                checkpoint_root=sys.argv[2] + "-ticks", table="heap")
+                                checkpoint_root=sys.argv[2] + "-ticks", table="heap", idle_batches=True)
     try:
         with_ticks.start()                          # the tick source's Python fails at start: the same error
     except ExecutorPythonError as e:

@@ -41,7 +41,9 @@ def test_the_processors_exception_comes_first_with_its_key_batch_and_subtask(spa
     assert text.startswith("batch 1 failed on an executor: ZeroDivisionError: the user's bug\n"
                            "spate: in Boom, batch 1, subtask "), "spate's message first"
     assert ", key 'u3'" in text and "org.apache.spark" not in text
-    assert "org.apache.spark" in str(failure.value.spark_error), "Spark's error and trace stay available"
+    spark_error = failure.value.spark_error  # Spark's own error stays available, the worker's trace in it
+    assert isinstance(spark_error, StreamingQueryException) and spark_error.getCondition() == "STREAM_FAILED"
+    assert "ZeroDivisionError: the user's bug" in str(spark_error) and "Traceback" in str(spark_error)
 
 
 def test_the_worker_exception_is_read_out_of_sparks_text():

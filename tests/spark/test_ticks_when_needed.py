@@ -74,18 +74,30 @@ def test_logs_ticks_reads_the_last_source_offset():
     assert not logs_ticks(['{"after":"3"}']) and not logs_ticks(['{"after":1,"more":2}']) and not logs_ticks(["-"])
 
 
-def test_a_processor_declares_it_has_no_timers():
+def test_a_processor_has_timers_when_it_handles_them_or_declares_them():
     class Plain(Processor):
         def process(self, key, rows, ctx):
             return []
 
-    class NoTimers(Plain):
+    class Timed(Plain):
+        def on_timer(self, key, timestamp_ms, ctx):
+            return []
+
+    class NoTimers(Timed):
         may_have_timers = False
+
+    class Declared(Plain):  # registers timers only to get batches without input (end_batch runs in them)
+        may_have_timers = True
 
     class Batch(BatchProcessor):
         def process_batch(self, batch, ctx):
             return None
 
-    assert uses_timers(Plain) and uses_timers(Plain())
+    assert not uses_timers(Plain) and not uses_timers(Plain()), "a timer of Plain would fire into nothing"
+    assert uses_timers(Timed) and uses_timers(Timed())
     assert not uses_timers(NoTimers) and not uses_timers(NoTimers())
+    assert uses_timers(Declared) and uses_timers(Declared())
     assert not uses_timers(Batch)
+    timed = Timed()
+    timed.may_have_timers = False  # an instance may declare it too (the StatefulProcessor adapter does)
+    assert not uses_timers(timed) and uses_timers(Timed)

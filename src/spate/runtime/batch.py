@@ -353,12 +353,17 @@ class BatchProcessor(ABC):
 
 
 def uses_timers(processor: Any) -> bool:
-    """Whether a processor (instance or class) may have timers: every per-key one that does not declare
-    ``may_have_timers = False``, and a :class:`BatchProcessor` that overrides :meth:`~BatchProcessor.on_timers`."""
+    """Whether a processor (instance or class) may have timers: a per-key one that declares
+    ``may_have_timers = True``, or declares nothing and overrides :meth:`~spate.runtime.processor.Processor.on_timer`
+    (a timer of one that does not would fire into a handler that does nothing), and a :class:`BatchProcessor` that
+    overrides :meth:`~BatchProcessor.on_timers`."""
     cls = processor if isinstance(processor, type) else type(processor)
     if issubclass(cls, BatchProcessor):
         return cls.on_timers is not BatchProcessor.on_timers
-    return bool(getattr(processor, "may_have_timers", True))
+    declared = getattr(processor, "may_have_timers", None)
+    if declared is not None or not issubclass(cls, Processor):
+        return bool(declared if declared is not None else True)
+    return cls.on_timer is not Processor.on_timer
 
 
 AnyProcessor: TypeAlias = Processor | BatchProcessor  # what a subtask runs: per key, or the whole batch at once

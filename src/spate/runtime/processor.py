@@ -166,13 +166,14 @@ class Processor(ABC):
     when firing began (Spark's order; ``False``: Flink's, the timer is gone when ``on_timer`` runs and timers
     registered during firing fire in the same batch when due); ``idle_batch_on_watermark_move`` runs a batch
     without input whenever the watermark moved (Spark's rule for transformWithState in event time; ``False``: only
-    when an event-time timer is due then, see :mod:`spate.runtime.idle`); ``may_have_timers = False`` declares
-    that the processor never registers a timer, so its stream never needs a batch without input (on Spark: no
-    source of ticks is added, which saves the start of its Python processes).
+    when an event-time timer is due then, see :mod:`spate.runtime.idle`); ``may_have_timers`` says whether the
+    processor registers timers, so whether its stream needs batches without input (on Spark: a source of ticks,
+    whose Python processes cost about two seconds each to start). Left ``None`` it is inferred: a processor has
+    timers when it overrides ``on_timer``.
     """
 
     processing_timers_first: bool = False
-    may_have_timers: bool = True
+    may_have_timers: bool | None = None
     watermark_floor_ms: int | None = None
     drop_late_rows: bool = False
     timers_deleted_after_firing: bool = False
