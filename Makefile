@@ -39,7 +39,13 @@ $(JAVA_HOME_FILE): $(STAMP) tools/ensure_java.sh
 demo: $(STAMP) $(JAVA_HOME_FILE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/spate demo
 
-test: $(STAMP) $(JAVA_HOME_FILE)
+# The Spark drivers the tests start load their classes from an archive made once per venv (tests/helpers/jvm_archive.py,
+# used by tests/conftest.py)
+JVM_ARCHIVE := $(VENV)/spark-driver-classes.jsa
+$(JVM_ARCHIVE): $(STAMP) $(JAVA_HOME_FILE) tests/helpers/jvm_archive.py
+	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) tests/helpers/jvm_archive.py $@
+
+test: $(STAMP) $(JAVA_HOME_FILE) $(JVM_ARCHIVE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy src
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) $(PYTEST_ARGS)

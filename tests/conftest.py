@@ -17,6 +17,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+from helpers import jvm_archive
+
+jvm_archive.use()  # the Spark drivers the tests start load their classes from make test's archive, if it made one
 pytest_plugins = ["helpers.spark_session", "helpers.s3", "helpers.spark_connect"]
 
 

@@ -89,6 +89,9 @@ def test_a_processor_has_timers_when_it_handles_them_or_declares_them():
     class Declared(Plain):  # registers timers only to get batches without input (end_batch runs in them)
         may_have_timers = True
 
+    class OnWatermark(Plain):  # a batch whenever the watermark moves: end_batch runs in it
+        idle_batch_on_watermark_move = True
+
     class Batch(BatchProcessor):
         def process_batch(self, batch, ctx):
             return None
@@ -97,6 +100,7 @@ def test_a_processor_has_timers_when_it_handles_them_or_declares_them():
     assert uses_timers(Timed) and uses_timers(Timed())
     assert not uses_timers(NoTimers) and not uses_timers(NoTimers())
     assert uses_timers(Declared) and uses_timers(Declared())
+    assert uses_timers(OnWatermark) and uses_timers(OnWatermark())
     assert not uses_timers(Batch)
     timed = Timed()
     timed.may_have_timers = False  # an instance may declare it too (the StatefulProcessor adapter does)

@@ -355,15 +355,16 @@ class BatchProcessor(ABC):
 def uses_timers(processor: Any) -> bool:
     """Whether a processor (instance or class) may have timers: a per-key one that declares
     ``may_have_timers = True``, or declares nothing and overrides :meth:`~spate.runtime.processor.Processor.on_timer`
-    (a timer of one that does not would fire into a handler that does nothing), and a :class:`BatchProcessor` that
-    overrides :meth:`~BatchProcessor.on_timers`."""
+    (a timer of one that does not would fire into a handler that does nothing) or asks for a batch whenever the
+    watermark moves (``idle_batch_on_watermark_move``), and a :class:`BatchProcessor` that overrides
+    :meth:`~BatchProcessor.on_timers`."""
     cls = processor if isinstance(processor, type) else type(processor)
     if issubclass(cls, BatchProcessor):
         return cls.on_timers is not BatchProcessor.on_timers
     declared = getattr(processor, "may_have_timers", None)
     if declared is not None or not issubclass(cls, Processor):
         return bool(declared if declared is not None else True)
-    return cls.on_timer is not Processor.on_timer
+    return cls.on_timer is not Processor.on_timer or bool(cls.idle_batch_on_watermark_move)
 
 
 AnyProcessor: TypeAlias = Processor | BatchProcessor  # what a subtask runs: per key, or the whole batch at once

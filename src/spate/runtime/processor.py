@@ -169,7 +169,7 @@ class Processor(ABC):
     when an event-time timer is due then, see :mod:`spate.runtime.idle`); ``may_have_timers`` says whether the
     processor registers timers, so whether its stream needs batches without input (on Spark: a source of ticks,
     whose Python processes cost about two seconds each to start). Left ``None`` it is inferred: a processor has
-    timers when it overrides ``on_timer``.
+    timers when it overrides ``on_timer`` or sets ``idle_batch_on_watermark_move``.
     """
 
     processing_timers_first: bool = False
