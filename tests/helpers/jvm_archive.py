@@ -13,14 +13,26 @@ Test infrastructure only: spate neither makes nor uses it. Exits 0 without an ar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
-import time
 
 ARCHIVE = os.path.join(sys.prefix, "spark-driver-classes.jsa")
 JVM_LOGS_OFF = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # an archive the JVM cannot use is no warning in a test's output
+
+
+# the job, then the driver JVM ended and waited for: it writes the archive as it exits, after the Python driver
+TRAIN = """
+import runpy, sys
+from pyspark import SparkContext
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")  # as its own script: its processor pickled by value
+jvm = SparkContext._gateway.proc  # spark-submit, which execs the driver JVM
+jvm.stdin.close()  # the driver JVM exits when its standard input closes
+sys.exit(jvm.wait(timeout=120))
+"""
 
 
 def make(archive: str) -> bool:
@@ -35,25 +47,15 @@ def make(archive: str) -> bool:
         write_files(source, clicks(3))
         env = {**os.environ, "PYSPARK_SUBMIT_ARGS":
                f"--driver-java-options '-XX:ArchiveClassesAtExit={partial} {JVM_LOGS_OFF}' pyspark-shell"}
-        done = subprocess.run([sys.executable, JOB, source, root, out, "2"], env=env, capture_output=True,
-                              text=True, timeout=300, check=False)
-    if done.returncode != 0 or not _written(partial):
-        print(f"no JVM class archive (the job exited {done.returncode}): {done.stderr[-1500:]}", file=sys.stderr)
+        done = subprocess.run([sys.executable, "-c", TRAIN, JOB, source, root, out, "2"], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0 or not os.path.isfile(partial) or not os.path.getsize(partial):
+        print(f"no JVM class archive (exit {done.returncode}): {done.stderr[-1500:]}", file=sys.stderr)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
         return False
     os.replace(partial, archive)
     return True
-
-
-def _written(path: str, timeout_s: float = 60.0) -> bool:
-    """Whether the JVM, which outlives the Python driver by a moment, finished writing ``path``."""
-    deadline, last = time.monotonic() + timeout_s, -1
-    while time.monotonic() < deadline:
-        size = os.path.getsize(path) if os.path.exists(path) else -1
-        if size > 0 and size == last:
-            return True
-        last = size
-        time.sleep(1.0)
-    return False
 
 
 def use(archive: str = ARCHIVE) -> None:
