@@ -362,8 +362,10 @@ def uses_timers(processor: Any) -> bool:
     if issubclass(cls, BatchProcessor):
         return cls.on_timers is not BatchProcessor.on_timers
     declared = getattr(processor, "may_have_timers", None)
-    if declared is not None or not issubclass(cls, Processor):
-        return bool(declared if declared is not None else True)
+    if declared is not None:
+        return bool(declared)
+    if not issubclass(cls, Processor):  # a factory: what it makes is not known here
+        return True
     return cls.on_timer is not Processor.on_timer or bool(cls.idle_batch_on_watermark_move)
 
 

@@ -55,10 +55,11 @@ class StatefulStream:
             (Kafka's offsets behind latest); :meth:`summary` and each rescaling checkpoint say what it decided.
         idle_batches: run a batch without input when a timer is due or the watermark moves (Spark does this
             for its own stateful operators), by adding a source of ticks to the query (:mod:`spate.spark.ticks`).
-            On by default for processors with timers (per-key ones that define ``on_timer`` and do not declare
-            ``may_have_timers = False``, as a ``StatefulProcessor`` in time mode ``None`` does, or that declare
-            ``may_have_timers = True``, and a :class:`BatchProcessor` that defines ``on_timers``) from pyspark
-            4.2 on, unless the session turns Spark's own off
+            On by default for processors with timers (per-key ones that define ``on_timer`` or set
+            ``idle_batch_on_watermark_move`` and do not declare ``may_have_timers = False``, as a
+            ``StatefulProcessor`` in time mode ``None`` does, or that declare ``may_have_timers = True``, and a
+            :class:`BatchProcessor` that defines ``on_timers``; see :func:`~spate.runtime.batch.uses_timers`)
+            from pyspark 4.2 on, unless the session turns Spark's own off
             (``spark.sql.streaming.noDataMicroBatches.enabled=false``); before 4.2, opt in (there
             ``Trigger.AvailableNow`` then runs as one batch). It changes the sources of Spark's checkpoint, so
             a root whose Spark checkpoint logged the ticks keeps them, whatever this says.
