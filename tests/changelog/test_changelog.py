@@ -730,12 +730,12 @@ def test_non_sticky_subtasks_materialize_within_the_batch_that_references_it(tmp
 
 
 def test_a_failing_materialization_is_retried_after_a_back_off_not_every_batch(tmp_path, monkeypatch):
-    import spate.changelog.state as changelog_state
+    import spate.changelog.process_view as changelog_reads  # a small table: materialized by a thread
 
     def unavailable(*args, **kwargs):  # fault injection: the storage refuses materializations for a while
         raise OSError("storage unavailable")
 
-    monkeypatch.setattr(changelog_state, "write_key_groups", unavailable)
+    monkeypatch.setattr(changelog_reads, "write_key_groups", unavailable)
     root, src = str(tmp_path / "c"), batches(10)
     cfg = ChangelogConfig(materialization_interval_ms=10**12, materialize_after_change_sets=1,
                           max_materialization_failures=2, upload=NOW)

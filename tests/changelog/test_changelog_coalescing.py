@@ -421,12 +421,14 @@ segment = st.tuples(st.integers(1, 4), st.sampled_from(["heap", "lmdb"]), st.lis
 
 @settings(max_examples=40, deadline=None)
 @given(segments=st.lists(segment, min_size=2, max_size=3), materialize_often=st.booleans(),
-       tiny_uploads=st.booleans())
+       tiny_uploads=st.booleans(), reader_process=st.booleans())
 def test_restores_at_other_parallelisms_equal_the_model(tmp_path_factory, segments, materialize_often,
-                                                        tiny_uploads):
+                                                        tiny_uploads, reader_process):
+    """``reader_process``: lmdb tables are materialized by reader processes, whatever their size."""
     root = str(tmp_path_factory.mktemp("r"))
     cfg = ChangelogConfig(materialization_interval_ms=1 if materialize_often else 600_000, upload=NOW,
-                          preemptive_threshold=64 if tiny_uploads else 5 << 20)
+                          preemptive_threshold=64 if tiny_uploads else 5 << 20,
+                          materialize_in_process_from_bytes=0 if reader_process else 64 << 20)
     model: Model = {}
     for parallelism, table, batches in segments:
         with LocalRunner(OpsJob, key="k", checkpoint_root=root, parallelism=parallelism, table=table,

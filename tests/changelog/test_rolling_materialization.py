@@ -54,17 +54,21 @@ class PausingStorage(LocalStorage):
 class Job:
     """One subtask's keyed state with the changelog on, its checkpoints, and the model of what it must hold."""
 
-    def __init__(self, root: str, table_path: str | None) -> None:
+    def __init__(self, root: str, table_path: str | None, reader_process: bool = False) -> None:
         self.coord = Coordinator(root)
         self.coord.start(1)
         self.storage = PausingStorage(root)
         self.storage.paused, self.storage.resume = threading.Event(), threading.Event()
         table = LmdbTable(table_path) if table_path else HeapTable()
-        self.clog = ChangelogKeyedState(table, self.storage, ChangelogConfig(upload=NOW), 0, 1)
+        config = ChangelogConfig(upload=NOW, materialize_in_process_from_bytes=0 if reader_process else 1 << 40)
+        self.clog = ChangelogKeyedState(table, self.storage, config, 0, 1)
         self.backend = KeyedStateBackend(self.clog.table, 128, range(128))
         self.value = self.backend.get_state(ValueStateDescriptor("v"))
         self.items = self.backend.get_state(ListStateDescriptor("l"))
         self.tags = self.backend.get_state(MapStateDescriptor("m"))
+        # a reader process runs ahead of the frames written until the pipe is full: frames of ~40 KB keep it
+        # within a few key groups of the paused write
+        self.pad = self.backend.get_state(ValueStateDescriptor("pad")) if reader_process else None
         self.model: dict[str, dict] = {"v": {}, "l": {}, "m": {}}
         self.checkpoints = 0
 
@@ -74,6 +78,8 @@ class Job:
             self.value.update(round_)
             self.items.add(round_)
             self.tags.put(round_ % 3, k)
+            if self.pad is not None:
+                self.pad.update(bytes([round_]) * 16_000)
             self.model["v"][k] = round_
             self.model["l"].setdefault(k, []).append(round_)
             self.model["m"].setdefault(k, {})[round_ % 3] = k
@@ -83,7 +89,7 @@ class Job:
         self.checkpoints += 1
         self.coord.begin(cid, 1, 0)
         self.clog.begin(cid)
-        materialized, changelog, _ = self.clog.snapshot(cid, self.backend)
+        materialized, changelog, self.stats = self.clog.snapshot(cid, self.backend)
         self.coord.acknowledge(SubtaskAck(cid, 0, self.coord.query.epoch, materialized, changelog))
         meta = self.coord.complete(cid)
         self.clog.checkpoint_completed(cid)
@@ -117,10 +123,13 @@ def _spanning_materialization(job: Job):
     return job.checkpoint()
 
 
-@pytest.mark.parametrize("table", ["lmdb", "heap"])
+@pytest.mark.parametrize("table", ["lmdb", "heap", "lmdb-reader-process"])
 def test_a_materialization_spanning_batches_restores_every_change_once(tmp_path, table):
-    job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb") if table == "lmdb" else None)
+    job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb") if table != "heap" else None,
+              reader_process=table == "lmdb-reader-process")
     meta = _spanning_materialization(job)
+    assert job.stats["materialization_read_by"] == (
+        "process" if table == "lmdb-reader-process" else "thread")
     later = job.clog._positions  # the key groups read after the pause, at the last advance's position
     assert 0 < len(later) < 128 and min(later.values()) > job.clog.materialized_to
     log = meta.subtasks[0].changelog

@@ -471,15 +471,15 @@ def test_cli_shows_and_verifies_segments(tmp_path, capsys):
 def test_a_materialization_spanning_several_checkpoints_is_kept(tmp_path, monkeypatch, mode):
     """A slow background materialization writes after the pool of the checkpoint it started in closed, and
     is referenced only by a later checkpoint: its segment is held until then, never deleted."""
-    import spate.changelog.state as clog_state
+    import spate.changelog.process_view as clog_reads  # a small table: materialized by a thread
 
-    gate, real = threading.Event(), clog_state.write_key_groups
+    gate, real = threading.Event(), clog_reads.write_key_groups
 
     def slow(*args, **kwargs):
         gate.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(clog_state, "write_key_groups", slow)
+    monkeypatch.setattr(clog_reads, "write_key_groups", slow)
     root, src, clock = str(tmp_path), batches(14), [0]
     cfg = ChangelogConfig(materialization_interval_ms=1000, upload=UploadConfig(persist_delay_s=0.0))
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=1, retained=1, changelog=cfg,

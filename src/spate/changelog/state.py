@@ -11,11 +11,11 @@ import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spate.changelog.rolling_view import RollingView, trimmed
+from spate.changelog.process_view import MaterializationReads, MaterializationView
+from spate.changelog.rolling_view import trimmed
 from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
 from spate.changelog.writer import ChangelogWriter
@@ -24,9 +24,9 @@ from spate.fs import CheckpointStorage
 from spate.layout import KEY_GROUPS_SUFFIX, random_name, subtask_dir
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
-from spate.snapshot.keyed import SnapshotScope, write_key_groups
+from spate.snapshot.keyed import SnapshotScope
 from spate.state.keyed import KeyedStateBackend
-from spate.state.table import StateTable, TableView
+from spate.state.table import StateTable
 
 log = logging.getLogger(__name__)
 Relocate = Callable[[Any], Any]
@@ -46,6 +46,9 @@ class ChangelogConfig:
     materialize_after_change_sets: int = 50
     materialize_after_bytes: int = 64 * MB
     max_materialization_failures: int = 3
+    # an lmdb table this large (bytes in use) is read for a materialization by a process of its own, where no
+    # thread of the subtask's competes for the GIL at every entry (spate.changelog.process_view)
+    materialize_in_process_from_bytes: int = 64 * MB
     preemptive_threshold: int = 5 * MB
     coalesce: bool = True  # log an entry changed many times between uploads once (beyond Flink)
     persist_timeout_s: float = 60.0
@@ -72,7 +75,7 @@ class _Materialization:
     started: float
     future: Future[KeyGroupsHandle | None]
     out: SegmentWriter
-    view: RollingView
+    view: MaterializationView
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class ChangelogKeyedState:
             services = ChangelogServices(BatchingUploadScheduler(storage, config.upload),
                                          ThreadPoolExecutor(1, thread_name_prefix="spate-materialize"))
         self._materializers = services.materializers
+        self._reads = MaterializationReads(config.materialize_in_process_from_bytes)
         self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}", services.scheduler,
                                       config.preemptive_threshold, config.coalesce)
         self._materialized_writer: Callable[[int], SegmentWriter] = (
@@ -268,19 +272,13 @@ class ChangelogKeyedState:
 
     def start_materialization(self, backend: KeyedStateBackend, sqn: int, referenced_by: int | None = None) -> None:
         """Materialize in the background; checkpoint ``referenced_by`` (default: the next one) references it."""
-        table = backend.table
-
-        def open_view() -> AbstractContextManager[TableView]:
-            table.commit()
-            return table.consistent_view()
-
-        view = RollingView(open_view, sqn)  # opened now, atomically with ``sqn``; read in the background
         scope = SnapshotScope.of(backend)
+        view = self._reads.open(backend.table, scope, sqn)  # opened now, atomically with ``sqn``; read later
         out = self._materialized_writer(self.checkpoint_id + 1 if referenced_by is None else referenced_by)
 
         def work() -> KeyGroupsHandle | None:
             try:
-                handle = write_key_groups(view, scope, out)
+                handle = view.write(scope, out)
             finally:
                 view.close()
             # read from views renewed up to now, the frames may hold states registered since the start: the handle
@@ -298,6 +296,7 @@ class ChangelogKeyedState:
         try:
             handle = run.future.result()
         except Exception as e:  # noqa: BLE001 - tolerated up to a limit
+            self._reads.failed(run.view)
             self._materialization_failed(e)
             return
         self._apply(run, handle)
@@ -326,7 +325,7 @@ class ChangelogKeyedState:
         self._with_states = {sqn: h for sqn, h in self._with_states.items() if sqn >= listed_alike}
         self.last_materialization = {"materialization_ms": round((time.perf_counter() - run.started) * 1000, 3),
                                      "materialization_bytes": handle.size if handle else 0,
-                                     "materialized_sqn": run.sqn}
+                                     "materialized_sqn": run.sqn, "materialization_read_by": run.view.read_by}
 
     def materialize_now(self, backend: KeyedStateBackend, referenced_by: int | None = None) -> None:
         """Materialize synchronously (after restoring from a savepoint that lives outside this root, or when the

@@ -65,28 +65,46 @@ def write_key_groups(view: TableView, scope: SnapshotScope, out: SegmentWriter, 
     """Write the key groups of ``scope`` from ``view`` as a keyed snapshot file (works from any thread for a view
     that is consistent); expired data is left out and, if ``expired`` is given, noted there. The frames are
     written as they are made: the snapshot is never whole in memory."""
-    offsets: dict[int, tuple[int, int]] = {}
     dropped: list[tuple[int, bytes, bytes | None]] = [] if expired is None else expired
-    key_groups, filters = scope.key_groups, scope.filters
+    filters = scope.filters
 
-    def frames() -> Iterator[bytes]:
-        pos = 0
-        for kg in key_groups:
+    def frames() -> Iterator[tuple[int, bytes]]:
+        for kg in scope.key_groups:
             flat = view.key_group_flat(kg)
             if filters and flat:
                 flat = _drop_expired(kg, flat, filters, dropped)
             if flat:
-                digest = key_group_digest(U16.pack(kg), flat[0::2], flat[1::2])
-                fr = frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat, digest], use_bin_type=True), compress)
-                offsets[kg] = (pos, len(fr))
-                pos += len(fr)
-                yield fr
+                yield kg, key_group_frame(kg, flat, compress)
 
-    made = frames()
+    return write_frames(frames(), scope, out)
+
+
+def key_group_frame(kg: int, flat: list[bytes], compress: bool = False) -> bytes:
+    """The snapshot frame of key group ``kg`` holding ``flat`` ([key, value, ...], keys without the key-group
+    prefix), with the key group's digest."""
+    digest = key_group_digest(U16.pack(kg), flat[0::2], flat[1::2])
+    return frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat, digest], use_bin_type=True), compress)
+
+
+def write_frames(frames: Iterable[tuple[int, bytes]], scope: SnapshotScope,
+                 out: SegmentWriter) -> KeyGroupsHandle | None:
+    """Write the key groups' frames (``(kg, frame)`` in key-group order, empty key groups left out) of ``scope``
+    as one keyed snapshot file; None if there are none."""
+    offsets: dict[int, tuple[int, int]] = {}
+
+    def placed() -> Iterator[bytes]:
+        pos = 0
+        for kg, fr in frames:
+            offsets[kg] = (pos, len(fr))
+            pos += len(fr)
+            yield fr
+
+    made = placed()
     first = next(made, None)
     if first is None:
         return None
     ref = out.write_parts(chain((first,), made))
+    key_groups = scope.key_groups
     return KeyGroupsHandle(ref.path, key_groups.start, key_groups.stop - 1, offsets, ref.length,
                            tuple(m.to_dict() for m in scope.metas), ref.offset)
 

@@ -202,15 +202,18 @@ class LmdbWriter:
                 self._views_closed.wait()
             self.env.set_mapsize(map_size)
 
+    def used_bytes(self) -> int:
+        """The bytes of the data file in use (up to its last page)."""
+        return int((self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"])
+
     @contextlib.contextmanager
     def consistent_view(self) -> Iterator[ReadView]:
         """An lmdb read transaction: an O(1) MVCC snapshot that later writes do not change. While it is open
         the map cannot grow, so it is given room first (writes that still fill it wait for the view)."""
         self.commit()
-        info = self.env.info()
-        used = (info["last_pgno"] + 1) * self.env.stat()["psize"]
-        if used * 2 > info["map_size"]:
-            self._resize(max(info["map_size"] * 2, used * 4))
+        used, map_size = self.used_bytes(), self.env.info()["map_size"]
+        if used * 2 > map_size:
+            self._resize(max(map_size * 2, used * 4))
         with self._views_closed:  # no resize can start between the begin and the count
             txn = self._env_begin()
             self._open_views += 1

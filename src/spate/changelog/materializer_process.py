@@ -1,0 +1,164 @@
+"""The process that reads a subtask's lmdb table for a background materialization: ``python -m
+spate.changelog.materializer_process``, started and fed by :class:`~spate.changelog.process_view.ProcessView`.
+
+Why a process. py-lmdb releases the GIL around every cursor step. A thread reading the table beside a thread that
+runs Python (the subtask's batches) waits for the GIL at every entry: 32 key groups of a 1 GB table took 0.5-1.3 s
+alone and 135 s beside a busy Python thread (docs/benchmarks.md). Here no other thread runs Python while a key
+group is read, hashed and framed; the subtask's process only writes the finished frames.
+
+Which snapshot. lmdb serves readers in other processes. The reader starts from, and moves on to, only the
+snapshots the subtask names at its sequence-number boundaries (:class:`Advance`: a position and the lmdb
+transaction committed there). A snapshot is taken only if the transaction a read opens is that one; if the
+subtask committed more since, the offer is passed over and the reader stays on the snapshot it has (still exact:
+each key group is reported with the position it was read at, as :class:`~spate.changelog.rolling_view.RollingView`
+does in process).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import BinaryIO
+
+import lmdb
+
+from spate.changelog.materializer_protocol import (
+    Advance,
+    Failed,
+    Finished,
+    KeyGroupRead,
+    ProtocolError,
+    Start,
+    receive,
+    send,
+)
+from spate.snapshot.keyed import key_group_frame
+from spate.state.lmdb_scan import flat_key_group
+
+LISTENER_GRACE_S = 30.0  # after the last key group, for the subtask to close the pipe
+
+
+class Snapshots:
+    """The snapshot the reader uses and the newest one offered since (opened by the listening thread)."""
+
+    def __init__(self, env: lmdb.Environment) -> None:
+        self._env = env
+        self._lock = threading.Lock()
+        self._newest: tuple[lmdb.Transaction, int] | None = None  # opened, not yet taken by the reader
+        self._in_use: tuple[lmdb.Transaction, int] | None = None  # the reader's
+        self._closed = False
+        self.ended = threading.Event()  # the subtask closed the pipe: stop
+
+    def offer(self, position: int, txn_id: int) -> bool:
+        """Open the snapshot the subtask committed at ``position``; False if it is no longer the newest."""
+        txn = self._begin()
+        if txn is None:
+            return False
+        passed_over = None
+        with self._lock:
+            taken = txn.id() == txn_id and not self._closed
+            if taken:
+                passed_over, self._newest = self._newest, (txn, position)
+        if not taken:
+            txn.abort()
+        elif passed_over is not None:
+            passed_over[0].abort()
+        return taken
+
+    def take(self) -> tuple[lmdb.Transaction, int] | None:
+        """The newest snapshot offered (the reader's previous one closed), or the one in use."""
+        with self._lock:
+            newer, self._newest = self._newest, None
+        if newer is not None:
+            if self._in_use is not None:
+                self._in_use[0].abort()
+            self._in_use = newer
+        return self._in_use
+
+    def _begin(self) -> lmdb.Transaction | None:
+        """A read transaction; if the subtask grew the map beyond ours, adopt its size while nothing is open
+        (else pass: the reader keeps its snapshot)."""
+        try:
+            return self._env.begin()
+        except lmdb.MapResizedError:
+            with self._lock:
+                idle = self._in_use is None and self._newest is None
+            if not idle:
+                return None
+            self._env.set_mapsize(0)
+            return self._env.begin()
+
+    def close(self) -> None:
+        """Abort every transaction, so that no reader slot of this process pins the subtask's table."""
+        with self._lock:
+            self._closed = True
+            held, self._newest, self._in_use = (self._newest, self._in_use), None, None
+        for h in held:
+            if h is not None:
+                h[0].abort()
+
+
+def listen(source: BinaryIO, snapshots: Snapshots) -> None:
+    """Take the subtask's boundaries as they come, until it closes the pipe."""
+    try:
+        while (message := receive(source)) is not None:
+            if isinstance(message, Advance):
+                snapshots.offer(message.position, message.txn_id)
+    except (OSError, ProtocolError, lmdb.Error):
+        pass
+    finally:
+        snapshots.ended.set()
+
+
+def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO) -> None:
+    for kg in range(start.first, start.last + 1):
+        if snapshots.ended.is_set():
+            return
+        current = snapshots.take()
+        assert current is not None  # the start's snapshot was offered before the first key group
+        txn, position = current
+        flat = flat_key_group(txn, kg)
+        send(out, KeyGroupRead(kg, position, key_group_frame(kg, flat) if flat else b""))
+    send(out, Finished())
+
+
+def serve(source: BinaryIO, out: BinaryIO) -> int:
+    """Serve one materialization over ``source`` and ``out``; the exit status."""
+    start = receive(source)
+    if not isinstance(start, Start):
+        send(out, Failed(f"expected a Start message, got {start!r}"))
+        return 2
+    try:
+        env = lmdb.open(start.path, readonly=True, lock=True, subdir=True, max_dbs=0, readahead=False)
+    except lmdb.Error as e:
+        send(out, Failed(f"cannot open the lmdb table {start.path}: {e}"))
+        return 1
+    snapshots = Snapshots(env)
+    listener = threading.Thread(target=listen, args=(source, snapshots), daemon=True, name="boundaries")
+    try:
+        if not snapshots.offer(start.position, start.txn_id):
+            # the subtask committed since it asked: wait for a boundary this reader can catch
+            while (message := receive(source)) is not None:
+                if isinstance(message, Advance) and snapshots.offer(message.position, message.txn_id):
+                    break
+            else:
+                return 0
+        listener.start()
+        read_key_groups(start, snapshots, out)
+        return 0
+    except (lmdb.Error, ProtocolError) as e:
+        send(out, Failed(f"reading the lmdb table {start.path} failed: {e}"))
+        return 1
+    finally:
+        if listener.is_alive():
+            listener.join(LISTENER_GRACE_S)  # it ends when the subtask closes the pipe
+        snapshots.close()
+        env.close()
+
+
+def main() -> int:
+    return serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

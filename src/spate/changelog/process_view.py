@@ -1,0 +1,219 @@
+"""How a background materialization reads the subtask's table: a large lmdb table by a process of its own
+(:mod:`spate.changelog.materializer_process`), anything else by a thread through a
+:class:`~spate.changelog.rolling_view.RollingView`.
+
+Both give the same key groups, each read at a sequence-number boundary and reported with its position, so a
+restore replays the same change sets either way. The process is worth its start (a Python interpreter, a few
+hundred ms) only for a table that takes seconds to read; TTL'd state, whose expired entries are filtered while
+the snapshot is made, and the in-memory and overlay tables are read in process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import IO, Protocol
+
+from spate.changelog.materializer_protocol import (
+    Advance,
+    Failed,
+    Finished,
+    KeyGroupRead,
+    ProtocolError,
+    Start,
+    receive,
+    send,
+)
+from spate.changelog.rolling_view import RollingView
+from spate.errors import CheckpointError
+from spate.segments import SegmentWriter
+from spate.snapshot.handles import KeyGroupsHandle
+from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
+from spate.state.lmdb_table import LmdbTable
+from spate.state.table import StateTable, TableView, WrappedTable
+
+log = logging.getLogger(__name__)
+EXIT_WAIT_S = 10.0  # for the reader to exit after its last key group, before it is killed
+READER_MODULE = "spate.changelog.materializer_process"
+PIPE_BYTES = 4 << 20
+
+
+class MaterializationView(Protocol):
+    """What a materialization reads the table through."""
+
+    positions: dict[int, int]  # per key group read: the position it was read at
+    read_by: str  # "thread" or "process"
+
+    def advance(self, position: int) -> None: ...
+
+    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyGroupsHandle | None: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadView:
+    """A :class:`RollingView` read by the materialization's thread."""
+
+    read_by = "thread"
+
+    def __init__(self, open_view: Callable[[], AbstractContextManager[TableView]], position: int) -> None:
+        self._rolling = RollingView(open_view, position)
+        self.positions = self._rolling.positions
+
+    def advance(self, position: int) -> None:
+        self._rolling.advance(position)
+
+    def close(self) -> None:
+        self._rolling.close()
+
+    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyGroupsHandle | None:
+        return write_key_groups(self._rolling, scope, out)
+
+
+class ProcessView:
+    """An lmdb table's key groups read, hashed and framed by a reader process; this side writes the frames.
+
+    :meth:`advance` (the subtask's thread, at a boundary) commits the table and offers the reader that snapshot;
+    :meth:`write` (the materialization's thread) writes the frames as they come; :meth:`close` (any thread)
+    ends the reader, killing it if it has not finished."""
+
+    read_by = "process"
+
+    def __init__(self, table: LmdbTable, key_groups: range, position: int) -> None:
+        self._table = table
+        self._lock = threading.Lock()
+        self._finished = False
+        self.positions: dict[int, int] = {}
+        table.commit()
+        self._reader = subprocess.Popen([sys.executable, "-m", READER_MODULE], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _widen(self._reader.stdout)
+        self._offer(Start(table.path, key_groups.start, key_groups.stop - 1, position, self._committed_txn()))
+
+    def advance(self, position: int) -> None:
+        self._table.commit()
+        self._offer(Advance(position, self._committed_txn()))
+
+    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyGroupsHandle | None:
+        return write_frames(self._frames(), scope, out)
+
+    def _frames(self) -> Iterator[tuple[int, bytes]]:
+        stdout = self._reader.stdout
+        assert stdout is not None
+        while True:
+            try:
+                message = receive(stdout)  # type: ignore[arg-type]
+            except (OSError, ValueError, ProtocolError) as e:
+                raise self._failure(str(e)) from e
+            if isinstance(message, KeyGroupRead):
+                self.positions[message.kg] = message.position
+                if message.frame:
+                    yield message.kg, message.frame
+            elif isinstance(message, Finished):
+                with self._lock:
+                    self._finished = True
+                return
+            else:
+                raise self._failure(message.error if isinstance(message, Failed) else "it stopped")
+
+    def close(self) -> None:
+        """End the reader (idempotent): let it exit after it finished, else kill it; then clear the lmdb reader
+        slots a killed reader leaves, which would keep the table from reusing pages."""
+        with self._lock:
+            reader, finished = self._reader, self._finished
+            stdin = reader.stdin
+            if stdin is None or stdin.closed:
+                return
+            with contextlib.suppress(OSError):
+                stdin.close()  # a reader that finished exits now
+        if not finished:
+            reader.kill()
+        try:
+            reader.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            reader.kill()
+            reader.wait()
+        if reader.stdout is not None:
+            reader.stdout.close()
+        if not finished or reader.returncode != 0:
+            with contextlib.suppress(Exception):  # the table may be closing: nothing is left to clear then
+                self._table.env.reader_check()
+        if reader.stderr is not None:
+            reader.stderr.close()
+
+    def _offer(self, message: Start | Advance) -> None:
+        with self._lock:
+            stdin = self._reader.stdin
+            if stdin is None or stdin.closed:
+                return
+            with contextlib.suppress(OSError):  # the reader is gone: writing the frames says why
+                send(stdin, message)  # type: ignore[arg-type]
+
+    def _committed_txn(self) -> int:
+        return int(self._table.env.info()["last_txnid"])
+
+    def _failure(self, why: str) -> CheckpointError:
+        with contextlib.suppress(Exception):
+            self._reader.wait(EXIT_WAIT_S)
+        err = b""
+        if self._reader.stderr is not None and self._reader.returncode is not None:
+            with contextlib.suppress(Exception):
+                err = self._reader.stderr.read()[-2000:]
+        return CheckpointError(f"the materialization's reader process of {self._table.path} failed: {why} (exit "
+                               f"status {self._reader.returncode}){': ' + err.decode(errors='replace') if err else ''}")
+
+
+def _widen(pipe: IO[bytes] | None) -> None:
+    """Let the pipe hold up to :data:`PIPE_BYTES` (Linux; the system's limit for an unprivileged process is
+    usually 1 MB): each read of it releases and retakes the GIL, which beside a thread running Python waits up to
+    a switch interval (5 ms), so the fewer reads per frame the better (64 KB pipes: 16 per MB)."""
+    setter = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if pipe is None or setter is None:
+        return
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as limit:
+            size = min(PIPE_BYTES, int(limit.read()))
+    except (OSError, ValueError):
+        size = 1 << 20
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(pipe.fileno(), setter, size)
+
+
+class MaterializationReads:
+    """How one subtask's materializations read its table: a large lmdb table (at least ``process_from_bytes``
+    in use) without TTL'd state in a reader process, anything else in a thread. After a reader process fails,
+    this subtask's materializations read in a thread."""
+
+    def __init__(self, process_from_bytes: int) -> None:
+        self.process_from_bytes = process_from_bytes
+        self.process_failed = False
+
+    def open(self, table: StateTable, scope: SnapshotScope, position: int) -> MaterializationView:
+        """A view of ``table`` at ``position`` (the caller is at a sequence-number boundary)."""
+        inner = table.inner if isinstance(table, WrappedTable) else table
+        if type(inner) is LmdbTable and not scope.filters and not self.process_failed \
+                and inner.used_bytes() >= self.process_from_bytes:
+            try:
+                return ProcessView(inner, scope.key_groups, position)
+            except OSError as e:
+                log.warning("cannot start a reader process for the materialization of %s (%s); reading it in a "
+                            "thread", inner.path, e)
+                self.process_failed = True
+
+        def open_view() -> AbstractContextManager[TableView]:
+            table.commit()
+            return table.consistent_view()
+
+        return ThreadView(open_view, position)
+
+    def failed(self, view: MaterializationView) -> None:
+        """A materialization through ``view`` failed: if a reader process did, read in a thread from now on."""
+        if isinstance(view, ProcessView):
+            log.warning("a materialization's reader process failed; this subtask's next ones read in a thread")
+            self.process_failed = True

@@ -1,0 +1,170 @@
+"""A materialization of a large lmdb table is read by a process of its own: the same frames as a read in the
+subtask's thread, each key group at a snapshot the subtask named at a boundary, a failing reader counted as a
+failed materialization (the next ones read in a thread), and a stopped reader leaves no lmdb reader slot."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+
+import pytest
+
+from spate.changelog import process_view
+from spate.changelog.materializer_process import serve
+from spate.changelog.materializer_protocol import (
+    Advance,
+    Failed,
+    Finished,
+    KeyGroupRead,
+    ProtocolError,
+    Start,
+    receive,
+    send,
+)
+from spate.changelog.process_view import MaterializationReads, ProcessView
+from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
+from spate.changelog.upload import UploadConfig
+from spate.fs import LocalStorage
+from spate.segments import WholeFileWriter
+from spate.snapshot.keyed import SnapshotScope, write_key_groups
+from spate.state.descriptors import ValueStateDescriptor
+from spate.state.keyed import KeyedStateBackend
+from spate.state.lmdb_table import LmdbTable
+
+KGS = range(16)
+
+
+def _filled(path: str, rounds: int = 1) -> LmdbTable:
+    table = LmdbTable(path)
+    for r in range(rounds):
+        for i in range(400):
+            table.put(i % len(KGS), f"key-{i}".encode(), f"value-{i}-{r}".encode() * 30)
+    table.commit()
+    return table
+
+
+def _scope(table: LmdbTable) -> SnapshotScope:
+    return SnapshotScope.of(KeyedStateBackend(table, len(KGS), KGS))
+
+
+def _frames_of(storage: LocalStorage, handle) -> bytes:
+    with open(storage.path(handle.path), "rb") as f:
+        return f.read()
+
+
+def test_messages_round_trip_and_a_cut_stream_is_refused():
+    buf = io.BytesIO()
+    sent = [Start("/t", 0, 127, 5, 9), Advance(6, 10), KeyGroupRead(3, 6, b"\x00frame"), Finished(), Failed("why")]
+    for m in sent:
+        send(buf, m)
+    whole = buf.getvalue()
+    buf.seek(0)
+    assert [receive(buf) for _ in sent] == sent and receive(buf) is None
+    with pytest.raises(ProtocolError, match="inside a message"):
+        receive(io.BytesIO(whole[:10]))
+    with pytest.raises(ProtocolError, match="not a materializer message"):
+        bad = io.BytesIO()
+        send(bad, Finished())
+        receive(io.BytesIO(bad.getvalue().replace(b"Finished", b"Finishex")))
+
+
+def test_a_reader_process_writes_the_frames_a_thread_writes(tmp_path):
+    table = _filled(str(tmp_path / "t"))
+    storage = LocalStorage(str(tmp_path / "root"))
+    scope = _scope(table)
+    with table.consistent_view() as view:
+        by_thread = write_key_groups(view, scope, WholeFileWriter(storage, "a", ".kg"))
+    reader = ProcessView(table, KGS, 7)
+    try:
+        by_process = reader.write(scope, WholeFileWriter(storage, "b", ".kg"))
+    finally:
+        reader.close()
+    assert by_thread is not None and by_process is not None
+    assert by_process.offsets == by_thread.offsets
+    assert _frames_of(storage, by_process) == _frames_of(storage, by_thread)
+    assert reader.positions == dict.fromkeys(KGS, 7)
+    assert reader._reader.returncode == 0
+    table.close()
+
+
+def _serve_in_thread(messages: list, table_path: str) -> tuple[list, int]:
+    """Run the reader's loop in this process over pipes (the table is closed here: lmdb opens an environment
+    once per process), feeding it ``messages``; what it sent and its exit status."""
+    to_reader_r, to_reader_w = os.pipe()
+    from_reader_r, from_reader_w = os.pipe()
+    status: list[int] = []
+    with os.fdopen(to_reader_r, "rb") as src, os.fdopen(from_reader_w, "wb") as out:
+        server = threading.Thread(target=lambda: status.append(serve(src, out)))
+        server.start()
+        with os.fdopen(to_reader_w, "wb") as feed:
+            for m in messages:
+                send(feed, m)
+            with os.fdopen(from_reader_r, "rb") as replies:
+                got = []
+                while (m := receive(replies)) is not None:
+                    got.append(m)
+                    if isinstance(m, (Finished, Failed)):
+                        break
+        server.join(10)
+    return got, status[0]
+
+
+def test_a_reader_waits_for_a_snapshot_it_can_catch_and_skips_ones_committed_over(tmp_path):
+    table = _filled(str(tmp_path / "t"), rounds=2)
+    txn = table.env.info()["last_txnid"]
+    table.close()
+    # the start's snapshot was committed over (its id is older than the table's), and so was the first boundary's:
+    # the reader reads nothing until the boundary whose snapshot is still the newest
+    got, status = _serve_in_thread([Start(str(tmp_path / "t"), 0, 15, 3, txn - 1), Advance(4, txn - 1),
+                                    Advance(5, txn)], str(tmp_path / "t"))
+    assert status == 0 and isinstance(got[-1], Finished)
+    assert {m.kg: m.position for m in got if isinstance(m, KeyGroupRead)} == dict.fromkeys(KGS, 5)
+
+
+def test_a_reader_that_cannot_open_the_table_says_why(tmp_path):
+    got, status = _serve_in_thread([Start(str(tmp_path / "none"), 0, 15, 3, 1)], str(tmp_path / "none"))
+    assert status == 1 and isinstance(got[0], Failed) and "cannot open the lmdb table" in got[0].error
+
+
+def test_a_killed_reader_leaves_no_reader_slot_pinning_the_table(tmp_path):
+    table = _filled(str(tmp_path / "t"), rounds=20)
+    reader = ProcessView(table, KGS, 1)
+    first = next(reader._frames())  # the reader has a snapshot open now
+    assert first[0] == 0 and f" {reader._reader.pid} " in f" {table.env.readers()} ".replace("\n", " ")
+    reader.close()  # not finished: killed
+    assert reader._reader.returncode != 0
+    assert f" {reader._reader.pid} " not in f" {table.env.readers()} ".replace("\n", " "), "its slot was cleared"
+    table.close()
+
+
+def test_a_failing_reader_fails_the_materialization_and_the_next_one_reads_in_a_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(process_view, "READER_MODULE", "spate.no_such_reader")  # fault injection: it cannot start
+    storage = LocalStorage(str(tmp_path / "root"))
+    clog = ChangelogKeyedState(_filled(str(tmp_path / "t")), storage,
+                               ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0),
+                                               materialize_in_process_from_bytes=0), 0, 1)
+    backend = KeyedStateBackend(clog.table, len(KGS), KGS)
+    value = backend.get_state(ValueStateDescriptor("v"))
+    backend.set_current_key(1)
+    value.update(b"x")
+    clog.start_materialization(backend, clog.writer.next_sequence_number())
+    clog.wait_for_materialization()
+    assert clog._failures == 1 and clog._reads.process_failed and not clog.materialized
+    clog.start_materialization(backend, clog.writer.next_sequence_number())
+    clog.wait_for_materialization()
+    assert clog._failures == 0 and clog.materialized
+    assert clog.last_materialization["materialization_read_by"] == "thread"
+    clog.close()
+
+
+def test_only_a_large_lmdb_table_without_ttl_is_read_by_a_process(tmp_path):
+    table = _filled(str(tmp_path / "t"))
+    scope = _scope(table)
+    small = MaterializationReads(table.used_bytes() + 1).open(table, scope, 1)
+    assert small.read_by == "thread"
+    small.close()
+    large = MaterializationReads(table.used_bytes()).open(table, scope, 1)
+    assert large.read_by == "process"
+    large.close()
+    table.close()
