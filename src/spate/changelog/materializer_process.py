@@ -16,6 +16,7 @@ does in process).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import BinaryIO
@@ -35,6 +36,7 @@ from spate.changelog.materializer_protocol import (
 from spate.snapshot.keyed import key_group_frame
 from spate.state.lmdb_scan import flat_key_group
 
+MIN_MAP_BYTES = 1 << 30
 LISTENER_GRACE_S = 30.0  # after the last key group, for the subtask to close the pipe
 
 
@@ -129,8 +131,11 @@ def serve(source: BinaryIO, out: BinaryIO) -> int:
         send(out, Failed(f"expected a Start message, got {start!r}"))
         return 2
     try:
-        env = lmdb.open(start.path, readonly=True, lock=True, subdir=True, max_dbs=0, readahead=False)
-    except lmdb.Error as e:
+        # a map with room to grow: a snapshot beyond it could only be taken while no other one is open
+        used = os.path.getsize(os.path.join(start.path, "data.mdb"))
+        env = lmdb.open(start.path, readonly=True, lock=True, subdir=True, max_dbs=0, readahead=False,
+                        map_size=max(4 * used, MIN_MAP_BYTES))
+    except (lmdb.Error, OSError) as e:
         send(out, Failed(f"cannot open the lmdb table {start.path}: {e}"))
         return 1
     snapshots = Snapshots(env)

@@ -286,10 +286,6 @@ def prefill(runner: LocalRunner, keys: int) -> None:
     if sub.clog is not None:
         sub.clog.materialize_now(backend)  # type: ignore[arg-type]
         runner.run_batch(runner.next_batch_id, [])
-    # settled on disk too: otherwise the OS writes the pre-fill's ~2 GB (the table and its snapshot) back during the
-    # first measured seconds, and every checkpoint's fsync there waits behind it (measured: 0.5-1.6 s each, the
-    # run's slowest checkpoints, against ~35 ms after this sync)
-    os.sync()
 
 
 def run_variant(v: Variant) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -304,6 +300,10 @@ def run_variant(v: Variant) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     with v.runner(clock, local) as runner:
         if value:
             prefill(runner, keys)
+        # settled on disk too: otherwise the OS writes back the pre-fill's ~2 GB (the table and its snapshot), or
+        # the previous variant's last gigabytes, during the first measured seconds, and every checkpoint's fsync
+        # there waits behind it (measured: 0.5-1.6 s each, the run's slowest checkpoints, against ~35 ms after it)
+        os.sync()
         samples = drive(runner, feed, f"{v.workload}/{v.variant}")
         live = _dir_bytes(local)
     shutil.rmtree(local, ignore_errors=True)
