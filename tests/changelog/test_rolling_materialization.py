@@ -5,6 +5,7 @@ applies every change exactly once, for value, list (``APPEND``, not idempotent) 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator
 
 import pytest
@@ -59,7 +60,7 @@ class Job:
         self.coord.start(1)
         self.storage = PausingStorage(root)
         self.storage.paused, self.storage.resume = threading.Event(), threading.Event()
-        table = LmdbTable(table_path) if table_path else HeapTable()
+        table = self.table = LmdbTable(table_path) if table_path else HeapTable()
         config = ChangelogConfig(upload=NOW, materialize_in_process_from_bytes=0 if reader_process else 1 << 40)
         self.clog = ChangelogKeyedState(table, self.storage, config, 0, 1)
         self.backend = KeyedStateBackend(self.clog.table, 128, range(128))
@@ -73,6 +74,13 @@ class Job:
         self.checkpoints = 0
 
     def batch(self, round_: int) -> None:
+        """As a subtask begins a batch: the table committed as dirty, then the changelog's begin (a boundary
+        offered again to a reader process that missed it behind the tag's commit)."""
+        self.table.put_meta("tag", b"dirty")
+        self.table.commit()
+        self.clog.begin(self.checkpoints)
+        if self.pad is not None and self.clog._running is not None:
+            self._wait_for_the_reader()
         for k in range(KEYS):
             self.backend.set_current_key(k)
             self.value.update(round_)
@@ -84,12 +92,23 @@ class Job:
             self.model["l"].setdefault(k, []).append(round_)
             self.model["m"].setdefault(k, {})[round_ % 3] = k
 
+    def _wait_for_the_reader(self) -> None:
+        """Until the reader process holds the table's newest snapshot (a slot of lmdb's reader table with its
+        transaction id), so that the batch's writes come after it took the boundary."""
+        newest = str(self.table.env.info()["last_txnid"])
+        deadline = time.monotonic() + 10
+        while not any(line.split()[-1:] == [newest] for line in self.table.env.readers().splitlines()[1:]):
+            assert time.monotonic() < deadline, "the reader process took no snapshot of the boundary"
+            time.sleep(0.005)
+
     def checkpoint(self):
         cid = self.checkpoints
         self.checkpoints += 1
         self.coord.begin(cid, 1, 0)
         self.clog.begin(cid)
         materialized, changelog, self.stats = self.clog.snapshot(cid, self.backend)
+        self.table.put_meta("tag", str(cid).encode())  # as a subtask tags its table: a commit right after the boundary
+        self.table.commit()
         self.coord.acknowledge(SubtaskAck(cid, 0, self.coord.query.epoch, materialized, changelog))
         meta = self.coord.complete(cid)
         self.clog.checkpoint_completed(cid)

@@ -141,6 +141,11 @@ class ChangelogKeyedState:
     def begin(self, checkpoint_id: int) -> None:
         """The batch of checkpoint ``checkpoint_id`` starts: uploads from now on belong to it."""
         self.checkpoint_id = self.writer.checkpoint_id = checkpoint_id
+        if self._running is not None and not self.writer.active:
+            # nothing changed since the last boundary (the table was only tagged since): the same boundary again,
+            # for a reader process, whose snapshot must be the newest when it opens it, and missed the last one
+            # behind the tag's commit
+            self._running.view.advance(self.writer.active_sqn)
 
     def snapshot(self, checkpoint_id: int, backend: KeyedStateBackend) -> tuple[list[KeyGroupsHandle],
                                                                                  list[ChangeSetHandle], dict]:

@@ -121,9 +121,9 @@ class LiveState:
         """The plan's batch starts changing the state: from here on it equals no checkpoint until the next
         snapshot tags it (committed as dirty, so no other process trusts it meanwhile)."""
         assert self.keyed is not None
+        mark_dirty(self.keyed.table)  # first: the changelog's begin may offer a materialization the table as is
         if self.clog is not None:
             self.clog.begin(plan.checkpoint_id)
-        mark_dirty(self.keyed.table)
         self.tag = None
 
     def may_reuse_handles(self, plan: SubtaskPlan, fix: Relocator | None) -> bool:
