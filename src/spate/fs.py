@@ -32,6 +32,7 @@ import pyarrow.fs as pafs
 from spate.errors import RESTORE_ADVICE, CheckpointError, CorruptFileError, MissingFileError, SettingError
 from spate.layout import is_marker, is_spate_dir, is_spate_file, temporary_path
 from spate.objectstore import put_if_absent
+from spate.write_behind import WriteBehindFile
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ class LocalStorage(CheckpointStorage):
     def _open_new(self, rel: str, full: str) -> Any:
         self._refuse_writing_through_links(rel)
         os.makedirs(posixpath.dirname(full), exist_ok=True)
-        return open(full, "xb", buffering=0)  # noqa: SIM115 - the caller closes it
+        return WriteBehindFile(open(full, "xb", buffering=0))  # noqa: SIM115 - the caller closes it
 
     def _create_exclusive(self, rel: str, full: str, data: bytes) -> None:
         """Write a temporary file and hard-link it into place: atomic, never overwriting."""
