@@ -10,18 +10,9 @@ import threading
 
 import pytest
 
+from spate.changelog import materializer_protocol as mp
 from spate.changelog import process_view
 from spate.changelog.materializer_process import serve
-from spate.changelog.materializer_protocol import (
-    Advance,
-    Failed,
-    Finished,
-    KeyGroupRead,
-    ProtocolError,
-    Start,
-    receive,
-    send,
-)
 from spate.changelog.process_view import MaterializationReads, ProcessView
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
@@ -55,18 +46,19 @@ def _frames_of(storage: LocalStorage, handle) -> bytes:
 
 def test_messages_round_trip_and_a_cut_stream_is_refused():
     buf = io.BytesIO()
-    sent = [Start("/t", 0, 127, 5, 9), Advance(6, 10), KeyGroupRead(3, 6, b"\x00frame"), Finished(), Failed("why")]
+    sent = [mp.Start("/t", 0, 127, 5, 9), mp.Advance(6, 10), mp.KeyGroupRead(3, 6, b"\x00frame"), mp.Finished(),
+            mp.Failed("why")]
     for m in sent:
-        send(buf, m)
+        mp.send(buf, m)
     whole = buf.getvalue()
     buf.seek(0)
-    assert [receive(buf) for _ in sent] == sent and receive(buf) is None
-    with pytest.raises(ProtocolError, match="inside a message"):
-        receive(io.BytesIO(whole[:10]))
-    with pytest.raises(ProtocolError, match="not a materializer message"):
+    assert [mp.receive(buf) for _ in sent] == sent and mp.receive(buf) is None
+    with pytest.raises(mp.ProtocolError, match="inside a message"):
+        mp.receive(io.BytesIO(whole[:10]))
+    with pytest.raises(mp.ProtocolError, match="not a materializer message"):
         bad = io.BytesIO()
-        send(bad, Finished())
-        receive(io.BytesIO(bad.getvalue().replace(b"Finished", b"Finishex")))
+        mp.send(bad, mp.Finished())
+        mp.receive(io.BytesIO(bad.getvalue().replace(b"Finished", b"Finishex")))
 
 
 def test_a_reader_process_writes_the_frames_a_thread_writes(tmp_path):
@@ -99,12 +91,12 @@ def _serve_in_thread(messages: list, table_path: str) -> tuple[list, int]:
         server.start()
         with os.fdopen(to_reader_w, "wb") as feed:
             for m in messages:
-                send(feed, m)
+                mp.send(feed, m)
             with os.fdopen(from_reader_r, "rb") as replies:
                 got = []
-                while (m := receive(replies)) is not None:
+                while (m := mp.receive(replies)) is not None:
                     got.append(m)
-                    if isinstance(m, (Finished, Failed)):
+                    if isinstance(m, (mp.Finished, mp.Failed)):
                         break
         server.join(10)
     return got, status[0]
@@ -116,15 +108,15 @@ def test_a_reader_waits_for_a_snapshot_it_can_catch_and_skips_ones_committed_ove
     table.close()
     # the start's snapshot was committed over (its id is older than the table's), and so was the first boundary's:
     # the reader reads nothing until the boundary whose snapshot is still the newest
-    got, status = _serve_in_thread([Start(str(tmp_path / "t"), 0, 15, 3, txn - 1), Advance(4, txn - 1),
-                                    Advance(5, txn)], str(tmp_path / "t"))
-    assert status == 0 and isinstance(got[-1], Finished)
-    assert {m.kg: m.position for m in got if isinstance(m, KeyGroupRead)} == dict.fromkeys(KGS, 5)
+    got, status = _serve_in_thread([mp.Start(str(tmp_path / "t"), 0, 15, 3, txn - 1), mp.Advance(4, txn - 1),
+                                    mp.Advance(5, txn)], str(tmp_path / "t"))
+    assert status == 0 and isinstance(got[-1], mp.Finished)
+    assert {m.kg: m.position for m in got if isinstance(m, mp.KeyGroupRead)} == dict.fromkeys(KGS, 5)
 
 
 def test_a_reader_that_cannot_open_the_table_says_why(tmp_path):
-    got, status = _serve_in_thread([Start(str(tmp_path / "none"), 0, 15, 3, 1)], str(tmp_path / "none"))
-    assert status == 1 and isinstance(got[0], Failed) and "cannot open the lmdb table" in got[0].error
+    got, status = _serve_in_thread([mp.Start(str(tmp_path / "none"), 0, 15, 3, 1)], str(tmp_path / "none"))
+    assert status == 1 and isinstance(got[0], mp.Failed) and "cannot open the lmdb table" in got[0].error
 
 
 def test_a_killed_reader_leaves_no_reader_slot_pinning_the_table(tmp_path):
