@@ -16,6 +16,8 @@ from typing import BinaryIO
 
 import msgpack
 
+from spate.errors import SpateError
+
 _LENGTH = struct.Struct(">I")
 
 
@@ -65,8 +67,9 @@ Message = Start | Advance | KeyGroupRead | Finished | Failed
 _KINDS: dict[str, type[Message]] = {k.__name__: k for k in (Start, Advance, KeyGroupRead, Finished, Failed)}
 
 
-class ProtocolError(Exception):
-    """The other side sent something that is not a message, or went away mid-message."""
+class ProtocolError(SpateError):
+    """The other side sent something that is not a message, or went away mid-message (a reader process that
+    died: the materialization fails and is retried)."""
 
 
 def send(out: BinaryIO, message: Message) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spate.changelog import state as changelog_state
+from spate.changelog.process_view import ProcessView, ThreadView
 from spate.changelog.state import ChangelogConfig
 from spate.changelog.upload import BatchingUploadScheduler, UploadConfig
 from spate.checkpoint.cleanup import RootCleanup
@@ -191,7 +191,8 @@ class FaultInjector:
         self._wrap(Subtask, "_process", after="process")
         self._wrap(PooledWriter, "write", after="segment")
         self._wrap(BatchingUploadScheduler, "_completed", before="upload")
-        self._wrap(changelog_state, "write_key_groups", after="materialize")
+        for view in (ThreadView, ProcessView):  # a materialization read in a thread or by a reader process
+            self._wrap(view, "write", after="materialize")
         self._wrap(CheckpointStorage, "create_exclusive", before="before_metadata", after="after_metadata",
                    only=lambda args: str(args[1]).endswith(METADATA_FILE))
         self._wrap(Janitor, "drop_checkpoint", after="subsume")
