@@ -277,6 +277,31 @@ def test_scenario_6_file_shared_by_two_writers(tmp_path):
     assert not s.storage.exists(path), "deleted only after both truncated"
 
 
+def test_scenario_6_a_checkpoint_waits_no_delay_once_every_log_has_asked(tmp_path):
+    """The persist delay gathers the process's logs into one file; once every registered log asked for the
+    checkpoint there is nothing to wait for: written at once (a delay of a minute is never waited)."""
+    s = scheduler(tmp_path, UploadConfig(persist_delay_s=60.0))
+    a, b = ChangelogWriter("a", s), ChangelogWriter("b", s)
+    change(a)
+    change(b)
+    fa = a.persist(0)
+    assert not fa.done() and not s.uploads, "b has not asked yet: a waits to share its file"
+    fb = b.persist(0)
+    assert fa.result(5)[0].path == fb.result(5)[0].path, "both at once, in one file"
+    b.close()
+    change(a)
+    assert a.persist(1).result(5), "b closed: a alone asks, and is written at once"
+    c = ChangelogWriter("c", s)
+    change(a)
+    c.preemptive_threshold = 1
+    change(c)  # a pre-emptive upload does not stand for c's checkpoint
+    fa = a.persist(2)
+    assert not fa.done(), "c has not asked for the checkpoint"
+    fc = c.persist(0)  # all of c's changes were on their way already: c asks for nothing new
+    assert fa.result(5) and fc.result(5)
+    s.close()
+
+
 def test_scenario_6_close_keeps_what_checkpoints_included(tmp_path):
     root = str(tmp_path)
     cfg = ChangelogConfig(upload=NOW)

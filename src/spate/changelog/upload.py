@@ -202,6 +202,7 @@ class UploadTask:
     on_done: Callable[[dict[int, ChangeSetHandle], UploadStats], None]
     on_fail: Callable[[BaseException], None]
     checkpoint_id: int = 0
+    at_checkpoint: bool = False  # a checkpoint waits for it (not a pre-emptive upload)
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -261,6 +262,11 @@ class BatchingUploadScheduler:
     """Collects upload tasks for ``persist_delay_s`` (or until ``persist_size_threshold`` bytes) and writes
     them as one change file; blocks ``upload`` while more than ``max_in_flight`` bytes are in flight.
 
+    The delay is there to gather a checkpoint's uploads of every subtask of the process into one file. So once
+    every log :meth:`register` ed asked for the checkpoint (an upload at the checkpoint, or :meth:`asked`:
+    nothing more to upload), what is pending is written at once: nothing is left to wait for (a lone subtask's
+    checkpoint never waits the delay).
+
     ``segments(checkpoint_id)`` gives the writer of change files for a checkpoint (default: whole files in
     ``shared/changelog``); every attempt writes through it. ``uploads``: the latest :data:`RECENT_UPLOADS`
     uploads."""
@@ -280,7 +286,28 @@ class BatchingUploadScheduler:
         self._pending_bytes = 0
         self._in_flight = 0
         self._timer: threading.Timer | None = None
+        self._logs: set[str] = set()  # the logs uploading here (registered writers)
+        self._asked: dict[str, int] = {}  # log -> the latest checkpoint it asked for
         self.uploads: deque[UploadStats] = deque(maxlen=RECENT_UPLOADS)
+
+    def register(self, log_id: str) -> None:
+        """A writer of log ``log_id`` uploads through this scheduler (until :meth:`unregister`)."""
+        with self._cond:
+            self._logs.add(log_id)
+
+    def unregister(self, log_id: str) -> None:
+        with self._cond:
+            self._logs.discard(log_id)
+            self._asked.pop(log_id, None)
+
+    def asked(self, log_id: str, checkpoint_id: int) -> None:
+        """Log ``log_id`` has nothing more to upload for checkpoint ``checkpoint_id`` than it sent already."""
+        batch = None
+        with self._cond:
+            self._asked[log_id] = max(checkpoint_id, self._asked.get(log_id, checkpoint_id))
+            if self._pending and self._every_log_asked(checkpoint_id):
+                batch = self._take_pending()
+        self._start(batch)
 
     def upload(self, task: UploadTask) -> None:
         """Queue ``task``; blocks while too many bytes are in flight. Callers must not hold locks that upload
@@ -292,11 +319,19 @@ class BatchingUploadScheduler:
             self._in_flight += task.size
             self._pending.append(task)
             self._pending_bytes += task.size
-            if self.config.persist_delay_s <= 0 or self._pending_bytes >= self.config.persist_size_threshold:
+            if task.at_checkpoint:
+                self._asked[task.log_id] = max(task.checkpoint_id, self._asked.get(task.log_id, task.checkpoint_id))
+            if (self.config.persist_delay_s <= 0 or self._pending_bytes >= self.config.persist_size_threshold
+                    or (task.at_checkpoint and self._every_log_asked(task.checkpoint_id))):
                 batch = self._take_pending()
             elif self._timer is None:
                 self._timer = self._timers.start(self.config.persist_delay_s, self.flush)
         self._start(batch)
+
+    def _every_log_asked(self, checkpoint_id: int) -> bool:
+        """Whether every registered log asked for checkpoint ``checkpoint_id`` or a later one (caller holds
+        ``_cond``)."""
+        return all(self._asked.get(log, -1) >= checkpoint_id for log in self._logs)
 
     def flush(self) -> None:
         with self._cond:

@@ -57,6 +57,7 @@ class ChangelogWriter:
         self.stats = WriterStats()
         self.closed = False
         self.checkpoint_id = 0  # the checkpoint uploads belong to (picks the file pool with file merging)
+        scheduler.register(log_id)
 
     # -- appending --------------------------------------------------------------------------------------
     def after_append(self) -> None:
@@ -99,6 +100,8 @@ class ChangelogWriter:
             self._waiters.append((from_sqn, self.active_sqn, future))
             task = self._take_upload(from_sqn, preemptive=False)
             self._check_waiters()
+        if task is None:
+            self.scheduler.asked(self.log_id, self.checkpoint_id)
         self._send(task)
         return future
 
@@ -117,7 +120,7 @@ class ChangelogWriter:
             del self._not_uploaded[sqn]
             self._in_flight.add(sqn)
         task = UploadTask(self.log_id, batch, self._uploaded_cb, functools.partial(self._failed_cb, tuple(batch)),
-                          self.checkpoint_id)
+                          self.checkpoint_id, at_checkpoint=not preemptive)
         if preemptive:
             self.stats.persisted_preemptively += task.size
         else:
@@ -204,6 +207,7 @@ class ChangelogWriter:
 
     def close(self) -> None:
         """Release every file no completed checkpoint took over (it would be an orphan)."""
+        self.scheduler.unregister(self.log_id)
         with self._lock:
             self.closed = True
             release = [h.segment for s, h in self._uploaded.items() if s not in self._confirmed]
