@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.installed-stamp
 JAVA_HOME_FILE := $(VENV)/java-home
 PYTEST_ARGS ?=
 # test processes (pytest-xdist): on 2 cores one test's JVM start, Spark batches and subprocess waits overlap another's;
-# work stealing keeps both busy to the end (tests last from milliseconds to two minutes)
+# work stealing keeps both busy to the end (tests last from milliseconds to two minutes); the slowest are listed at the
+# end (`make test` has 20 minutes on a 2-core machine: that list says where they go)
 PYTEST_WORKERS ?= 2
 PYTEST_DIST ?= worksteal
 
@@ -48,7 +49,7 @@ $(JVM_ARCHIVE): $(STAMP) $(JAVA_HOME_FILE) tests/helpers/jvm_archive.py
 test: $(STAMP) $(JAVA_HOME_FILE) $(JVM_ARCHIVE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy src
-	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) $(PYTEST_ARGS)
+	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) --durations=30 $(PYTEST_ARGS)
 
 # The Spark Connect tests: a real Connect server on loopback, in a pytest process of its own (a Connect client
 # session turns a whole Python process to Connect mode, so they never share one with the other Spark tests); one
