@@ -302,12 +302,10 @@ class BatchingUploadScheduler:
 
     def asked(self, log_id: str, checkpoint_id: int) -> None:
         """Log ``log_id`` has nothing more to upload for checkpoint ``checkpoint_id`` than it sent already."""
-        batch = None
         with self._cond:
             self._asked[log_id] = max(checkpoint_id, self._asked.get(log_id, checkpoint_id))
             if self._pending and self._every_log_asked(checkpoint_id):
-                batch = self._take_pending()
-        self._start(batch)
+                self._flush_now()
 
     def upload(self, task: UploadTask) -> None:
         """Queue ``task``; blocks while too many bytes are in flight. Callers must not hold locks that upload
@@ -321,12 +319,20 @@ class BatchingUploadScheduler:
             self._pending_bytes += task.size
             if task.at_checkpoint:
                 self._asked[task.log_id] = max(task.checkpoint_id, self._asked.get(task.log_id, task.checkpoint_id))
-            if (self.config.persist_delay_s <= 0 or self._pending_bytes >= self.config.persist_size_threshold
-                    or (task.at_checkpoint and self._every_log_asked(task.checkpoint_id))):
+            if self.config.persist_delay_s <= 0 or self._pending_bytes >= self.config.persist_size_threshold:
                 batch = self._take_pending()
+            elif task.at_checkpoint and self._every_log_asked(task.checkpoint_id):
+                self._flush_now()
             elif self._timer is None:
                 self._timer = self._timers.start(self.config.persist_delay_s, self.flush)
         self._start(batch)
+
+    def _flush_now(self) -> None:
+        """Write what is pending now, encoded on the timer's thread (the caller's checkpoint goes on meanwhile;
+        caller holds ``_cond``)."""
+        if self._timer is not None:
+            self._timers.cancel(self._timer)
+        self._timer = self._timers.start(0.0, self.flush)
 
     def _every_log_asked(self, checkpoint_id: int) -> bool:
         """Whether every registered log asked for checkpoint ``checkpoint_id`` or a later one (caller holds
