@@ -296,6 +296,7 @@ class BatchingUploadScheduler:
             self._logs.add(log_id)
 
     def unregister(self, log_id: str) -> None:
+        """The writer of ``log_id`` closed: the scheduler no longer waits for its asks."""
         with self._cond:
             self._logs.discard(log_id)
             self._asked.pop(log_id, None)
@@ -303,7 +304,7 @@ class BatchingUploadScheduler:
     def asked(self, log_id: str, checkpoint_id: int) -> None:
         """Log ``log_id`` has nothing more to upload for checkpoint ``checkpoint_id`` than it sent already."""
         with self._cond:
-            self._asked[log_id] = max(checkpoint_id, self._asked.get(log_id, checkpoint_id))
+            self._record_ask(log_id, checkpoint_id)
             if self._pending and self._every_log_asked(checkpoint_id):
                 self._flush_now()
 
@@ -318,7 +319,7 @@ class BatchingUploadScheduler:
             self._pending.append(task)
             self._pending_bytes += task.size
             if task.at_checkpoint:
-                self._asked[task.log_id] = max(task.checkpoint_id, self._asked.get(task.log_id, task.checkpoint_id))
+                self._record_ask(task.log_id, task.checkpoint_id)
             if self.config.persist_delay_s <= 0 or self._pending_bytes >= self.config.persist_size_threshold:
                 batch = self._take_pending()
             elif task.at_checkpoint and self._every_log_asked(task.checkpoint_id):
@@ -333,6 +334,10 @@ class BatchingUploadScheduler:
         if self._timer is not None:
             self._timers.cancel(self._timer)
         self._timer = self._timers.start(0.0, self.flush)
+
+    def _record_ask(self, log_id: str, checkpoint_id: int) -> None:
+        """Log ``log_id`` asked for checkpoint ``checkpoint_id`` (caller holds ``_cond``)."""
+        self._asked[log_id] = max(checkpoint_id, self._asked.get(log_id, checkpoint_id))
 
     def _every_log_asked(self, checkpoint_id: int) -> bool:
         """Whether every registered log asked for checkpoint ``checkpoint_id`` or a later one (caller holds
