@@ -10,9 +10,9 @@ As fast as restoring a full snapshot of the same state, by three means:
   change matters, so each key is written once, not once per change set;
 * merging: a key group with a materialized frame and only ``PUT`` s in the log is written to the table once,
   the frame updated by the log in the frame's (sorted) order, instead of once for the frame and once per change
-  set; keys the log added since the materialization (few) follow the frame's, sorted, in the same write (one
-  transaction, one commit), so the key group is never sorted again. Its digest is the frame's, adjusted by the
-  entries the log replaced and put.
+  set; keys the log added since the materialization (few) are inserted where they sort, by bisection, so the
+  key group goes in one write (one transaction, one commit) in key order, in lmdb's append mode
+  (:mod:`spate.state.lmdb_append`). Its digest is the frame's, adjusted by the entries the log replaced and put.
 
 Why folding is exact: ``PUT`` and ``DELETE`` records carry primaries, which are self-delimiting
 (:func:`~spate.state.layout.primary_length`), so a record of one key never touches another's entry except
@@ -26,6 +26,7 @@ Key groups are disjoint parts of the table, so the order among them does not mat
 from __future__ import annotations
 
 import functools
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -137,16 +138,16 @@ def apply_logged(table: StateTable, kg: int, logged: Records, frame: Materialize
         merged = dict(zip(frame.flat[0::2], frame.flat[1::2], strict=True))
         digest = None if frame.digest is None else _merged_digest(kg, frame.digest, merged, puts)
         added = sorted(puts.keys() - merged.keys())  # keys new since the materialization: few
-        merged.update(puts)  # the frame's order (its keys sorted), values as the log left them ...
-        merged.update([(key, merged.pop(key)) for key in added])  # ... then the new keys, sorted: one write
-        table.restore_key_group(kg, _flat(merged), frame.maps, digest)
+        merged.update(puts)  # the frame's keys first, in its (sorted) order, values as the log left them
+        updated = _flat(merged)[:len(frame.flat)]
+        table.restore_key_group(kg, _inserted(updated, added, puts), frame.maps, digest)  # one write, in order
         return
     if frame is not None:
         table.restore_key_group(kg, frame.flat, frame.maps, frame.digest)
     for key in deleted:
         table.delete(kg, key)
     if puts:
-        table.restore_key_group(kg, _flat(puts), frozenset())
+        table.restore_key_group(kg, _flat(dict(sorted(puts.items()))), frozenset())
 
 
 def _flat(entries: dict[bytes, bytes]) -> list[bytes]:
@@ -155,6 +156,21 @@ def _flat(entries: dict[bytes, bytes]) -> list[bytes]:
     flat[0::2] = entries.keys()
     flat[1::2] = entries.values()
     return flat
+
+
+def _inserted(flat: list[bytes], added: list[bytes], values: Mapping[bytes, bytes]) -> list[bytes]:
+    """``flat`` (``[key, value, ...]``, keys sorted) with the keys ``added`` (sorted, none of them in ``flat``)
+    and their ``values`` inserted where they sort: one slice copy per key added (few), positions by bisection."""
+    if not added:
+        return flat
+    out: list[bytes] = []
+    start = 0
+    for key, at in zip(added, map(bisect_left, repeat(flat[0::2]), added), strict=True):
+        out += flat[2 * start:2 * at]
+        out += (key, values[key])
+        start = at
+    out += flat[2 * start:]
+    return out
 
 
 def _merged_digest(kg: int, digest: int, entries: dict[bytes, bytes], puts: dict[bytes, bytes]) -> int:

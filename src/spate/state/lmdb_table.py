@@ -17,6 +17,7 @@ import lmdb
 from spate.crc import crc32
 from spate.errors import SpateError
 from spate.state.layout import META_PREFIX, primary_length
+from spate.state.lmdb_append import put_sorted
 from spate.state.lmdb_digest import DIGEST_KEY, MASK64, replaced_digest
 from spate.state.lmdb_dir import held_for_reading, last_used, move_table, remove_if_unused
 from spate.state.lmdb_readonly import ReadOnlyTable
@@ -136,7 +137,7 @@ class LmdbTable(LmdbWriter, StateTable):
             try:
                 with self._env_begin(write=True) as txn:
                     self._digest = self._restored_digest(txn, prefix, keys, values, digest)
-                    txn.cursor().putmulti(zip(keys, values, strict=True))
+                    put_sorted(txn, keys, values)
                     if self._digest is None:
                         txn.delete(DIGEST_KEY)  # recomputed at the next commit
                     else:
