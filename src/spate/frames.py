@@ -60,8 +60,12 @@ def frame(kind: int, payload: bytes, compress: bool = False) -> bytes:
 
 @dataclass(frozen=True)
 class Frame:
+    """A verified frame. ``payload`` is a view of the bytes read (no copy: a span's frames are checked and
+    decoded where they lie; a large state's restore and a re-written span read every byte once), or the
+    decompressed bytes."""
+
     kind: int
-    payload: bytes
+    payload: bytes | memoryview
     offset: int
     length: int
 
@@ -139,7 +143,7 @@ def read_single_frame(data: bytes, where: str, expected_kind: int | None = None)
         raise CorruptFileError(f"{where}: {len(data) - fr.length} unexpected trailing bytes")
     if expected_kind is not None and fr.kind != expected_kind:
         raise CorruptFileError(f"{where}: frame kind {fr.kind}, expected {expected_kind}")
-    return fr.payload
+    return bytes(fr.payload)
 
 
 def _read_frame(view: memoryview, pos: int, where: str, base_offset: int) -> Frame:
@@ -158,7 +162,7 @@ def _read_frame(view: memoryview, pos: int, where: str, base_offset: int) -> Fra
     start = pos + FRAME_HEADER_SIZE
     if len(view) - start < length:
         raise CorruptFileError(f"{at}: truncated (frame says {length} bytes, {len(view) - start} present)")
-    payload = bytes(view[start:start + length])
+    payload: bytes | memoryview = view[start:start + length]
     covered = crc32(view[pos:pos + _FIELDS.size]) if version >= 2 else 0  # version 1: the payload only
     if crc32(payload, covered) != crc:
         raise CorruptFileError(f"{at}: checksum mismatch; the file is corrupt: {RESTORE_ADVICE}")
@@ -167,7 +171,7 @@ def _read_frame(view: memoryview, pos: int, where: str, base_offset: int) -> Fra
     return Frame(kind, payload, base_offset + pos, FRAME_HEADER_SIZE + length)
 
 
-def _decompress(stored: bytes, at: str) -> bytes:
+def _decompress(stored: bytes | memoryview, at: str) -> bytes:
     try:
         return zstandard.ZstdDecompressor().decompress(stored)
     except zstandard.ZstdError as e:

@@ -182,7 +182,7 @@ def read_key_group_frames(storage: CheckpointStorage, handle: KeyGroupsHandle, c
             yield kg, flat, digest
 
 
-def _key_group_payload(payload: bytes, where: str, offset: int) -> tuple[int, list[bytes], int | None]:
+def _key_group_payload(payload: bytes | memoryview, where: str, offset: int) -> tuple[int, list[bytes], int | None]:
     """``[kg, flat, digest]``, or ``[kg, flat]`` as written before the digest was carried."""
     fields = msgpack.unpackb(payload, raw=False)
     if not isinstance(fields, list) or len(fields) not in (2, 3):
