@@ -135,12 +135,8 @@ def apply_logged(table: StateTable, kg: int, logged: Records, frame: Materialize
         return
     puts, deleted = fold(logged)
     if frame is not None and not deleted:  # one write of the key group: its frame updated by the log
-        merged = dict(zip(frame.flat[0::2], frame.flat[1::2], strict=True))
-        digest = None if frame.digest is None else _merged_digest(kg, frame.digest, merged, puts)
-        added = sorted(puts.keys() - merged.keys())  # keys new since the materialization: few
-        merged.update(puts)  # the frame's keys first, in its (sorted) order, values as the log left them
-        updated = _flat(merged)[:len(frame.flat)]
-        table.restore_key_group(kg, _inserted(updated, added, puts), frame.maps, digest)  # one write, in order
+        merged = _merged(kg, frame, puts)
+        table.restore_key_group(kg, merged.flat, merged.maps, merged.digest)
         return
     if frame is not None:
         table.restore_key_group(kg, frame.flat, frame.maps, frame.digest)
@@ -171,6 +167,18 @@ def _inserted(flat: list[bytes], added: list[bytes], values: Mapping[bytes, byte
         start = at
     out += flat[2 * start:]
     return out
+
+
+def _merged(kg: int, frame: MaterializedFrame, puts: dict[bytes, bytes]) -> MaterializedFrame:
+    """Key group ``kg``'s ``frame`` with the log's ``puts`` applied, its digest adjusted. A frame in key order
+    (an lmdb table's) stays in key order, the keys new since the materialization (few) inserted where they
+    sort, so the key group is appended in one write; a heap table's frame (insertion order) keeps its order."""
+    merged = dict(zip(frame.flat[0::2], frame.flat[1::2], strict=True))
+    digest = None if frame.digest is None else _merged_digest(kg, frame.digest, merged, puts)
+    added = sorted(puts.keys() - merged.keys())
+    merged.update(puts)  # the frame's keys first, in its order, values as the log left them
+    updated = _flat(merged)[:len(frame.flat)]
+    return MaterializedFrame(_inserted(updated, added, puts), frame.maps, digest)
 
 
 def _merged_digest(kg: int, digest: int, entries: dict[bytes, bytes], puts: dict[bytes, bytes]) -> int:

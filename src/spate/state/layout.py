@@ -9,6 +9,9 @@ Everything of one key group is one contiguous, sorted range.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from itertools import islice
+from operator import lt
 
 from spate.errors import InvalidKeyError
 
@@ -46,3 +49,8 @@ def split_primary(primary: bytes) -> tuple[int, bytes, bytes]:
 
 
 VOID_NAMESPACE_PART = length_prefixed(b"")  # the namespace part of a primary in the default namespace
+
+
+def ascending(keys: Sequence[bytes]) -> bool:
+    """Whether ``keys`` are strictly ascending (in table order; a key twice is not), in a C loop."""
+    return all(map(lt, keys, islice(keys, 1, None)))
