@@ -50,12 +50,19 @@ class FrameKind:
 def frame(kind: int, payload: bytes, compress: bool = False) -> bytes:
     """Wrap ``payload`` in a frame: header (magic, version, kind, flags, length, crc32) + payload; the crc32
     covers the header fields before it and the payload."""
+    header, body = frame_parts(kind, payload, compress)
+    return header + body
+
+
+def frame_parts(kind: int, payload: bytes, compress: bool = False) -> tuple[bytes, bytes]:
+    """:func:`frame` as (header, payload), to be written one after the other: a large payload (a key group of
+    a large state) is not copied once more to be framed."""
     flags = 0
     if compress:
         payload = zstandard.ZstdCompressor(level=1).compress(payload)
         flags |= _FLAG_ZSTD
     fields = _FIELDS.pack(FRAME_MAGIC, FRAME_FORMAT_VERSION, kind, flags, len(payload))
-    return fields + _CRC.pack(crc32(payload, crc32(fields))) + payload
+    return fields + _CRC.pack(crc32(payload, crc32(fields))), payload
 
 
 @dataclass(frozen=True)

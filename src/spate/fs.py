@@ -132,6 +132,7 @@ class CheckpointStorage(ABC):
                     n = out.write(view)
                     view = view[n if n is not None else len(view):]
                 size += len(part)
+                del part, view  # not kept while the next part is made (a large state's key group)
         self.counts.add(rel, written=size)
         return size
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -19,9 +20,15 @@ import pytest
 from spate.changelog.changeset import DELETE, PUT
 from spate.changelog.restore import MaterializedFrame, apply_logged
 from spate.frames import FrameKind, frame, iter_frames
-from spate.fs import CheckpointStorage
+from spate.fs import CheckpointStorage, storage_for
 from spate.segments import WholeFileWriter
-from spate.snapshot.keyed import read_key_group_frames, restore_keyed_snapshot, write_keyed_snapshot
+from spate.snapshot.keyed import (
+    SnapshotScope,
+    read_key_group_frames,
+    restore_keyed_snapshot,
+    write_key_groups,
+    write_keyed_snapshot,
+)
 from spate.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from spate.state.keyed import KeyedStateBackend
 from spate.state.layout import U16
@@ -157,3 +164,33 @@ def test_a_relocated_snapshot_is_copied_in_parts_and_reads_the_same(tmp_path, mo
     copy = relocate(storage, narrowed, WholeFileWriter(storage, "shared/b", ".kg"))
     assert len(reads) > 2, "copied in parts"
     assert list(read_key_group_frames(storage, copy)) == list(read_key_group_frames(storage, narrowed))
+
+
+class _LargeKeyGroups:
+    """A table view whose key groups are ``n`` entries of ``size``-byte values each."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.n, self.size = n, size
+
+    def key_group_flat(self, kg: int) -> list[bytes]:
+        flat: list[bytes] = []
+        for i in range(self.n):
+            flat += [b"\x00\x01" + i.to_bytes(6, "big"), bytes([kg]) * self.size]
+        return flat
+
+
+def test_a_snapshot_holds_one_key_group_at_a_time(tmp_path):
+    """Each frame is let go once written, before the next key group is read: the snapshot's peak memory is a
+    few times one key group (its entries, their msgpack payload, the header), not several key groups. It was
+    5.2× one key group's bytes while each frame was copied to be framed and kept until the next was made."""
+    view = _LargeKeyGroups(4000, 500)
+    one = sum(map(len, view.key_group_flat(0)))
+    out = WholeFileWriter(storage_for(str(tmp_path)), "shared", ".kg", 1)
+    tracemalloc.start()
+    try:
+        handle = write_key_groups(view, SnapshotScope(range(8), (), {}), out)  # type: ignore[arg-type]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert handle is not None and sorted(handle.offsets) == list(range(8))
+    assert peak < 4 * one

@@ -103,7 +103,7 @@ class ProcessView:
     def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyGroupsHandle | None:
         return write_frames(self._frames(), scope, out)
 
-    def _frames(self) -> Iterator[tuple[int, bytes]]:
+    def _frames(self) -> Iterator[tuple[int, tuple[bytes, ...]]]:
         stdout = self._reader.stdout
         assert stdout is not None
         while True:
@@ -114,7 +114,8 @@ class ProcessView:
             if isinstance(message, KeyGroupRead):
                 self.positions[message.kg] = message.position
                 if message.frame:
-                    yield message.kg, message.frame
+                    yield message.kg, (message.frame,)
+                del message  # its frame is not kept while the next one is received
             elif isinstance(message, Finished):
                 with self._lock:
                     self._finished = True

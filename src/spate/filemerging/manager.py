@@ -81,6 +81,7 @@ class PhysicalFile:
         offset = self.size
         for part in parts:
             self.append(part)
+            del part  # not kept while the next part is made (a large state's key group)
         return offset, self.size - offset
 
     def close(self) -> None:

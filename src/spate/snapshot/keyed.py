@@ -11,7 +11,7 @@ from itertools import chain
 import msgpack
 
 from spate.errors import CorruptFileError
-from spate.frames import FrameKind, frame, read_span_frames
+from spate.frames import FrameKind, frame_parts, read_span_frames
 from spate.fs import CheckpointStorage
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyGroupsHandle
@@ -68,13 +68,18 @@ def write_key_groups(view: TableView, scope: SnapshotScope, out: SegmentWriter, 
     dropped: list[tuple[int, bytes, bytes | None]] = [] if expired is None else expired
     filters = scope.filters
 
-    def frames() -> Iterator[tuple[int, bytes]]:
+    def parts_of(kg: int) -> tuple[bytes, ...]:
+        flat = view.key_group_flat(kg)
+        if filters and flat:
+            flat = _drop_expired(kg, flat, filters, dropped)
+        return key_group_frame_parts(kg, flat, compress) if flat else ()
+
+    def frames() -> Iterator[tuple[int, tuple[bytes, ...]]]:
         for kg in scope.key_groups:
-            flat = view.key_group_flat(kg)
-            if filters and flat:
-                flat = _drop_expired(kg, flat, filters, dropped)
-            if flat:
-                yield kg, key_group_frame(kg, flat, compress)
+            parts = parts_of(kg)
+            if parts:
+                yield kg, parts
+            parts = ()  # not kept while the next key group is read and framed
 
     return write_frames(frames(), scope, out)
 
@@ -82,22 +87,30 @@ def write_key_groups(view: TableView, scope: SnapshotScope, out: SegmentWriter, 
 def key_group_frame(kg: int, flat: list[bytes], compress: bool = False) -> bytes:
     """The snapshot frame of key group ``kg`` holding ``flat`` ([key, value, ...], keys without the key-group
     prefix), with the key group's digest."""
+    return b"".join(key_group_frame_parts(kg, flat, compress))
+
+
+def key_group_frame_parts(kg: int, flat: list[bytes], compress: bool = False) -> tuple[bytes, bytes]:
+    """:func:`key_group_frame` as (header, payload)."""
     digest = key_group_digest(U16.pack(kg), flat[0::2], flat[1::2])
-    return frame(FrameKind.KEY_GROUP, msgpack.packb([kg, flat, digest], use_bin_type=True), compress)
+    return frame_parts(FrameKind.KEY_GROUP, msgpack.packb([kg, flat, digest], use_bin_type=True), compress)
 
 
-def write_frames(frames: Iterable[tuple[int, bytes]], scope: SnapshotScope,
+def write_frames(frames: Iterable[tuple[int, tuple[bytes, ...]]], scope: SnapshotScope,
                  out: SegmentWriter) -> KeyGroupsHandle | None:
-    """Write the key groups' frames (``(kg, frame)`` in key-group order, empty key groups left out) of ``scope``
-    as one keyed snapshot file; None if there are none."""
+    """Write the key groups' frames (``(kg, the frame's parts)`` in key-group order, empty key groups left out)
+    of ``scope`` as one keyed snapshot file; None if there are none. Each frame is let go as soon as it is
+    written: one key group of a large state is tens of MB, and the next is made meanwhile."""
     offsets: dict[int, tuple[int, int]] = {}
 
     def placed() -> Iterator[bytes]:
         pos = 0
-        for kg, fr in frames:
-            offsets[kg] = (pos, len(fr))
-            pos += len(fr)
-            yield fr
+        for kg, parts in frames:
+            length = sum(map(len, parts))
+            offsets[kg] = (pos, length)
+            pos += length
+            yield from parts
+            parts = ()
 
     made = placed()
     first = next(made, None)

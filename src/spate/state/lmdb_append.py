@@ -1,7 +1,7 @@
 """Bulk writes in lmdb's append mode: a key group restored into a table that holds nothing after it.
 
 In append mode lmdb adds each entry at the end of the tree without searching it, and fills every page instead of
-splitting it in half: a restore writes about a third fewer pages (a smaller file, less to commit) in less time.
+splitting it in half: a restore writes about 30 % fewer pages (a smaller file, less to commit) in less time.
 It applies only to keys that are sorted and all after every key the table holds. The table's metadata entries
 (``META_PREFIX``) sort after every key group, so they are lifted out for the write and put back after it, in the
 same transaction: no commit ever lacks them.
