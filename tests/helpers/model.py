@@ -69,60 +69,64 @@ def now_of(batch_id: int) -> int:
 
 
 def run_scenario(raw_batches: list[list[tuple]], segments: list[tuple], final: tuple[int, str]) -> None:
-    batches = as_rows(raw_batches)
     root, local_dir = tempfile.mkdtemp(prefix="model-ckpt-"), tempfile.mkdtemp(prefix="model-local-")
     try:
-        deliveries: dict[int, list[list[str]]] = {}
-        completed_parallelism: dict[int, int] = {}
-        clock = [0]
-
-        def sink(rows: list[dict], batch_id: int) -> None:
-            deliveries.setdefault(batch_id, []).append(normalized(rows))
-
-        armed: list[tuple[str, int]] = []  # the crash to inject: (step, batch id), armed before the batch
-
-        def fault(step: str, batch_id: int) -> None:
-            if armed and (step, batch_id) == armed[0]:
-                raise Crash(step)
-
-        def runner(parallelism: int, table: str, changelog: bool, merging: str) -> LocalRunner:
-            return LocalRunner(ModelJob, key="k", checkpoint_root=root, parallelism=parallelism, max_parallelism=128,
-                               table=table, local_dir=local_dir, sink=sink, clock=lambda: clock[0],
-                               fault_injector=fault, changelog=CHANGELOG if changelog else False,
-                               file_merging=MERGING[merging])
-
-        for parallelism, table, stop, crash_step, changelog, merging in segments:
-            r = runner(parallelism, table, changelog, merging)
-            start = r.next_batch_id
-            stop = min(stop, len(batches))
-            for n in range(start, stop):
-                clock[0] = now_of(n)
-                r.run_batch(n, batches[n])
-                completed_parallelism[n] = parallelism
-            if crash_step is not None and stop < len(batches) and stop >= start:
-                armed[:] = [(crash_step, stop)]
-                clock[0] = now_of(stop)
-                try:
-                    r.run_batch(stop, batches[stop])
-                except Crash:
-                    if crash_step in ("after_complete", "after_sink_before_mark"):
-                        completed_parallelism[stop] = parallelism
-                else:
-                    raise AssertionError("fault injector did not fire")
-                finally:
-                    armed.clear()
-            r.close()
-
-        r = runner(*final)
-        for n in range(r.next_batch_id, len(batches)):
-            clock[0] = now_of(n)
-            r.run_batch(n, batches[n])
-            completed_parallelism[n] = final[0]
-        r.close()
-        check_against_model(root, batches, deliveries, completed_parallelism)
+        _run_scenario_in(root, local_dir, as_rows(raw_batches), segments, final)
     finally:  # each hypothesis example makes two directories: leave none behind
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(local_dir, ignore_errors=True)
+
+
+def _run_scenario_in(root: str, local_dir: str, batches: list[list[dict]], segments: list[tuple],
+            final: tuple[int, str]) -> None:
+    deliveries: dict[int, list[list[str]]] = {}
+    completed_parallelism: dict[int, int] = {}
+    clock = [0]
+
+    def sink(rows: list[dict], batch_id: int) -> None:
+        deliveries.setdefault(batch_id, []).append(normalized(rows))
+
+    armed: list[tuple[str, int]] = []  # the crash to inject: (step, batch id), armed before the batch
+
+    def fault(step: str, batch_id: int) -> None:
+        if armed and (step, batch_id) == armed[0]:
+            raise Crash(step)
+
+    def runner(parallelism: int, table: str, changelog: bool, merging: str) -> LocalRunner:
+        return LocalRunner(ModelJob, key="k", checkpoint_root=root, parallelism=parallelism, max_parallelism=128,
+                           table=table, local_dir=local_dir, sink=sink, clock=lambda: clock[0],
+                           fault_injector=fault, changelog=CHANGELOG if changelog else False,
+                           file_merging=MERGING[merging])
+
+    for parallelism, table, stop, crash_step, changelog, merging in segments:
+        r = runner(parallelism, table, changelog, merging)
+        start = r.next_batch_id
+        stop = min(stop, len(batches))
+        for n in range(start, stop):
+            clock[0] = now_of(n)
+            r.run_batch(n, batches[n])
+            completed_parallelism[n] = parallelism
+        if crash_step is not None and stop < len(batches) and stop >= start:
+            armed[:] = [(crash_step, stop)]
+            clock[0] = now_of(stop)
+            try:
+                r.run_batch(stop, batches[stop])
+            except Crash:
+                if crash_step in ("after_complete", "after_sink_before_mark"):
+                    completed_parallelism[stop] = parallelism
+            else:
+                raise AssertionError("fault injector did not fire")
+            finally:
+                armed.clear()
+        r.close()
+
+    r = runner(*final)
+    for n in range(r.next_batch_id, len(batches)):
+        clock[0] = now_of(n)
+        r.run_batch(n, batches[n])
+        completed_parallelism[n] = final[0]
+    r.close()
+    check_against_model(root, batches, deliveries, completed_parallelism)
 
 
 def check_against_model(root: str, batches: list[list[dict]], deliveries: dict[int, list[list[str]]],
