@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spate import heap
 from spate.changelog import restore as changelog_restore
 from spate.changelog.changeset import DELETE, PUT, replay
 from spate.changelog.format import read_change_set
@@ -117,6 +118,17 @@ def test_a_folded_restore_is_a_sequential_replay(tmp_path, monkeypatch, coalesce
     finally:
         for t in tables:
             t.close()
+
+
+def test_the_materialization_and_the_restore_each_return_the_free_heap(tmp_path, monkeypatch):
+    trims: list[int] = []
+    monkeypatch.setattr(heap, "MALLOC_TRIM", lambda pad: trims.append(pad) or 1)
+    materialized, changelog = _checkpointed_log(str(tmp_path / "c"), True)
+    assert trims == [0], "the materialization (a keyed snapshot) handed its free heap back"
+    got = KeyedStateBackend(HeapTable(), 128, range(128))
+    restore_keyed_state(got, CheckpointStorage(str(tmp_path / "c")), materialized, changelog, "test")
+    assert trims == [0, 0], "and so did the restore"
+    assert _content(got.table)
 
 
 def test_fold_keeps_each_keys_last_change_and_every_delete():

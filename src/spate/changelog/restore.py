@@ -39,8 +39,9 @@ from spate.changelog.changeset import DELETE, PUT, replay
 from spate.changelog.format import read_change_set
 from spate.changelog.table import ChangelogTable
 from spate.fs import CheckpointStorage
+from spate.heap import bulk_phase
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
-from spate.snapshot.keyed import gc_paused, map_sids, read_key_group_frames, remapped, remapped_keys, sid_remap
+from spate.snapshot.keyed import map_sids, read_key_group_frames, remapped, remapped_keys, sid_remap
 from spate.state.keyed import KeyedStateBackend
 from spate.state.layout import U16
 from spate.state.lmdb_digest import MASK64, key_group_digest
@@ -89,7 +90,7 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
                 reads.append((_span(chunk), functools.partial(_key_groups, storage, m, chunk, context), (False, i)))
         reads.append((0, list, (True, -1)))  # the part's end: apply its log of key groups not materialized
     log: dict[int, Records] = {}
-    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, gc_paused():
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, bulk_phase():
         fetched = _read_ahead(pool, [(size, read) for size, read, _to in reads], READ_AHEAD_BYTES)
         try:
             for (_size, _read, (is_log, n)), groups in zip(reads, fetched, strict=True):

@@ -21,6 +21,7 @@ from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
 from spate.changelog.writer import ChangelogWriter
 from spate.errors import CheckpointError, SettingError
 from spate.fs import CheckpointStorage
+from spate.heap import return_free_heap
 from spate.layout import KEY_GROUPS_SUFFIX, random_name, subtask_dir
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
@@ -286,6 +287,7 @@ class ChangelogKeyedState:
                 handle = view.write(scope, out)
             finally:
                 view.close()
+                return_free_heap()  # the frames it wrote (no GC pause here: the batches run meanwhile)
             # read from views renewed up to now, the frames may hold states registered since the start: the handle
             # names every state there is now, or a restore would not know theirs (their change sets are trimmed)
             return None if handle is None else replace(handle, states=tuple(

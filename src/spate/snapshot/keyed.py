@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import chain
@@ -13,6 +11,7 @@ import msgpack
 from spate.errors import CorruptFileError
 from spate.frames import FrameKind, frame_parts, read_span_frames
 from spate.fs import CheckpointStorage
+from spate.heap import bulk_phase
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyGroupsHandle
 from spate.state.descriptors import MAP
@@ -49,7 +48,7 @@ def write_keyed_snapshot(backend: KeyedStateBackend, out: SegmentWriter,
     table = backend.table
     table.commit()
     expired: list[tuple[int, bytes, bytes | None]] = []
-    with gc_paused(), table.consistent_view() as view:
+    with bulk_phase(), table.consistent_view() as view:
         handle = write_key_groups(view, SnapshotScope.of(backend), out, compress=compress, expired=expired)
     _purge(table, expired)
     return handle
@@ -152,19 +151,6 @@ def _purge(table: StateTable, expired: list[tuple[int, bytes, bytes | None]]) ->
             table.put(kg, key, live)
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Snapshots and restores allocate millions of short-lived objects; cyclic GC passes over a large live
-    heap would dominate their cost, and nothing they allocate forms cycles."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, context: str = "",
                     only: Mapping[int, tuple[int, int]] | None = None) -> Iterator[tuple[int, list[bytes]]]:
     """Yield (key group, [flat key, value, flat key, value, ...]) for every key group of ``handle`` (or only
@@ -241,7 +227,7 @@ def _restore_digested(backend: KeyedStateBackend, states: tuple[dict, ...],
     remap = sid_remap(backend, states)
     maps = map_sids(backend, states)
     table, owned, count = backend.table, backend.key_groups, 0
-    with gc_paused():
+    with bulk_phase():
         for kg, flat, digest in groups:
             if kg not in owned:
                 continue

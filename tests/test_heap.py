@@ -1,0 +1,45 @@
+"""The heap around a bulk phase (``spate.heap``): the cyclic GC paused inside and as it was after, the free heap
+returned to the operating system when the phase ends (even when it raises). That a materialization and a restore
+each run in one: tests/changelog/test_changelog_restore.py."""
+
+from __future__ import annotations
+
+import gc
+import platform
+import sys
+
+import pytest
+
+from spate import heap
+
+
+@pytest.fixture
+def trims(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    monkeypatch.setattr(heap, "MALLOC_TRIM", lambda pad: calls.append(pad) or 1)
+    return calls
+
+
+def test_glibc_s_malloc_trim_is_found_on_linux():
+    if not (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"):
+        pytest.skip("malloc_trim is glibc's")
+    assert heap.MALLOC_TRIM is not None
+    heap.return_free_heap()
+
+
+def test_a_bulk_phase_pauses_the_gc_and_returns_the_heap_after(trims):
+    assert gc.isenabled()
+    with heap.bulk_phase():
+        assert not gc.isenabled() and trims == []
+    assert gc.isenabled() and trims == [0]
+
+
+def test_a_phase_that_raises_still_returns_the_heap_and_a_disabled_gc_stays_disabled(trims):
+    gc.disable()
+    try:
+        with pytest.raises(ValueError), heap.bulk_phase():
+            raise ValueError("in the phase")
+        assert not gc.isenabled() and trims == [0]
+    finally:
+        gc.enable()
+
