@@ -40,8 +40,8 @@ $(JAVA_HOME_FILE): $(STAMP) tools/ensure_java.sh
 demo: $(STAMP) $(JAVA_HOME_FILE)
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(VENV)/bin/spate demo
 
-# The Spark drivers the tests start load their classes from an archive made once per venv (tests/helpers/jvm_archive.py,
-# used by tests/conftest.py)
+# The Spark drivers the tests start load their classes from an archive made once per venv, and run the quick JIT
+# options (tests/helpers/jvm_archive.py, used by tests/conftest.py)
 JVM_ARCHIVE := $(VENV)/spark-driver-classes.jsa
 $(JVM_ARCHIVE): $(STAMP) $(JAVA_HOME_FILE) tests/helpers/jvm_archive.py
 	JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $(PY) tests/helpers/jvm_archive.py $@
