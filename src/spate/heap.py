@@ -5,13 +5,12 @@ materialization, which runs beside the batches, only hands the memory back (:fun
 Why the GC pause: a bulk phase allocates millions of short-lived objects, none of which form cycles, and cyclic
 GC passes over a large live heap would dominate its cost.
 
-Why the hand-back: glibc's ``malloc`` keeps what a phase freed in its arenas for the process to reuse, and
-returns little of it by itself (the phases' threads allocate in arenas of their own, and the buffers of a few
-megabytes a snapshot decodes raise its threshold for mapping memory, so they too come from the arenas). A
-process that took a snapshot, or restored, kept that memory however little it used afterwards: after the
-``bench scale`` workload's load and measured phase at 1 GB, 439 MB of anonymous RSS of which ``malloc_trim``
-returned 334 MB. On an executor that memory is the JVM's and the other Python workers'. ``malloc_trim(0)``
-returns the free pages of every arena; where the C library has none (not glibc), nothing is done.
+Why the hand-back: glibc's ``malloc`` keeps what a phase freed for the process to reuse, and returns little of it
+to the operating system by itself. A process that took a snapshot, or restored, kept that memory however little it
+used afterwards: after the ``bench scale`` workload's load and measured phase at 1 GB, 439 MB of anonymous RSS, of
+which ``malloc_trim`` returned 334 MB (docs/benchmarks.md). On an executor that memory is the JVM's and the other
+Python workers'. ``malloc_trim(0)`` returns the free pages of every arena, in milliseconds; where the C library
+has none (not glibc), nothing is done.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none."""
     try:
         return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return None
 
 
