@@ -20,7 +20,7 @@ def trims(monkeypatch) -> list[int]:
     return calls
 
 
-def test_glibc_s_malloc_trim_is_found_on_linux():
+def test_malloc_trim_is_found_where_the_c_library_is_glibc():
     if not (sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"):
         pytest.skip("malloc_trim is glibc's")
     assert heap.MALLOC_TRIM is not None
