@@ -9,9 +9,9 @@ As fast as restoring a full snapshot of the same state, by three means:
   key group whose records are all ``PUT`` / ``DELETE`` (value state, the common case) only each key's last
   change matters, so each key is written once, not once per change set;
 * merging: a key group with a materialized frame and only ``PUT`` s in the log is written to the table once,
-  the frame updated by the log in the frame's (sorted) order, instead of once for the frame and once per change
-  set; keys the log added since the materialization (few) are inserted where they sort, by bisection, so the
-  key group goes in one write (one transaction, one commit) in key order, in lmdb's append mode
+  instead of once for the frame and once per change set: each logged key is found in the frame (sorted) by
+  bisection, so the work follows the log, not the whole key group; keys the log added since the materialization
+  (few) are inserted where they sort, so the key group goes in one write (one transaction, one commit) in key order, in lmdb's append mode
   (:mod:`spate.state.lmdb_append`). Its digest is the frame's, adjusted by the entries the log replaced and put.
 
 Why folding is exact: ``PUT`` and ``DELETE`` records carry primaries, which are self-delimiting
@@ -32,7 +32,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import is_not
+from operator import eq, is_not, not_
 from typing import TypeVar
 
 from spate.changelog.changeset import DELETE, PUT, replay
@@ -43,7 +43,7 @@ from spate.heap import bulk_phase
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import map_sids, read_key_group_frames, remapped, remapped_keys, sid_remap
 from spate.state.keyed import KeyedStateBackend
-from spate.state.layout import U16
+from spate.state.layout import U16, ascending
 from spate.state.lmdb_digest import MASK64, key_group_digest
 from spate.state.table import StateTable
 
@@ -155,31 +155,57 @@ def _flat(entries: dict[bytes, bytes]) -> list[bytes]:
     return flat
 
 
-def _inserted(flat: list[bytes], added: list[bytes], values: Mapping[bytes, bytes]) -> list[bytes]:
-    """``flat`` (``[key, value, ...]``, keys sorted) with the keys ``added`` (sorted, none of them in ``flat``)
-    and their ``values`` inserted where they sort: one slice copy per key added (few), positions by bisection."""
-    if not added:
-        return flat
+def _merged(kg: int, frame: MaterializedFrame, puts: dict[bytes, bytes]) -> MaterializedFrame:
+    """Key group ``kg``'s ``frame`` with the log's ``puts`` applied, its digest adjusted. A frame in key order
+    (an lmdb table's) is updated where the log's keys sort in it, found by bisection: the work follows the log
+    (bounded), not the frame (the whole key group), and the keys new since the materialization (few) go where
+    they sort, so the key group is still appended in one write. A heap table's frame (insertion order) keeps
+    its order."""
+    keys = frame.flat[0::2]
+    if not ascending(keys):
+        return _merged_unordered(kg, frame, puts)
+    flat = frame.flat.copy()  # a copy of the pointers only (one C loop): the frame stays as it was
+    put_keys = sorted(puts)
+    put_values = list(map(puts.__getitem__, put_keys))
+    at = list(map(bisect_left, repeat(keys), put_keys))
+    keys.append(b"")  # what a key sorting after the last is compared with: no state key is empty (a state id starts it)
+    found = list(map(eq, map(keys.__getitem__, at), put_keys))
+    slots = [2 * i + 1 for i in compress(at, found)]
+    replaced = list(compress(put_keys, found))
+    olds = list(map(flat.__getitem__, slots))
+    deque(map(flat.__setitem__, slots, compress(put_values, found)), maxlen=0)
+    digest = None
+    if frame.digest is not None:
+        prefix = U16.pack(kg)
+        digest = (frame.digest - key_group_digest(prefix, replaced, olds)
+                  + key_group_digest(prefix, put_keys, put_values)) & MASK64
+    if len(replaced) == len(put_keys):
+        return MaterializedFrame(flat, frame.maps, digest)
+    new = list(map(not_, found))
+    added = _inserted(flat, list(compress(put_keys, new)), list(compress(put_values, new)), list(compress(at, new)))
+    return MaterializedFrame(added, frame.maps, digest)
+
+
+def _inserted(flat: list[bytes], keys: list[bytes], values: list[bytes], at: list[int]) -> list[bytes]:
+    """``flat`` (``[key, value, ...]``, keys sorted) with ``keys`` (sorted, none of them in ``flat``) and their
+    ``values`` inserted before the entries at positions ``at`` (where they sort): one slice copy per key added."""
     out: list[bytes] = []
     start = 0
-    for key, at in zip(added, map(bisect_left, repeat(flat[0::2]), added), strict=True):
-        out += flat[2 * start:2 * at]
-        out += (key, values[key])
-        start = at
+    for key, value, pos in zip(keys, values, at, strict=True):
+        out += flat[2 * start:2 * pos]
+        out += (key, value)
+        start = pos
     out += flat[2 * start:]
     return out
 
 
-def _merged(kg: int, frame: MaterializedFrame, puts: dict[bytes, bytes]) -> MaterializedFrame:
-    """Key group ``kg``'s ``frame`` with the log's ``puts`` applied, its digest adjusted. A frame in key order
-    (an lmdb table's) stays in key order, the keys new since the materialization (few) inserted where they
-    sort, so the key group is appended in one write; a heap table's frame (insertion order) keeps its order."""
+def _merged_unordered(kg: int, frame: MaterializedFrame, puts: dict[bytes, bytes]) -> MaterializedFrame:
+    """:func:`_merged` of a frame in insertion order (a heap table's): the frame's keys first, in its order, values
+    as the log left them, then the keys the log added, in the log's order."""
     merged = dict(zip(frame.flat[0::2], frame.flat[1::2], strict=True))
     digest = None if frame.digest is None else _merged_digest(kg, frame.digest, merged, puts)
-    added = sorted(puts.keys() - merged.keys())
-    merged.update(puts)  # the frame's keys first, in its order, values as the log left them
-    updated = _flat(merged)[:len(frame.flat)]
-    return MaterializedFrame(_inserted(updated, added, puts), frame.maps, digest)
+    merged.update(puts)
+    return MaterializedFrame(_flat(merged), frame.maps, digest)
 
 
 def _merged_digest(kg: int, digest: int, entries: dict[bytes, bytes], puts: dict[bytes, bytes]) -> int:
