@@ -14,7 +14,9 @@ plugins from helpers.spark_session and helpers.s3 (``pytest_plugins``): every te
 from __future__ import annotations
 
 import os
+import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 from helpers import jvm_archive
@@ -76,6 +78,23 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_in_the_runs_base_temp(tmp_path_factory):
+    """Every temporary directory the tests make without a place of their own (the docs' examples, which the tests
+    run verbatim, use a bare ``tempfile.mkdtemp()``) goes under this run's pytest base temp, which pytest keeps for
+    the last three runs and then removes, not in the machine's ``/tmp`` for good: ``tempfile.tempdir`` in this
+    process, ``TMPDIR`` for the processes it starts (Python workers, materializer processes, scripts)."""
+    root = str(tmp_path_factory.mktemp("tmp"))
+    before_dir, before_env = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir, os.environ["TMPDIR"] = root, root
+    yield root
+    tempfile.tempdir = before_dir
+    if before_env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before_env
+
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # every JVM the tests start binds to loopback only
 
