@@ -11,14 +11,13 @@ the snapshot is made, and the in-memory and overlay tables are read in process.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import IO, Protocol
+from typing import Protocol
 
 from spate.changelog.materializer_protocol import (
     Advance,
@@ -32,6 +31,7 @@ from spate.changelog.materializer_protocol import (
 )
 from spate.changelog.rolling_view import RollingView
 from spate.errors import CheckpointError
+from spate.pipes import widen_pipe
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
@@ -93,7 +93,8 @@ class ProcessView:
         table.commit()
         self._reader = subprocess.Popen([sys.executable, "-m", READER_MODULE], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        _widen(self._reader.stdout)
+        assert self._reader.stdout is not None
+        widen_pipe(self._reader.stdout.fileno(), PIPE_BYTES)
         self._offer(Start(table.path, key_groups.start, key_groups.stop - 1, position, self._committed_txn()))
 
     def advance(self, position: int) -> None:
@@ -168,22 +169,6 @@ class ProcessView:
                 err = self._reader.stderr.read()[-2000:]
         return CheckpointError(f"the materialization's reader process of {self._table.path} failed: {why} (exit "
                                f"status {self._reader.returncode}){': ' + err.decode(errors='replace') if err else ''}")
-
-
-def _widen(pipe: IO[bytes] | None) -> None:
-    """Let the pipe hold up to :data:`PIPE_BYTES` (Linux; the system's limit for an unprivileged process is
-    usually 1 MB): each read of it releases and retakes the GIL, which beside a thread running Python waits up to
-    a switch interval (5 ms), so the fewer reads per frame the better (64 KB pipes: 16 per MB)."""
-    setter = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if pipe is None or setter is None:
-        return
-    try:
-        with open("/proc/sys/fs/pipe-max-size") as limit:
-            size = min(PIPE_BYTES, int(limit.read()))
-    except (OSError, ValueError):
-        size = 1 << 20
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(pipe.fileno(), setter, size)
 
 
 class MaterializationReads:

@@ -28,8 +28,8 @@ from __future__ import annotations
 import functools
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import eq, is_not, not_
@@ -287,25 +287,3 @@ def _chunks(offsets: Offsets) -> Iterator[Offsets]:
             part, size = {}, 0
     if part:
         yield part
-
-
-def _read_ahead(pool: ThreadPoolExecutor, reads: Iterable[tuple[int, Callable[[], T]]],
-                budget: int) -> Generator[T, None, None]:
-    """The results of ``reads`` ((bytes, read)) in order, each started as soon as the reads before it that
-    are not consumed yet come to less than ``budget`` bytes, or are fewer than :data:`MIN_IN_FLIGHT` (a read
-    larger than the budget, one key group of a large state, still overlaps the apply of the one before)."""
-    pending: deque[tuple[int, Future[T]]] = deque()
-    outstanding = 0
-    try:
-        for size, read in reads:
-            while len(pending) >= MIN_IN_FLIGHT and outstanding + size > budget:
-                done, future = pending.popleft()
-                outstanding -= done
-                yield future.result()
-            pending.append((size, pool.submit(read)))
-            outstanding += size
-        while pending:
-            yield pending.popleft()[1].result()
-    finally:
-        for _size, future in pending:
-            future.cancel()

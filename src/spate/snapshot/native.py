@@ -1,0 +1,190 @@
+"""Native snapshots of an lmdb table: the table's own file, as Flink's native RocksDB snapshots are its SST files.
+
+A materialization of an lmdb table (the changelog's base) is written as a compacted copy of the table's
+environment (lmdb's ``mdb_env_copy`` with compaction, at the read transaction the materialization started with),
+streamed into checkpoint storage as lmdb writes it, with its CRC-32. Why: a keyed snapshot in spate's key-group
+frames is restored entry by entry (decoded, then put into a new table), at about the cost of a full snapshot's
+restore; this file is restored by downloading it (:func:`download_native`), so that a restore from a
+materialization and its log costs the download plus the log, less than a full snapshot's restore. Its digest is
+the table's own, stored in it.
+
+Where the file cannot simply become the table (another key-group range: a rescale; a heap table; reading it for
+inspection), it is downloaded once and read key group by key group (:class:`NativeSource`), the same
+``[key, value, ...]`` a key-group frame holds. Savepoints keep spate's canonical key-group frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import cast
+
+import lmdb
+
+from spate.crc import crc32
+from spate.errors import CorruptFileError
+from spate.fs import CheckpointStorage
+from spate.pipes import widen_pipe
+from spate.segments import SegmentWriter
+from spate.snapshot.handles import NativeSnapshotHandle
+from spate.snapshot.keyed import SnapshotScope
+from spate.snapshot.read_ahead import read_ahead
+from spate.state.lmdb_digest import DIGEST_KEY, parse_digest
+from spate.state.lmdb_readonly import ReadOnlyTable
+from spate.state.lmdb_scan import KG_PREFIXES
+
+CHUNK_BYTES = 16 << 20  # a native snapshot is read from storage in ranged reads of this size
+READ_THREADS = 3
+READ_AHEAD_BYTES = 64 << 20
+PIPE_BYTES = 1 << 20  # the pipe lmdb writes the copy into (Linux's default, 64 KB, costs a switch per 64 KB)
+
+
+class CopyStopped(Exception):
+    """A native snapshot's copy was stopped before it ended (:meth:`NativeCopy.stop`)."""
+
+
+class NativeCopy:
+    """Writing one native snapshot: lmdb copies the environment at ``txn`` into a pipe from a thread of its own
+    (it releases the GIL), and :meth:`write` streams what comes out of the pipe into ``out``. :meth:`stop`, from
+    any thread, makes the write fail at its next chunk; the copy then ends on a closed pipe."""
+
+    def __init__(self, env: lmdb.Environment, txn: lmdb.Transaction) -> None:
+        self.env, self.txn = env, txn
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def write(self, scope: SnapshotScope, out: SegmentWriter) -> NativeSnapshotHandle | None:
+        """The copy as one logical file of ``out`` (None: the table holds no key group of ``scope``)."""
+        groups = tuple(kg for kg in scope.key_groups if _holds(self.txn, kg))
+        if not groups:
+            return None
+        digest = parse_digest(cast("bytes | None", self.txn.get(DIGEST_KEY)))
+        read_fd, write_fd = os.pipe()
+        widen_pipe(write_fd, PIPE_BYTES)
+        failure: list[BaseException] = []
+        copier = threading.Thread(target=self._copy, args=(write_fd, failure), name="spate-native-copy", daemon=True)
+        crc = 0
+
+        def parts() -> Iterator[bytes]:
+            nonlocal crc
+            while data := os.read(read_fd, PIPE_BYTES):
+                if self._stopped.is_set():
+                    raise CopyStopped("the materialization was stopped")
+                crc = crc32(data, crc)
+                yield data
+
+        copier.start()
+        try:
+            ref = out.write_parts(parts())
+        finally:
+            os.close(read_fd)  # a copy still writing gets a broken pipe and ends
+            copier.join()
+        if failure:
+            raise failure[0]
+        return NativeSnapshotHandle(ref.path, scope.key_groups.start, scope.key_groups.stop - 1,
+                                    scope.key_groups.start, scope.key_groups.stop - 1, groups, ref.length, crc,
+                                    digest, tuple(m.to_dict() for m in scope.metas), ref.offset)
+
+    def _copy(self, write_fd: int, failure: list[BaseException]) -> None:
+        try:
+            self.env.copyfd(write_fd, compact=True, txn=self.txn)
+        except BaseException as e:  # noqa: BLE001 - handed to the writing thread
+            failure.append(e)
+        finally:
+            os.close(write_fd)
+
+
+def _holds(txn: lmdb.Transaction, kg: int) -> bool:
+    cur = txn.cursor()
+    return cur.set_range(KG_PREFIXES[kg]) and cast(bytes, cur.key()).startswith(KG_PREFIXES[kg])
+
+
+# -- reading --------------------------------------------------------------------------------------------------
+def native_chunks(storage: CheckpointStorage, handle: NativeSnapshotHandle, context: str) -> Iterator[bytes]:
+    """The bytes of a native snapshot's file in order, read ahead by a few threads in ranged reads; raises
+    :class:`~spate.errors.CorruptFileError` after the last chunk if their CRC-32 is not the handle's."""
+    spans = [(at, min(CHUNK_BYTES, handle.size - at)) for at in range(0, handle.size, CHUNK_BYTES)]
+    reads = [(n, functools.partial(storage.read_range, handle.path, handle.file_offset + at, n, context))
+             for at, n in spans]
+    crc = 0
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-native-read") as pool:
+        fetched = read_ahead(pool, reads, READ_AHEAD_BYTES)
+        try:
+            for data in fetched:
+                crc = crc32(data, crc)
+                yield data
+        finally:
+            fetched.close()
+    if crc != handle.crc:
+        raise CorruptFileError(f"{storage.path(handle.path)} at offset {handle.file_offset}{_ctx(context)}: the native "
+                               f"lmdb snapshot's CRC-32 is {crc}, its checkpoint metadata says {handle.crc}: the file "
+                               "is damaged")
+
+
+def download_native(storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, context: str = "") -> None:
+    """Write a native snapshot's file to the new local file ``dest`` (an lmdb data file), checked against its
+    CRC-32; on any failure nothing is left at ``dest``."""
+    try:
+        with open(dest, "xb", buffering=0) as f:
+            for data in native_chunks(storage, handle, context):
+                view = memoryview(data)
+                while view:
+                    view = view[f.write(view):]
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(dest)
+        raise
+
+
+def verify_native(storage: CheckpointStorage, handle: NativeSnapshotHandle, context: str = "") -> None:
+    """Read a native snapshot's file and check its CRC-32 (raises what :func:`native_chunks` raises)."""
+    for _ in native_chunks(storage, handle, context):
+        pass
+
+
+class NativeSource:
+    """A native snapshot read key group by key group: downloaded once, on the first read, into a directory of
+    its own under ``scratch``, and deleted by :meth:`close`. Thread-safe."""
+
+    def __init__(self, storage: CheckpointStorage, handle: NativeSnapshotHandle, context: str,
+                 scratch: str | None = None) -> None:
+        self.storage, self.handle, self.context, self.scratch = storage, handle, context, scratch
+        self._lock = threading.Lock()
+        self._dir: str | None = None
+        self._table: ReadOnlyTable | None = None
+
+    def key_groups(self, kgs: list[int]) -> list[tuple[int, list[bytes], None]]:
+        """(key group, its ``[key, value, ...]``, no digest) of the key groups ``kgs`` that hold data."""
+        table = self._open()
+        return [(kg, flat, None) for kg in kgs if (flat := table.key_group_flat(kg))]
+
+    def _open(self) -> ReadOnlyTable:
+        with self._lock:
+            if self._table is None:
+                self._dir = tempfile.mkdtemp(prefix="spate-native-", dir=self.scratch)
+                path = os.path.join(self._dir, "data.mdb")
+                download_native(self.storage, self.handle, path, self.context)
+                self._table = ReadOnlyTable(path, file=True)
+            return self._table
+
+    def close(self) -> None:
+        with self._lock:
+            if self._table is not None:
+                self._table.close()
+                self._table = None
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+
+
+def _ctx(context: str) -> str:
+    return f" ({context})" if context else ""
+
