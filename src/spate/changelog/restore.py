@@ -11,8 +11,9 @@ As fast as restoring a full snapshot of the same state, by three means:
 * merging: a key group with a materialized frame and only ``PUT`` s in the log is written to the table once,
   instead of once for the frame and once per change set: each logged key is found in the frame (sorted) by
   bisection, so the work follows the log, not the whole key group; keys the log added since the materialization
-  (few) are inserted where they sort, so the key group goes in one write (one transaction, one commit) in key order, in lmdb's append mode
-  (:mod:`spate.state.lmdb_append`). Its digest is the frame's, adjusted by the entries the log replaced and put.
+  (few) are inserted where they sort, so the key group goes in one write (one transaction, one commit) in key
+  order, in lmdb's append mode (:mod:`spate.state.lmdb_append`). Its digest is the frame's, adjusted by the
+  entries the log replaced and put.
 
 Why folding is exact: ``PUT`` and ``DELETE`` records carry primaries, which are self-delimiting
 (:func:`~spate.state.layout.primary_length`), so a record of one key never touches another's entry except
