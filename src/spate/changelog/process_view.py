@@ -29,11 +29,12 @@ from spate.changelog.materializer_protocol import (
     receive,
     send,
 )
+from spate.changelog.native_view import NativeView
 from spate.changelog.rolling_view import RollingView
 from spate.errors import CheckpointError
 from spate.pipes import widen_pipe
 from spate.segments import SegmentWriter
-from spate.snapshot.handles import KeyGroupsHandle
+from spate.snapshot.handles import KeyedHandle, KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
 from spate.state.lmdb_table import LmdbTable
 from spate.state.table import StateTable, TableView, WrappedTable
@@ -52,7 +53,7 @@ class MaterializationView(Protocol):
 
     def advance(self, position: int) -> None: ...
 
-    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyGroupsHandle | None: ...
+    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyedHandle | None: ...
 
     def close(self) -> None: ...
 
@@ -172,17 +173,20 @@ class ProcessView:
 
 
 class MaterializationReads:
-    """How one subtask's materializations read its table: a large lmdb table (at least ``process_from_bytes``
-    in use) without TTL'd state in a reader process, anything else in a thread. After a reader process fails,
-    this subtask's materializations read in a thread."""
+    """How one subtask's materializations read its table: an lmdb table without TTL'd state copied by lmdb as a
+    native snapshot (``native``), else, if large (at least ``process_from_bytes`` in use), in a reader process;
+    anything else in a thread. After a reader process fails, this subtask's materializations read in a thread."""
 
-    def __init__(self, process_from_bytes: int) -> None:
+    def __init__(self, process_from_bytes: int, native: bool = False) -> None:
         self.process_from_bytes = process_from_bytes
+        self.native = native
         self.process_failed = False
 
     def open(self, table: StateTable, scope: SnapshotScope, position: int) -> MaterializationView:
         """A view of ``table`` at ``position`` (the caller is at a sequence-number boundary)."""
         inner = table.inner if isinstance(table, WrappedTable) else table
+        if type(inner) is LmdbTable and not scope.filters and self.native:
+            return NativeView(inner, scope.key_groups, position)
         if type(inner) is LmdbTable and not scope.filters and not self.process_failed \
                 and inner.used_bytes() >= self.process_from_bytes:
             try:

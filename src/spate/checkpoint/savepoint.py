@@ -11,7 +11,20 @@ import uuid
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.errors import SettingError
 from spate.fs import CheckpointStorage, join_uri
-from spate.layout import METADATA_FILE, QUERY_FILE, SAVEPOINTS_DIR, checkpoint_id_of, metadata_path
+from spate.layout import (
+    KEY_GROUPS_SUFFIX,
+    METADATA_FILE,
+    QUERY_FILE,
+    SAVEPOINTS_DIR,
+    checkpoint_id_of,
+    metadata_path,
+    subtask_dir,
+)
+from spate.segments import SegmentWriter, WholeFileWriter
+from spate.snapshot.handles import KeyedHandle, NativeSnapshotHandle
+from spate.snapshot.keyed import SnapshotScope, key_group_frame_parts, write_frames
+from spate.snapshot.native import NativeSource
+from spate.state.keyed import StateMeta
 
 
 def restore_source(uri: str) -> tuple[CheckpointStorage, str]:
@@ -27,9 +40,13 @@ def restore_source(uri: str) -> tuple[CheckpointStorage, str]:
 
 
 def write_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target: CheckpointStorage) -> None:
-    """Copy ``meta``'s files from ``source`` to ``target`` and write ``target/_metadata`` last."""
+    """Copy ``meta``'s files from ``source`` to ``target`` and write ``target/_metadata`` last. Native lmdb
+    snapshots are written as key-group files instead: a savepoint keeps spate's canonical format, which any table
+    kind on any machine restores."""
+    meta = _canonical(source, meta, target)
     for rel in meta.files():
-        target.write(rel, source.read(rel, f"checkpoint {meta.checkpoint_id}"))
+        if not target.exists(rel):  # not a key-group file just written from a native snapshot
+            target.write(rel, source.read(rel, f"checkpoint {meta.checkpoint_id}"))
     sp = dataclasses.replace(meta, is_savepoint=True)
     target.create_exclusive(METADATA_FILE, sp.to_bytes())
 
@@ -52,3 +69,27 @@ def take_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target_u
                            "root")
     write_savepoint(source, meta, target_storage)
     return target
+
+
+def _canonical(source: CheckpointStorage, meta: CheckpointMetadata, target: CheckpointStorage) -> CheckpointMetadata:
+    """``meta`` with each native lmdb snapshot re-written into ``target`` as a key-group file (``.kg``)."""
+    if not any(isinstance(h, NativeSnapshotHandle) for st in meta.subtasks for h in st.keyed):
+        return meta
+    subtasks = [dataclasses.replace(st, keyed=[
+        _as_key_groups(source, h, WholeFileWriter(target, subtask_dir(i, meta.parallelism), KEY_GROUPS_SUFFIX))
+        if isinstance(h, NativeSnapshotHandle) else h for h in st.keyed]) for i, st in enumerate(meta.subtasks)]
+    return dataclasses.replace(meta, subtasks=subtasks)
+
+
+def _as_key_groups(source: CheckpointStorage, handle: NativeSnapshotHandle, out: SegmentWriter) -> KeyedHandle:
+    """The key groups of a native snapshot, read one at a time, written as frames with ``out``."""
+    native = NativeSource(source, handle, "taking a savepoint")
+    scope = SnapshotScope(range(handle.start, handle.end + 1), tuple(StateMeta.from_dict(m) for m in handle.states),
+                          {})
+    try:
+        frames = ((kg, key_group_frame_parts(kg, flat)) for kg in handle.held
+                  for _kg, flat, _digest in native.key_groups([kg]))
+        written = write_frames(frames, scope, out)
+    finally:
+        native.close()
+    return handle if written is None else written

@@ -20,7 +20,7 @@ from spate.layout import (
 )
 from spate.runtime.services import WorkerServices
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle
 from spate.snapshot.relocate import H, relocate
 
 
@@ -57,10 +57,10 @@ class Relocator:
         self.budget = budget
         self.rewritten_bytes = 0
 
-    def _other_subtask(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
+    def _other_subtask(self, h: KeyedHandle | ChangeSetHandle) -> bool:
         return in_subtask_dir(h.path) and not h.path.startswith(self.mine)
 
-    def keeps(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
+    def keeps(self, h: KeyedHandle | ChangeSetHandle) -> bool:
         """Whether a new checkpoint may name ``h`` or its copy: not in a file the plan names as not reusable
         (a handle in another subtask's directory is copied, as :meth:`__call__` does)."""
         return h.path not in self.bad

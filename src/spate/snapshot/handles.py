@@ -8,7 +8,7 @@ every other offset in the handle is relative to that start.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -167,7 +167,7 @@ def keyed_handle(data: dict[str, Any]) -> KeyedHandle:
     return KeyGroupsHandle.from_dict(data)
 
 
-def held_key_groups(handle: KeyedHandle) -> Iterable[int]:
+def held_key_groups(handle: KeyedHandle) -> Collection[int]:
     """The key groups with data in a keyed handle."""
     return handle.held if isinstance(handle, NativeSnapshotHandle) else handle.offsets.keys()
 

@@ -9,15 +9,18 @@ from typing import TypeVar
 from spate.frames import contiguous_reads, iter_frames
 from spate.fs import CheckpointStorage
 from spate.segments import SegmentWriter
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, NativeSnapshotHandle
+from spate.snapshot.native import native_chunks
 
-H = TypeVar("H", KeyGroupsHandle, ChangeSetHandle)
+H = TypeVar("H", KeyGroupsHandle, NativeSnapshotHandle, ChangeSetHandle)
 
 
 def relocate(storage: CheckpointStorage, handle: H, out: SegmentWriter) -> H:
-    """Copy the span of ``handle`` (its key groups' frames and any between them, checksums verified) to a new
-    logical file written with ``out``, read and written in parts (never whole in memory); returns the handle of
-    the copy."""
+    """Copy the span of ``handle`` (its key groups' frames and any between them, checksums verified; a native
+    snapshot's whole file, its CRC-32 verified) to a new logical file written with ``out``, read and written in
+    parts (never whole in memory); returns the handle of the copy."""
+    if isinstance(handle, NativeSnapshotHandle):
+        return handle.relocated(out.write_parts(native_chunks(storage, handle, "re-writing a segment")))
     offset, length = handle.span()
     where = f"{storage.path(handle.path)} segment at {handle.file_offset}"
 

@@ -23,7 +23,7 @@ from spate.runtime.localstate import local_state_dir
 from spate.runtime.recovery.trust import EMPTY, Lineage
 from spate.runtime.services import WorkerServices
 from spate.runtime.subtask_config import SubtaskConfig
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle
 from spate.snapshot.operator import read_operator_piece
 from spate.snapshot.verify import verify_handles
 from spate.state.heap import HeapTable
@@ -81,7 +81,7 @@ class RecoveredState:
     info: RecoveryInfo
     handles: tuple[int, list] | None = None
     stats: dict[str, int] = field(default_factory=dict)
-    carried: list[KeyGroupsHandle | ChangeSetHandle] = field(default_factory=list)
+    carried: list[KeyedHandle | ChangeSetHandle] = field(default_factory=list)
 
     def discard(self) -> None:
         """Close the state after a failure to install it: a local copy stays on disk, anything else goes."""
@@ -165,7 +165,7 @@ class StateOwner:
 
     def recovered(self, plan: SubtaskPlan, target: Target, operator: dict[str, RestoredOperatorState],
                   info: RecoveryInfo, *, stats: dict[str, int] | None = None,
-                  carried: list[KeyGroupsHandle | ChangeSetHandle] | None = None,
+                  carried: list[KeyedHandle | ChangeSetHandle] | None = None,
                   handles: tuple[int, list] | None = None) -> RecoveredState:
         """A rung's result: fresh backends over the target's table (keyed state first, so the processor's open()
         is checked against the restored state registry) and ``operator``, tagged with the base."""
