@@ -203,7 +203,11 @@ class MaterializationReads:
         return ThreadView(open_view, position)
 
     def failed(self, view: MaterializationView) -> None:
-        """A materialization through ``view`` failed: if a reader process did, read in a thread from now on."""
+        """A materialization through ``view`` failed: if lmdb's copy did, read key group by key group from now on
+        (lmdb refuses to compact a table that leaked pages); if a reader process did, read in a thread."""
+        if isinstance(view, NativeView):
+            log.warning("a materialization's native copy failed; this subtask's next ones write key-group frames")
+            self.native = False
         if isinstance(view, ProcessView):
             log.warning("a materialization's reader process failed; this subtask's next ones read in a thread")
             self.process_failed = True

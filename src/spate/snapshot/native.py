@@ -28,7 +28,7 @@ from typing import cast
 import lmdb
 
 from spate.crc import crc32
-from spate.errors import CorruptFileError
+from spate.errors import CorruptFileError, SpateError
 from spate.fs import CheckpointStorage
 from spate.pipes import widen_pipe
 from spate.segments import SegmentWriter
@@ -45,7 +45,7 @@ READ_AHEAD_BYTES = 64 << 20
 PIPE_BYTES = 1 << 20  # the pipe lmdb writes the copy into (Linux's default, 64 KB, costs a switch per 64 KB)
 
 
-class CopyStopped(Exception):
+class CopyStopped(SpateError):
     """A native snapshot's copy was stopped before it ended (:meth:`NativeCopy.stop`)."""
 
 
@@ -77,9 +77,11 @@ class NativeCopy:
             nonlocal crc
             while data := os.read(read_fd, PIPE_BYTES):
                 if self._stopped.is_set():
-                    raise CopyStopped("the materialization was stopped")
+                    break
                 crc = crc32(data, crc)
                 yield data
+            if self._stopped.is_set():
+                raise CopyStopped("the materialization was stopped")
 
         copier.start()
         try:
@@ -87,7 +89,8 @@ class NativeCopy:
         finally:
             os.close(read_fd)  # a copy still writing gets a broken pipe and ends
             copier.join()
-        if failure:
+        if failure:  # what lmdb wrote before it failed is not a copy
+            out.discard(ref)
             raise failure[0]
         return NativeSnapshotHandle(ref.path, scope.key_groups.start, scope.key_groups.stop - 1,
                                     scope.key_groups.start, scope.key_groups.stop - 1, groups, ref.length, crc,
