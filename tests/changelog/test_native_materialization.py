@@ -170,28 +170,49 @@ def _run(root: str, local: str, parallelism: int, src, until: int) -> None:
         r.run(src, until=until)
 
 
-def test_recovery_downloads_the_native_materialization_at_the_same_parallelism(tmp_path, monkeypatch):
-    """An empty local directory at the same parallelism: each subtask's table is its materialization's file,
-    downloaded, with the log replayed; at another parallelism the file is read key group by key group."""
-    root, src = str(tmp_path / "c"), batches(8)
+@pytest.mark.parametrize(("link", "parallelism"), [(True, 2), (False, 2), (True, 3)])
+def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, monkeypatch, link, parallelism):
+    """An empty local directory: a subtask whose key groups are in one native snapshot takes the snapshot's file
+    as its table's base (hard-linked from a local root, else downloaded) and replays the log into the table;
+    at parallelism 3 the subtask whose key groups span both old subtasks' reads them key group by key group."""
+    root, src = str(tmp_path / "c"), batches(10)
     _run(root, str(tmp_path / "l1"), 2, src, 4)
     keyed = [h for st in load_checkpoint(CheckpointStorage(root)).subtasks for h in st.keyed]
     assert keyed and all(isinstance(h, NativeSnapshotHandle) for h in keyed)
-    downloads: list[str] = []
+    placed: list[tuple[str, bool]] = []
+    place = download._place
 
-    def counted(storage, handle, dest, context=""):
-        downloads.append(handle.path)
-        return download_native(storage, handle, dest, context)
+    def counted(storage, handle, dest, context):
+        placed.append((handle.path, place(storage, handle, dest, context)))
+        return placed[-1][1]
 
-    monkeypatch.setattr(download, "download_native", counted)
-    _run(root, str(tmp_path / "l2"), 2, src, 6)
-    assert sorted(downloads) == sorted(h.path for h in keyed), "each subtask downloaded its own materialization"
-    downloads.clear()
-    _run(root, str(tmp_path / "l3"), 3, src, 8)
-    assert downloads == [], "another range reads the file key group by key group"
+    monkeypatch.setattr(download, "_place", counted)
+    if not link:  # as with an object store: no file to link
+        monkeypatch.setattr(download, "LocalStorage", type("NoLocalStorage", (), {}))
+    _run(root, str(tmp_path / "l2"), parallelism, src, 6)  # at 3: 0-42, 43-85, 86-127 of 0-63, 64-127
+    assert sorted(placed) == sorted((h.path, link) for h in keyed), "each old subtask's file taken as a base once"
+    for h in keyed:
+        assert os.path.exists(os.path.join(root, h.path)), "the checkpoint's file is left where it was"
+    _run(root, str(tmp_path / "l3"), parallelism, src, 10)  # restored again: the tables' own snapshots now
     assert counts(root) == expected_counts(src)
     storage = CheckpointStorage(root)
     assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+
+
+def test_a_damaged_native_materialization_fails_the_restore_and_deletes_nothing(tmp_path):
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, str(tmp_path / "l1"), 1, src, 4)
+    storage = CheckpointStorage(root)
+    (handle,) = load_checkpoint(storage).subtasks[0].keyed
+    full = storage.path(handle.path)
+    with open(full, "r+b") as f:
+        f.seek(handle.file_offset + handle.size // 2)
+        byte = f.read(1)
+        f.seek(handle.file_offset + handle.size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(CorruptFileError, match=rf"{handle.path}.*CRC-32"):
+        _run(root, str(tmp_path / "l2"), 1, src, 6)
+    assert os.path.exists(full) and load_checkpoint(storage).checkpoint_id == 3
 
 
 def test_the_documented_native_handle_is_what_a_materialization_writes(tmp_path):

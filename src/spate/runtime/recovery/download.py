@@ -1,10 +1,17 @@
 """The ladder's rung for a native snapshot: with the lmdb table, when the plan's keyed state is one native snapshot
-(:mod:`spate.snapshot.native`, a materialization) of exactly the subtask's key groups, its file is downloaded to
-become the subtask's table, its CRC-32 checked, and the plan's change sets are replayed into it (``restored``).
-No entry of the materialized state is decoded or put again: a restore costs the download and the log.
+(:mod:`spate.snapshot.native`, a materialization) holding the subtask's key groups, its file becomes a read-only
+*base* of the subtask's table (:class:`~spate.state.overlay.OverlayTable`, as an online rescale takes over an old
+subtask's copy), owning the subtask's key groups of it, and the plan's change sets are replayed into the table's
+own, empty part (``restored``). No entry of the materialized state is decoded or put again: a restore costs getting
+the file and replaying the log, and the table folds the base into itself a bounded number of entries per batch.
 
-Only for a base that is a checkpoint of this root; a savepoint, another range (a rescale) or the heap table read
-the snapshot key group by key group (:mod:`spate.runtime.recovery.storage`).
+Getting the file: in a checkpoint root on this machine's file system, a hard link to the checkpoint's own file (a
+whole file, not a segment of a merged one) when the two are on one file system, its CRC-32 checked by reading
+it; else a download, checked as it is written. The base is only ever read (lmdb opens it read-only), so the
+checkpoint's file is never changed; unlinking the base when it is folded leaves the checkpoint's name alone.
+
+Only for a base that is a checkpoint of this root; a savepoint, several snapshots (a rescale down) or the heap
+table read the snapshot key group by key group (:mod:`spate.runtime.recovery.storage`).
 """
 
 from __future__ import annotations
@@ -14,34 +21,44 @@ import shutil
 import time
 
 from spate.checkpoint.protocol import SubtaskPlan
+from spate.fs import CheckpointStorage, LocalStorage
 from spate.runtime.recovery.local_copy import replay_change_sets
 from spate.runtime.recovery.recovered import RecoveredState, StateOwner, ms_since, nonzero
 from spate.runtime.recovery.trust import full_restore
 from spate.snapshot.handles import NativeSnapshotHandle
-from spate.snapshot.native import download_native
+from spate.snapshot.native import download_native, verify_native
 from spate.state.lmdb_table import LmdbTable
+from spate.state.overlay import Base, OverlayTable
 
-DATA_FILE = "data.mdb"  # lmdb's data file in a table directory
+BASE_NAME = "base-native.mdb"  # the native snapshot's file in the table directory (overlay bases are base-*.mdb)
 
 
 def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     """The plan's base from its native snapshot and its log, or None if the plan's keyed state is not one native
-    snapshot of the subtask's key groups in this root."""
+    snapshot in this root."""
     handle = _native_base(plan)
     if handle is None:
         return None
     assert plan.base_uri is not None
     started = time.perf_counter()
+    storage = owner.services.storage_of(plan.base_uri)
     path = owner.lmdb_dir(plan)
     shutil.rmtree(path, ignore_errors=True)  # untrusted by the rungs before, or none
     os.makedirs(path)
+    table = None
     try:
-        download_native(owner.services.storage_of(plan.base_uri), handle, os.path.join(path, DATA_FILE),
-                        owner.context(plan))
+        linked = _place(storage, handle, os.path.join(path, BASE_NAME), owner.context(plan))
+        readers = owner.services.readers
+        reader = readers.open(os.path.join(path, BASE_NAME), file=True)
+        table = OverlayTable(LmdbTable(path), [], readers)
+        table.add_base(Base(BASE_NAME, handle.start, handle.end + 1, reader), reader.meta("states") or b"")
+        table.commit()
     except BaseException:
+        if table is not None:
+            table.destroy()
         shutil.rmtree(path, ignore_errors=True)
         raise
-    target = owner.target(plan, LmdbTable(path))
+    target = owner.target(plan, table)
     try:
         replay_change_sets(plan, owner, target.table, plan.changelog)
         operator = owner.operator_state(plan)
@@ -50,8 +67,9 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
         raise
     if target.clog is not None:
         target.clog.restored(plan.keyed, plan.changelog)
-    return owner.recovered(plan, target, operator, full_restore(plan, ms_since(started)),
-                           stats=nonzero(replayed_change_sets=len(plan.changelog)))
+    info = full_restore(plan, ms_since(started))
+    return owner.recovered(plan, target, operator, info, stats=nonzero(
+        replayed_change_sets=len(plan.changelog), local_moved_bytes=handle.size if linked else 0))
 
 
 def _native_base(plan: SubtaskPlan) -> NativeSnapshotHandle | None:
@@ -60,4 +78,23 @@ def _native_base(plan: SubtaskPlan) -> NativeSnapshotHandle | None:
     if len(plan.keyed) != 1 or not isinstance(handle := plan.keyed[0], NativeSnapshotHandle):
         return None
     kgs = plan.key_groups
-    return handle if handle.whole and (handle.start, handle.end + 1) == (kgs.start, kgs.stop) else None
+    return handle if kgs.start <= handle.start and handle.end < kgs.stop else None
+
+
+def _place(storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, context: str) -> bool:
+    """Put the snapshot's file at ``dest``: hard-linked if it can be (True), else downloaded; checked either way."""
+    if isinstance(storage, LocalStorage) and handle.file_offset == 0 and not storage.through_link(handle.path):
+        source = storage.path(handle.path)
+        try:
+            if os.path.getsize(source) == handle.size:
+                os.link(source, dest, follow_symlinks=False)
+                try:
+                    verify_native(storage, handle, context)
+                except BaseException:
+                    os.unlink(dest)
+                    raise
+                return True
+        except OSError:  # another file system, or no hard links there: download it
+            pass
+    download_native(storage, handle, dest, context)
+    return False
