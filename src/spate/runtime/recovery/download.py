@@ -58,15 +58,7 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
             table.destroy()
         shutil.rmtree(path, ignore_errors=True)
         raise
-    target = owner.target(plan, table)
-    try:
-        replay_change_sets(plan, owner, target.table, plan.changelog)
-        operator = owner.operator_state(plan)
-    except BaseException:
-        target.discard(destroy=True)
-        raise
-    if target.clog is not None:
-        target.clog.restored(plan.keyed, plan.changelog)
+    target, operator = owner.filled(plan, table, lambda t: replay_change_sets(plan, owner, t.table, plan.changelog))
     info = full_restore(plan, ms_since(started))
     return owner.recovered(plan, target, operator, info, stats=nonzero(
         replayed_change_sets=len(plan.changelog), local_moved_bytes=handle.size if linked else 0))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spate.changelog.state import ChangelogKeyedState
@@ -149,6 +150,21 @@ class StateOwner:
         clog = ChangelogKeyedState(table, services.storage, cfg, self.index, self.parallelism,
                                    services=services.changelog_services)
         return Target(clog.table, clog)
+
+    def filled(self, plan: SubtaskPlan, table: StateTable,
+               fill: Callable[[Target], None]) -> tuple[Target, dict[str, RestoredOperatorState]]:
+        """``table`` as a :meth:`target` filled by ``fill``, and the operator state read; on a failure the target is
+        discarded, its table destroyed. With the changelog on, its log goes on from the plan's handles."""
+        target = self.target(plan, table)
+        try:
+            fill(target)
+            operator = self.operator_state(plan)
+        except BaseException:
+            target.discard(destroy=True)
+            raise
+        if target.clog is not None:
+            target.clog.restored(plan.keyed, plan.changelog)
+        return target, operator
 
     def operator_state(self, plan: SubtaskPlan) -> dict[str, RestoredOperatorState]:
         """The pieces of operator state the coordinator assigned this subtask, read from the base."""
