@@ -30,6 +30,7 @@ from spate.state.descriptors import ValueStateDescriptor
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_digest import table_digest
+from spate.state.lmdb_readonly import ReadOnlyTable
 from spate.state.lmdb_table import LmdbTable
 
 NOW = UploadConfig(persist_delay_s=0.0, timeout_s=5.0)
@@ -182,13 +183,13 @@ def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, 
     placed: list[tuple[str, bool]] = []
     place = download._place
 
-    def counted(storage, handle, dest, context):
-        placed.append((handle.path, place(storage, handle, dest, context)))
+    def counted(storage, handle, dest, context, **link):
+        placed.append((handle.path, place(storage, handle, dest, context, **link)))
         return placed[-1][1]
 
     monkeypatch.setattr(download, "_place", counted)
     if not link:  # as with an object store: no file to link
-        monkeypatch.setattr(download, "LocalStorage", type("NoLocalStorage", (), {}))
+        monkeypatch.setattr(download, "local_file", lambda storage, handle: None)
     _run(root, str(tmp_path / "l2"), parallelism, src, 6)  # at 3: 0-42, 43-85, 86-127 of 0-63, 64-127
     assert sorted(placed) == sorted((h.path, link) for h in keyed), "each old subtask's file taken as a base once"
     for h in keyed:
@@ -197,6 +198,25 @@ def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, 
     assert counts(root) == expected_counts(src)
     storage = CheckpointStorage(root)
     assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+
+
+def test_a_snapshot_file_this_process_reads_already_is_downloaded_as_the_base(tmp_path, monkeypatch):
+    """lmdb opens a file once per process: a file another restore in the process reads in place cannot be opened
+    again through a hard link, so the base is a downloaded copy."""
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, str(tmp_path / "l1"), 1, src, 4)
+    storage = CheckpointStorage(root)
+    (handle,) = load_checkpoint(storage).subtasks[0].keyed
+    placed: list[bool] = []
+    place = download._place
+    monkeypatch.setattr(download, "_place", lambda *args, **kw: placed.append(place(*args, **kw)) or placed[-1])
+    held = ReadOnlyTable(storage.path(handle.path), file=True)
+    try:
+        _run(root, str(tmp_path / "l2"), 1, src, 6)
+    finally:
+        held.close()
+    assert placed == [True, False], "linked, then copied when the link could not be opened"
+    assert counts(root) == expected_counts(src)
 
 
 def test_a_damaged_native_materialization_fails_the_restore_and_deletes_nothing(tmp_path):

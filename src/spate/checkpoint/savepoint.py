@@ -20,11 +20,9 @@ from spate.layout import (
     metadata_path,
     subtask_dir,
 )
-from spate.segments import SegmentWriter, WholeFileWriter
-from spate.snapshot.handles import KeyedHandle, NativeSnapshotHandle
-from spate.snapshot.keyed import SnapshotScope, key_group_frame_parts, write_frames
-from spate.snapshot.native import NativeSource
-from spate.state.keyed import StateMeta
+from spate.segments import WholeFileWriter
+from spate.snapshot.handles import NativeSnapshotHandle
+from spate.snapshot.native import write_as_key_groups
 
 
 def restore_source(uri: str) -> tuple[CheckpointStorage, str]:
@@ -76,20 +74,8 @@ def _canonical(source: CheckpointStorage, meta: CheckpointMetadata, target: Chec
     if not any(isinstance(h, NativeSnapshotHandle) for st in meta.subtasks for h in st.keyed):
         return meta
     subtasks = [dataclasses.replace(st, keyed=[
-        _as_key_groups(source, h, WholeFileWriter(target, subtask_dir(i, meta.parallelism), KEY_GROUPS_SUFFIX))
+        write_as_key_groups(source, h, WholeFileWriter(target, subtask_dir(i, meta.parallelism), KEY_GROUPS_SUFFIX),
+                            "taking a savepoint")
         if isinstance(h, NativeSnapshotHandle) else h for h in st.keyed]) for i, st in enumerate(meta.subtasks)]
     return dataclasses.replace(meta, subtasks=subtasks)
 
-
-def _as_key_groups(source: CheckpointStorage, handle: NativeSnapshotHandle, out: SegmentWriter) -> KeyedHandle:
-    """The key groups of a native snapshot, read one at a time, written as frames with ``out``."""
-    native = NativeSource(source, handle, "taking a savepoint")
-    scope = SnapshotScope(range(handle.start, handle.end + 1), tuple(StateMeta.from_dict(m) for m in handle.states),
-                          {})
-    try:
-        frames = ((kg, key_group_frame_parts(kg, flat)) for kg in handle.held
-                  for _kg, flat, _digest in native.key_groups([kg]))
-        written = write_frames(frames, scope, out)
-    finally:
-        native.close()
-    return handle if written is None else written

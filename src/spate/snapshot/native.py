@@ -29,12 +29,13 @@ import lmdb
 
 from spate.crc import crc32
 from spate.errors import CorruptFileError, SpateError
-from spate.fs import CheckpointStorage
+from spate.fs import CheckpointStorage, LocalStorage
 from spate.pipes import widen_pipe
 from spate.segments import SegmentWriter
-from spate.snapshot.handles import NativeSnapshotHandle
-from spate.snapshot.keyed import SnapshotScope
+from spate.snapshot.handles import KeyedHandle, NativeSnapshotHandle
+from spate.snapshot.keyed import SnapshotScope, key_group_frame_parts, write_frames
 from spate.snapshot.read_ahead import read_ahead
+from spate.state.keyed import StateMeta
 from spate.state.lmdb_digest import DIGEST_KEY, parse_digest
 from spate.state.lmdb_readonly import ReadOnlyTable
 from spate.state.lmdb_scan import KG_PREFIXES
@@ -153,9 +154,23 @@ def verify_native(storage: CheckpointStorage, handle: NativeSnapshotHandle, cont
         pass
 
 
+def local_file(storage: CheckpointStorage, handle: NativeSnapshotHandle) -> str | None:
+    """The path of a native snapshot's file on this machine's file system, if the handle is the whole file of a
+    local root (not a segment of a merged file, no symbolic link on the way): it can be read, or hard-linked, in
+    place. None: it must be downloaded."""
+    if not isinstance(storage, LocalStorage) or handle.file_offset != 0 or storage.through_link(handle.path):
+        return None
+    path = storage.path(handle.path)
+    try:
+        return path if os.path.getsize(path) == handle.size else None
+    except OSError:
+        return None
+
+
 class NativeSource:
-    """A native snapshot read key group by key group: downloaded once, on the first read, into a directory of
-    its own under ``scratch``, and deleted by :meth:`close`. Thread-safe."""
+    """A native snapshot read key group by key group: read in place where it is a local file (its CRC-32 checked
+    first), else downloaded once, on the first read, into a directory of its own under ``scratch``, deleted by
+    :meth:`close`. Thread-safe."""
 
     def __init__(self, storage: CheckpointStorage, handle: NativeSnapshotHandle, context: str,
                  scratch: str | None = None) -> None:
@@ -172,11 +187,26 @@ class NativeSource:
     def _open(self) -> ReadOnlyTable:
         with self._lock:
             if self._table is None:
-                self._dir = tempfile.mkdtemp(prefix="spate-native-", dir=self.scratch)
-                path = os.path.join(self._dir, "data.mdb")
-                download_native(self.storage, self.handle, path, self.context)
-                self._table = ReadOnlyTable(path, file=True)
+                self._table = self._in_place() or self._downloaded()
             return self._table
+
+    def _in_place(self) -> ReadOnlyTable | None:
+        """The local file opened read-only where it is, its CRC-32 checked; None if there is no local file, or lmdb
+        has it open in this process already (as a table's base: one process opens one file once)."""
+        path = local_file(self.storage, self.handle)
+        if path is None:
+            return None
+        verify_native(self.storage, self.handle, self.context)
+        try:
+            return ReadOnlyTable(path, file=True)
+        except lmdb.Error:
+            return None
+
+    def _downloaded(self) -> ReadOnlyTable:
+        self._dir = tempfile.mkdtemp(prefix="spate-native-", dir=self.scratch)
+        path = os.path.join(self._dir, "data.mdb")
+        download_native(self.storage, self.handle, path, self.context)
+        return ReadOnlyTable(path, file=True)
 
     def close(self) -> None:
         with self._lock:
@@ -191,3 +221,18 @@ class NativeSource:
 def _ctx(context: str) -> str:
     return f" ({context})" if context else ""
 
+
+def write_as_key_groups(storage: CheckpointStorage, handle: NativeSnapshotHandle, out: SegmentWriter,
+                        context: str) -> KeyedHandle:
+    """The key groups of a native snapshot's handle, read one at a time, written with ``out`` as a keyed snapshot
+    file of spate's key-group frames (what a savepoint keeps, and a rescaled subtask's share of another's file)."""
+    native = NativeSource(storage, handle, context)
+    scope = SnapshotScope(range(handle.start, handle.end + 1), tuple(StateMeta.from_dict(m) for m in handle.states),
+                          {})
+    try:
+        frames = ((kg, key_group_frame_parts(kg, flat)) for kg in handle.held
+                  for _kg, flat, _digest in native.key_groups([kg]))
+        written = write_frames(frames, scope, out)
+    finally:
+        native.close()
+    return handle if written is None else written

@@ -10,7 +10,7 @@ from spate.frames import contiguous_reads, iter_frames
 from spate.fs import CheckpointStorage
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, NativeSnapshotHandle
-from spate.snapshot.native import native_chunks
+from spate.snapshot.native import native_chunks, write_as_key_groups
 
 H = TypeVar("H", KeyGroupsHandle, NativeSnapshotHandle, ChangeSetHandle)
 
@@ -20,6 +20,8 @@ def relocate(storage: CheckpointStorage, handle: H, out: SegmentWriter) -> H:
     snapshot's whole file, its CRC-32 verified) to a new logical file written with ``out``, read and written in
     parts (never whole in memory); returns the handle of the copy."""
     if isinstance(handle, NativeSnapshotHandle):
+        if not handle.whole:  # part of another subtask's table (a rescale): its key groups, as frames
+            return write_as_key_groups(storage, handle, out, "re-writing a segment")  # type: ignore[return-value]
         return handle.relocated(out.write_parts(native_chunks(storage, handle, "re-writing a segment")))
     offset, length = handle.span()
     where = f"{storage.path(handle.path)} segment at {handle.file_offset}"
@@ -32,3 +34,4 @@ def relocate(storage: CheckpointStorage, handle: H, out: SegmentWriter) -> H:
             yield data
 
     return handle.relocated(out.write_parts(parts()), offset)
+

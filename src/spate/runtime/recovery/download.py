@@ -21,12 +21,13 @@ import shutil
 import time
 
 from spate.checkpoint.protocol import SubtaskPlan
-from spate.fs import CheckpointStorage, LocalStorage
+from spate.errors import SpateError
+from spate.fs import CheckpointStorage
 from spate.runtime.recovery.local_copy import replay_change_sets
 from spate.runtime.recovery.recovered import RecoveredState, StateOwner, ms_since, nonzero
 from spate.runtime.recovery.trust import full_restore
 from spate.snapshot.handles import NativeSnapshotHandle
-from spate.snapshot.native import download_native, verify_native
+from spate.snapshot.native import download_native, local_file, verify_native
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import Base, OverlayTable
 
@@ -46,10 +47,15 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     shutil.rmtree(path, ignore_errors=True)  # untrusted by the rungs before, or none
     os.makedirs(path)
     table = None
+    readers, base = owner.services.readers, os.path.join(path, BASE_NAME)
     try:
-        linked = _place(storage, handle, os.path.join(path, BASE_NAME), owner.context(plan))
-        readers = owner.services.readers
-        reader = readers.open(os.path.join(path, BASE_NAME), file=True)
+        linked = _place(storage, handle, base, owner.context(plan))
+        try:
+            reader = readers.open(base, file=True)
+        except SpateError:  # this process reads the linked file already, as another restore's source: a copy
+            os.unlink(base)
+            linked = _place(storage, handle, base, owner.context(plan), link=False)
+            reader = readers.open(base, file=True)
         table = OverlayTable(LmdbTable(path), [], readers)
         table.add_base(Base(BASE_NAME, handle.start, handle.end + 1, reader), reader.meta("states") or b"")
         table.commit()
@@ -73,20 +79,22 @@ def _native_base(plan: SubtaskPlan) -> NativeSnapshotHandle | None:
     return handle if kgs.start <= handle.start and handle.end < kgs.stop else None
 
 
-def _place(storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, context: str) -> bool:
-    """Put the snapshot's file at ``dest``: hard-linked if it can be (True), else downloaded; checked either way."""
-    if isinstance(storage, LocalStorage) and handle.file_offset == 0 and not storage.through_link(handle.path):
-        source = storage.path(handle.path)
+def _place(storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, context: str,
+           link: bool = True) -> bool:
+    """Put the snapshot's file at ``dest``: hard-linked if it can be and ``link`` (True), else downloaded; checked
+    either way."""
+    source = local_file(storage, handle) if link else None
+    if source is not None:
         try:
-            if os.path.getsize(source) == handle.size:
-                os.link(source, dest, follow_symlinks=False)
-                try:
-                    verify_native(storage, handle, context)
-                except BaseException:
-                    os.unlink(dest)
-                    raise
-                return True
+            os.link(source, dest, follow_symlinks=False)
         except OSError:  # another file system, or no hard links there: download it
             pass
+        else:
+            try:
+                verify_native(storage, handle, context)
+            except BaseException:
+                os.unlink(dest)
+                raise
+            return True
     download_native(storage, handle, dest, context)
     return False
