@@ -166,9 +166,14 @@ def test_a_restore_from_a_native_materialization_and_its_log_is_the_live_state(t
 
 
 def _run(root: str, local: str, parallelism: int, src, until: int) -> None:
+    """Batches up to ``until``, each subtask's materialization waited for after each (the next checkpoint then
+    references it, whatever the machine's load)."""
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=parallelism, table="lmdb", local_dir=local,
                      changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2)) as r:
-        r.run(src, until=until)
+        for n in range(r.next_batch_id, until):
+            r.run_batch(n, src[n])
+            for sub in r.subtasks:
+                sub.clog.wait_for_materialization()
 
 
 @pytest.mark.parametrize(("link", "parallelism"), [(True, 2), (False, 2), (True, 3)])

@@ -39,6 +39,7 @@ from spate.state.keyed import StateMeta
 from spate.state.lmdb_digest import DIGEST_KEY, parse_digest
 from spate.state.lmdb_readonly import ReadOnlyTable
 from spate.state.lmdb_scan import KG_PREFIXES
+from spate.state.overlay import SharedReaders
 
 CHUNK_BYTES = 16 << 20  # a native snapshot is read from storage in ranged reads of this size
 READ_THREADS = 3
@@ -173,8 +174,10 @@ class NativeSource:
     :meth:`close`. Thread-safe."""
 
     def __init__(self, storage: CheckpointStorage, handle: NativeSnapshotHandle, context: str,
-                 scratch: str | None = None) -> None:
+                 scratch: str | None = None, readers: SharedReaders | None = None) -> None:
         self.storage, self.handle, self.context, self.scratch = storage, handle, context, scratch
+        self._readers = readers  # the process's open lmdb files: a table's base may be this very file
+        self._shared = False
         self._lock = threading.Lock()
         self._dir: str | None = None
         self._table: ReadOnlyTable | None = None
@@ -198,8 +201,12 @@ class NativeSource:
             return None
         verify_native(self.storage, self.handle, self.context)
         try:
+            if self._readers is not None:
+                table = self._readers.open(path, file=True)
+                self._shared = True
+                return table
             return ReadOnlyTable(path, file=True)
-        except lmdb.Error:
+        except (lmdb.Error, SpateError):
             return None
 
     def _downloaded(self) -> ReadOnlyTable:
@@ -211,7 +218,10 @@ class NativeSource:
     def close(self) -> None:
         with self._lock:
             if self._table is not None:
-                self._table.close()
+                if self._shared and self._readers is not None:
+                    self._readers.release(self._table)
+                else:
+                    self._table.close()
                 self._table = None
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
@@ -223,10 +233,11 @@ def _ctx(context: str) -> str:
 
 
 def write_as_key_groups(storage: CheckpointStorage, handle: NativeSnapshotHandle, out: SegmentWriter,
-                        context: str) -> KeyedHandle:
+                        context: str, readers: SharedReaders | None = None) -> KeyedHandle:
     """The key groups of a native snapshot's handle, read one at a time, written with ``out`` as a keyed snapshot
-    file of spate's key-group frames (what a savepoint keeps, and a rescaled subtask's share of another's file)."""
-    native = NativeSource(storage, handle, context)
+    file of spate's key-group frames (what a savepoint keeps, and a rescaled subtask's share of another's file);
+    ``readers``: the process's open lmdb files, to read the file through if a table's base is that file."""
+    native = NativeSource(storage, handle, context, readers=readers)
     scope = SnapshotScope(range(handle.start, handle.end + 1), tuple(StateMeta.from_dict(m) for m in handle.states),
                           {})
     try:
