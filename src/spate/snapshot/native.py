@@ -4,13 +4,15 @@ A materialization of an lmdb table (the changelog's base) is written as a compac
 environment (lmdb's ``mdb_env_copy`` with compaction, at the read transaction the materialization started with),
 streamed into checkpoint storage as lmdb writes it, with its CRC-32. Why: a keyed snapshot in spate's key-group
 frames is restored entry by entry (decoded, then put into a new table), at about the cost of a full snapshot's
-restore; this file is restored by downloading it (:func:`download_native`), so that a restore from a
-materialization and its log costs the download plus the log, less than a full snapshot's restore. Its digest is
-the table's own, stored in it.
+restore; this file is taken as it is, as the read-only base of the restored table
+(:mod:`spate.runtime.recovery.download`: hard-linked from a local root, else downloaded, :func:`download_native`),
+so that a restore from a materialization and its log costs getting the file plus the log. Its digest is the
+table's own, stored in it.
 
-Where the file cannot simply become the table (another key-group range: a rescale; a heap table; reading it for
-inspection), it is downloaded once and read key group by key group (:class:`NativeSource`), the same
-``[key, value, ...]`` a key-group frame holds. Savepoints keep spate's canonical key-group frames.
+Where the file cannot be a table's base (key groups from several files; a heap table; reading state for
+inspection; a savepoint's or a rescaled subtask's re-write as key-group frames, :func:`write_as_key_groups`), it is
+read key group by key group (:class:`NativeSource`: in place from a local root, else downloaded once), the same
+``[key, value, ...]`` a key-group frame holds.
 """
 
 from __future__ import annotations
