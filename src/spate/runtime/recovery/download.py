@@ -46,7 +46,7 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     path = owner.lmdb_dir(plan)
     shutil.rmtree(path, ignore_errors=True)  # untrusted by the rungs before, or none
     os.makedirs(path)
-    table = None
+    table = reader = None
     readers, base = owner.services.readers, os.path.join(path, BASE_NAME)
     try:
         linked = _place(storage, handle, base, owner.context(plan))
@@ -61,7 +61,9 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
         table.commit()
     except BaseException:
         if table is not None:
-            table.destroy()
+            table.destroy()  # and lets the base's reader go
+        elif reader is not None:
+            readers.release(reader)
         shutil.rmtree(path, ignore_errors=True)
         raise
     target, operator = owner.filled(plan, table, lambda t: replay_change_sets(plan, owner, t.table, plan.changelog))
