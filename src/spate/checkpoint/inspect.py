@@ -18,9 +18,7 @@ from spate.fs import CheckpointStorage
 from spate.keygroups import key_group_range
 from spate.layout import METADATA_FILE, QUERY_FILE, delivered_path, metadata_path
 from spate.serde import decode_key, serializer_by_name
-from spate.snapshot.handles import ChangeSetHandle, KeyedHandle, KeyGroupsHandle, NativeSnapshotHandle
 from spate.snapshot.keyed import read_key_groups
-from spate.snapshot.native import verify_native
 from spate.snapshot.operator import read_operator_piece
 from spate.snapshot.outputs import read_outputs
 from spate.state.descriptors import LIST
@@ -73,9 +71,11 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
             problems.append(f"{storage.path(path)}: {size} bytes, but {context} has segments up to byte {end}; "
                             "the file is truncated")
     for i, st in enumerate(meta.subtasks):
-        for handle in (*st.keyed, *st.changelog):
+        readers = [(read_key_groups, h) for h in st.keyed] + [(read_change_set, c) for c in st.changelog]
+        for read, handle in readers:
             try:
-                _read_through(storage, handle, context)
+                for _ in read(storage, handle, context):  # type: ignore[operator,arg-type]
+                    pass
             except SpateError as e:
                 problems.append(f"subtask {i}: {e}")
         if st.operator:
@@ -90,18 +90,6 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
             except SpateError as err:
                 problems.append(f"subtask {i}: {err}")
     return problems
-
-
-def _read_through(storage: CheckpointStorage, handle: KeyedHandle | ChangeSetHandle, context: str) -> None:
-    """Read every byte of a keyed or change-set handle, checking checksums and formats (raises SpateError)."""
-    if isinstance(handle, NativeSnapshotHandle):
-        verify_native(storage, handle, context)
-    elif isinstance(handle, KeyGroupsHandle):
-        for _ in read_key_groups(storage, handle, context):
-            pass
-    else:
-        for _ in read_change_set(storage, handle, context):
-            pass
 
 
 def verify_root_files(storage: CheckpointStorage, checkpoint_ids: list[int]) -> list[str]:

@@ -17,8 +17,7 @@ from collections.abc import Iterable
 from spate.errors import SpateError
 from spate.frames import FrameKind, read_span_frames
 from spate.fs import CheckpointStorage
-from spate.snapshot.handles import ChangeSetHandle, KeyedHandle, KeyGroupsHandle, NativeSnapshotHandle
-from spate.snapshot.native import verify_native
+from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 
 Span = tuple[str, int, int, int]  # path, file offset, offset, length
 DEFAULT_CAPACITY = 65536  # spans remembered per storage
@@ -53,14 +52,14 @@ class VerifiedSpans:
                 self._spans.popitem(last=False)
 
 
-def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyedHandle | ChangeSetHandle],
+def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyGroupsHandle | ChangeSetHandle],
                    verified: VerifiedSpans, context: str = "") -> list[str]:
     """Read every frame of each handle's span not in ``verified`` (the spans of ``storage`` checked before, kept
     by the worker's services) and check its checksum and kind; returns the problems found (empty: every
     referenced byte is intact). The intact spans are added to ``verified``."""
     problems = []
     for handle in handles:
-        if not handle.state_bytes:
+        if not handle.offsets:
             continue
         span: Span = (handle.path, handle.file_offset, *handle.span())
         if span in verified:
@@ -73,12 +72,9 @@ def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyedHandle | C
     return problems
 
 
-def _check(storage: CheckpointStorage, handle: KeyedHandle | ChangeSetHandle, context: str) -> str | None:
+def _check(storage: CheckpointStorage, handle: KeyGroupsHandle | ChangeSetHandle, context: str) -> str | None:
+    kind = FrameKind.KEY_GROUP if isinstance(handle, KeyGroupsHandle) else FrameKind.CHANGE_SET
     try:
-        if isinstance(handle, NativeSnapshotHandle):
-            verify_native(storage, handle, context)
-            return None
-        kind = FrameKind.KEY_GROUP if isinstance(handle, KeyGroupsHandle) else FrameKind.CHANGE_SET
         _where, frames = read_span_frames(storage, handle.path, handle.offsets, kind, context, handle.file_offset)
         for _ in frames:
             pass
