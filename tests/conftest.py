@@ -79,6 +79,7 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
 
+
 @pytest.fixture(scope="session", autouse=True)
 def temporary_files_in_the_runs_base_temp(tmp_path_factory):
     """Every temporary directory the tests make without a place of their own (the docs' examples, which the tests
