@@ -87,6 +87,7 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("append"), value_entry, data),
     st.tuples(st.just("delete"), value_entry, st.none()),
     st.tuples(st.just("put_many"), st.lists(st.tuples(value_entry, data), max_size=4), st.none()),
+    st.tuples(st.just("put_many_existed"), st.lists(st.tuples(value_entry, data), max_size=4), st.none()),
     st.tuples(st.just("map_put"), map_entry, data),
     st.tuples(st.just("map_delete"), map_entry, st.none()),
     st.tuples(st.just("delete_map"), map_entry, st.none()),
@@ -116,6 +117,13 @@ def _apply(table: StateTable, model: Model, op: str, arg, value) -> None:
         entries = [(kg, primary(sid, key), v) for (kg, sid, key), v in arg]
         table.put_many(entries)
         model.update({(kg, p, b""): v for kg, p, v in entries})
+    elif op == "put_many_existed":
+        entries = [(kg, primary(sid, key), v) for (kg, sid, key), v in arg]
+        existed = []
+        for kg, p, v in entries:  # each as it stands just before its own put (a key twice: then it exists)
+            existed.append((kg, p, b"") in model)
+            model[(kg, p, b"")] = v
+        assert table.put_many_existed(entries) == existed
     elif op in ("map_put", "map_put_existed", "map_delete", "delete_map"):
         kg, sid, key, user_key = arg
         p = primary(sid, key)

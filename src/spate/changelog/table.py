@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spate.changelog.changeset import ChangeSet
 from spate.changelog.writer import ChangelogWriter
 from spate.state.table import StateTable, WrappedTable
 
@@ -35,20 +34,25 @@ class ChangelogTable(WrappedTable):
         self.writer.after_append()
 
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
+        """Apply, then log, with ``new`` flags for the entries the change set touches first: from the put itself
+        when the table knows it for free (lmdb) and every entry is a first touch (the usual case: each key once
+        per change set), else looked up before the put."""
         cs = self.writer.active
-        new = self._new_flags(cs, entries)
-        self.inner.put_many(entries)
+        first = cs.untouched_indices(entries)
+        new: list[bool] | None
+        if first and len(first) == len(entries):
+            new = [not e for e in self.inner.put_many_existed(entries)]
+        else:
+            new = self._new_flags(entries, first)
+            self.inner.put_many(entries)
         cs.put_many(entries, new)
         self.writer.after_append()
 
-    def _new_flags(self, cs: ChangeSet, entries: Sequence[tuple[int, bytes, bytes]]) -> list[bool] | None:
-        """Per entry, whether it is the change set's first change to an entry the table does not hold."""
-        first = cs.untouched_indices(entries)
+    def _new_flags(self, entries: Sequence[tuple[int, bytes, bytes]], first: list[int]) -> list[bool] | None:
+        """Per entry, whether it is the change set's first change (``first``: their positions) to an entry the
+        table does not hold, looked up before the put."""
         if not first:
             return None
-        if len(first) == len(entries):  # the usual case: each key once per change set
-            kgs, keys, _values = zip(*entries, strict=True)
-            return [v is None for v in self.inner.get_many(kgs, keys)]
         found = self.inner.get_many([entries[i][0] for i in first], [entries[i][1] for i in first])
         new = [False] * len(entries)
         for i, v in zip(first, found, strict=True):

@@ -56,14 +56,17 @@ class LmdbTable(LmdbWriter, StateTable):
         return cast("list[bytes | None]", [get(KG_PREFIXES[kg] + p) for kg, p in zip(kgs, primaries, strict=True)])
 
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
-        """``put`` of each entry, with the digest kept in one pass (map growth and large batches go through
-        :meth:`_put`, entry by entry)."""
+        self.put_many_existed(entries)
+
+    def put_many_existed(self, entries: Sequence[tuple[int, bytes, bytes]]) -> list[bool]:
+        """``put`` of each entry, with the digest kept in one pass, and whether each existed: lmdb's replace
+        returns the old value, so nothing is looked up (map growth and large batches go through :meth:`_put`,
+        entry by entry)."""
         if len(self._ops) + len(entries) >= self._commit_every or self._digest is None:
-            for kg, primary, value in entries:
-                self._put(KG_PREFIXES[kg] + primary, value)
-            return
+            return [self._put(KG_PREFIXES[kg] + primary, value) for kg, primary, value in entries]
         txn, crc, digest = self._txn or self._begin(), crc32, self._digest
         done: list[tuple[bytes, bytes | None]] = []
+        existed: list[bool] = []
         try:
             for kg, primary, value in entries:
                 key = KG_PREFIXES[kg] + primary
@@ -73,16 +76,17 @@ class LmdbTable(LmdbWriter, StateTable):
                 if old is not None:
                     digest -= crc(old, key_crc) + 1
                 done.append((key, value))
+                existed.append(old is not None)
         except (lmdb.MapFullError, lmdb.BadValsizeError) as e:
             self._digest = digest & MASK64
             self._ops.extend(done)
             if isinstance(e, lmdb.MapFullError):  # the transaction is dead: grow the map and replay it first
                 self._grow_and_replay()
-            for kg, primary, value in entries[len(done):]:
-                self._put(KG_PREFIXES[kg] + primary, value)  # explains a bad value
-            return
+            # explains a bad value
+            return existed + [self._put(KG_PREFIXES[kg] + primary, value) for kg, primary, value in entries[len(done):]]
         self._digest = digest & MASK64
         self._ops.extend(done)
+        return existed
 
     def delete(self, kg: int, primary: bytes) -> None:
         prefix = KG_PREFIXES[kg] + primary

@@ -52,6 +52,22 @@ class StateTable(ABC):
         for kg, primary, value in entries:
             put(kg, primary, value)
 
+    def put_many_existed(self, entries: Sequence[tuple[int, bytes, bytes]]) -> list[bool]:
+        """``put_many``, and per entry whether it existed just before its own put (the changelog asks; lmdb knows
+        it from the put itself, other tables look the entries up first)."""
+        if not entries:
+            return []
+        kgs, primaries, _values = zip(*entries, strict=True)
+        found = self.get_many(kgs, primaries)
+        self.put_many(entries)
+        existed = [v is not None for v in found]
+        if len(set(zip(kgs, primaries, strict=True))) < len(entries):  # a key put twice existed at its second put
+            seen: set[tuple[int, bytes]] = set()
+            for i, key in enumerate(zip(kgs, primaries, strict=True)):
+                existed[i] = existed[i] or key in seen
+                seen.add(key)
+        return existed
+
     @abstractmethod
     def delete(self, kg: int, primary: bytes) -> None:
         """Remove a value entry, or every user-key entry of a map primary."""
@@ -141,6 +157,9 @@ class WrappedTable(StateTable):
 
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
         self.inner.put_many(entries)
+
+    def put_many_existed(self, entries: Sequence[tuple[int, bytes, bytes]]) -> list[bool]:
+        return self.inner.put_many_existed(entries)
 
     def append(self, kg: int, primary: bytes, data: bytes) -> None:
         self.inner.append(kg, primary, data)

@@ -39,6 +39,9 @@ class TimedTable(WrappedTable):
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
         self._timed(self.inner.put_many, entries)
 
+    def put_many_existed(self, entries: Sequence[tuple[int, bytes, bytes]]) -> list[bool]:
+        return self._timed(self.inner.put_many_existed, entries)  # type: ignore[no-any-return]
+
     def append(self, kg: int, primary: bytes, data: bytes) -> None:
         self._timed(self.inner.append, kg, primary, data)
 
