@@ -14,10 +14,11 @@ change set ``k`` opened (the previous one closed at a checkpoint, a pre-emptive 
 and for an entry the change set holds no record of it is still the live table now: every change since went
 through this change set. ("The last upload" is therefore the last sequence-number boundary, not the last
 checkpoint.) So when a change set first touches an entry (``put``, ``put_many``, ``append``, ``map_put``),
-:class:`~spate.changelog.table.ChangelogTable` looks it up once, before writing, and the record remembers
-whether it was absent (``new``); a change to an entry with a pending record looks nothing up. A closed change
-set is never changed again (it may be uploading while later changes go to the next one), and each one looks
-up its own first touches, so the flag always refers to its own starting state. Only absence matters, and the
+:class:`~spate.changelog.table.ChangelogTable` learns whether it was there just before the write (from the
+write itself where the table knows it, as lmdb's replace does, else by a lookup before writing), and the
+record remembers whether it was absent (``new``); a change to an entry with a pending record asks nothing. A
+closed change set is never changed again (it may be uploading while later changes go to the next one), and each
+one asks about its own first touches, so the flag always refers to its own starting state. Only absence matters, and the
 live table never lacks an entry its replay base has (a materialization may leave out expired entries, never
 add any); an expired entry still in the table counts as existing, which only keeps a tombstone. Then:
 
