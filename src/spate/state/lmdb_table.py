@@ -20,6 +20,7 @@ from spate.state.layout import META_PREFIX, primary_length
 from spate.state.lmdb_append import put_sorted
 from spate.state.lmdb_digest import DIGEST_KEY, MASK64, replaced_digest
 from spate.state.lmdb_dir import held_for_reading, last_used, move_table, remove_if_unused
+from spate.state.lmdb_prefetch import warm
 from spate.state.lmdb_readonly import ReadOnlyTable
 from spate.state.lmdb_scan import KG_PREFIXES, count_entries, flat_key_group, scan_prefix
 from spate.state.lmdb_writer import MAX_LMDB_KEY, LmdbWriter
@@ -52,8 +53,10 @@ class LmdbTable(LmdbWriter, StateTable):
         return self._put(KG_PREFIXES[kg] + primary, value)
 
     def get_many(self, kgs: Sequence[int], primaries: Sequence[bytes]) -> list[bytes | None]:
+        keys = list(map(bytes.__add__, map(KG_PREFIXES.__getitem__, kgs), primaries))
+        warm(self.env, keys)
         get = (self._txn or self._begin()).get
-        return cast("list[bytes | None]", [get(KG_PREFIXES[kg] + p) for kg, p in zip(kgs, primaries, strict=True)])
+        return cast("list[bytes | None]", list(map(get, keys)))
 
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
         self.put_many_existed(entries)
@@ -62,14 +65,15 @@ class LmdbTable(LmdbWriter, StateTable):
         """``put`` of each entry, with the digest kept in one pass, and whether each existed: lmdb's replace
         returns the old value, so nothing is looked up (map growth and large batches go through :meth:`_put`,
         entry by entry)."""
+        keys = [KG_PREFIXES[kg] + primary for kg, primary, _value in entries]
+        warm(self.env, keys)
         if len(self._ops) + len(entries) >= self._commit_every or self._digest is None:
-            return [self._put(KG_PREFIXES[kg] + primary, value) for kg, primary, value in entries]
+            return [self._put(key, value) for key, (_kg, _primary, value) in zip(keys, entries, strict=True)]
         txn, crc, digest = self._txn or self._begin(), crc32, self._digest
         done: list[tuple[bytes, bytes | None]] = []
         existed: list[bool] = []
         try:
-            for kg, primary, value in entries:
-                key = KG_PREFIXES[kg] + primary
+            for key, (_kg, _primary, value) in zip(keys, entries, strict=True):
                 old = txn.replace(key, value)
                 key_crc = crc(key)
                 digest += crc(value, key_crc) + 1
@@ -82,8 +86,8 @@ class LmdbTable(LmdbWriter, StateTable):
             self._ops.extend(done)
             if isinstance(e, lmdb.MapFullError):  # the transaction is dead: grow the map and replay it first
                 self._grow_and_replay()
-            # explains a bad value
-            return existed + [self._put(KG_PREFIXES[kg] + primary, value) for kg, primary, value in entries[len(done):]]
+            rest = zip(keys[len(done):], entries[len(done):], strict=True)
+            return existed + [self._put(key, value) for key, (_kg, _p, value) in rest]  # explains a bad value
         self._digest = digest & MASK64
         self._ops.extend(done)
         return existed
