@@ -34,9 +34,9 @@ class ChangelogTable(WrappedTable):
         self.writer.after_append()
 
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
-        """Apply, then log, with ``new`` flags for the entries the change set touches first: from the put itself
-        when the table knows it for free (lmdb) and every entry is a first touch (the usual case: each key once
-        per change set), else looked up before the put."""
+        """Apply, then log, with ``new`` flags for the entries the change set touches first. When every entry is a
+        first touch (the usual case: each key once per change set) the table's put says which existed (lmdb from
+        the put itself, the other tables by a lookup first); else only the first touches are looked up."""
         cs = self.writer.active
         first = cs.untouched_indices(entries)
         new: list[bool] | None
