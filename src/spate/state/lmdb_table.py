@@ -53,7 +53,7 @@ class LmdbTable(LmdbWriter, StateTable):
         return self._put(KG_PREFIXES[kg] + primary, value)
 
     def get_many(self, kgs: Sequence[int], primaries: Sequence[bytes]) -> list[bytes | None]:
-        keys = list(map(bytes.__add__, map(KG_PREFIXES.__getitem__, kgs), primaries))
+        keys = [KG_PREFIXES[kg] + p for kg, p in zip(kgs, primaries, strict=True)]
         warm(self.env, keys)
         get = (self._txn or self._begin()).get
         return cast("list[bytes | None]", list(map(get, keys)))
