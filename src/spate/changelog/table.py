@@ -34,30 +34,17 @@ class ChangelogTable(WrappedTable):
         self.writer.after_append()
 
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
-        """Apply, then log, with ``new`` flags for the entries the change set touches first. When every entry is a
-        first touch (the usual case: each key once per change set) the table's put says which existed (lmdb from
-        the put itself, the other tables by a lookup first); else only the first touches are looked up."""
+        """Apply, then log. If the change set touches any entry first, the table's put says which entries existed
+        (lmdb from the put itself, the other tables by a lookup first); the change set keeps the flag of a first
+        touch only, so the flags of entries it already holds records of do not matter."""
         cs = self.writer.active
-        first = cs.untouched_indices(entries)
-        new: list[bool] | None
-        if first and len(first) == len(entries):
+        new: list[bool] | None = None
+        if cs.untouched_indices(entries):
             new = [not e for e in self.inner.put_many_existed(entries)]
         else:
-            new = self._new_flags(entries, first)
             self.inner.put_many(entries)
         cs.put_many(entries, new)
         self.writer.after_append()
-
-    def _new_flags(self, entries: Sequence[tuple[int, bytes, bytes]], first: list[int]) -> list[bool] | None:
-        """Per entry, whether it is the change set's first change (``first``: their positions) to an entry the
-        table does not hold, looked up before the put."""
-        if not first:
-            return None
-        found = self.inner.get_many([entries[i][0] for i in first], [entries[i][1] for i in first])
-        new = [False] * len(entries)
-        for i, v in zip(first, found, strict=True):
-            new[i] = v is None
-        return new
 
     def append(self, kg: int, primary: bytes, data: bytes) -> None:
         cs = self.writer.active
