@@ -7,20 +7,24 @@ from __future__ import annotations
 import io
 import os
 import threading
+import time
 
 import pytest
 
+from spate.changelog import materializer_process, process_view
 from spate.changelog import materializer_protocol as mp
-from spate.changelog import process_view
 from spate.changelog.materializer_process import serve
 from spate.changelog.process_view import MaterializationReads, ProcessView
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
 from spate.fs import LocalStorage
 from spate.segments import WholeFileWriter
-from spate.snapshot.keyed import SnapshotScope, write_key_groups
+from spate.snapshot.keyed import SnapshotScope, key_group_frame, write_key_groups
+from spate.state import lmdb_read_ahead as read_ahead
 from spate.state.descriptors import ValueStateDescriptor
 from spate.state.keyed import KeyedStateBackend
+from spate.state.lmdb_scan import flat_key_group
+from spate.state.lmdb_scan import key_group_keys as keys_of
 from spate.state.lmdb_table import LmdbTable
 
 KGS = range(16)
@@ -160,3 +164,27 @@ def test_only_a_large_lmdb_table_without_ttl_is_read_by_a_process(tmp_path):
     assert large.read_by == "process"
     large.close()
     table.close()
+
+
+def test_a_reader_reading_ahead_sends_the_frames_it_would_send_alone(tmp_path, monkeypatch):
+    table = _filled(str(tmp_path / "t"), rounds=2)
+    txn = table.env.info()["last_txnid"]
+    expected = {kg: key_group_frame(kg, flat) for kg in KGS if (flat := table.key_group_flat(kg))}
+    table.close()
+    monkeypatch.setattr(read_ahead, "MIN_PROBE_BYTES", 0)
+    monkeypatch.setattr(read_ahead, "COLD_BYTES_PER_S", float("inf"))  # every key group counts as read from disk
+    walked: list[int] = []
+    monkeypatch.setattr(read_ahead, "key_group_keys", lambda cur, kg: walked.append(kg) or keys_of(cur, kg))
+
+    def after_a_walk(txn, kg):  # the second key group is read once the threads have walked one (not a race)
+        deadline = time.monotonic() + 10
+        while kg == 1 and not walked and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return flat_key_group(txn, kg)
+
+    monkeypatch.setattr(materializer_process, "flat_key_group", after_a_walk)
+    got, status = _serve_in_thread([mp.Start(str(tmp_path / "t"), 0, 15, 3, txn)], str(tmp_path / "t"))
+    assert status == 0 and isinstance(got[-1], mp.Finished)
+    assert {m.kg: m.frame for m in got if isinstance(m, mp.KeyGroupRead) and m.frame} == expected
+    assert walked and set(walked) <= set(KGS[1:]), "the threads read ahead, never the first key group"
+    assert not [t for t in threading.enumerate() if t.name == "spate-read-ahead"], "joined before the table closed"

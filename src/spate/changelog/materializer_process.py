@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import BinaryIO
 
 import lmdb
@@ -34,6 +35,7 @@ from spate.changelog.materializer_protocol import (
     send,
 )
 from spate.snapshot.keyed import key_group_frame
+from spate.state.lmdb_read_ahead import KeyGroupReadAhead
 from spate.state.lmdb_scan import flat_key_group
 
 MIN_MAP_BYTES = 1 << 30
@@ -112,14 +114,17 @@ def listen(source: BinaryIO, snapshots: Snapshots) -> None:
         snapshots.ended.set()
 
 
-def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO) -> None:
+def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: KeyGroupReadAhead) -> None:
     for kg in range(start.first, start.last + 1):
         if snapshots.ended.is_set():
             return
         current = snapshots.take()
         assert current is not None  # the start's snapshot was offered before the first key group
         txn, position = current
+        ahead.reading(kg)
+        began = time.perf_counter()
         flat = flat_key_group(txn, kg)
+        ahead.read(sum(map(len, flat)), time.perf_counter() - began)
         send(out, KeyGroupRead(kg, position, key_group_frame(kg, flat) if flat else b""))
     send(out, Finished())
 
@@ -149,7 +154,8 @@ def serve(source: BinaryIO, out: BinaryIO) -> int:
             else:
                 return 0
         listener.start()
-        read_key_groups(start, snapshots, out)
+        with KeyGroupReadAhead(env, range(start.first, start.last + 1)) as ahead:  # joined before env closes
+            read_key_groups(start, snapshots, out, ahead)
         return 0
     except (lmdb.Error, ProtocolError) as e:
         send(out, Failed(f"reading the lmdb table {start.path} failed: {e}"))

@@ -20,10 +20,7 @@ def flat_key_group(txn: lmdb.Transaction, kg: int) -> list[bytes]:
     """[flat key, value, ...] of key group ``kg`` (keys without the 2-byte prefix), read by the cursor in C
     loops: the keys up to the next key group's prefix, then as many values from the same place."""
     cur = txn.cursor()  # buffers=False: keys and values are bytes
-    if not cur.set_range(KG_PREFIXES[kg]):
-        return []
-    end = KG_PREFIXES[kg + 1] if kg + 1 < len(KG_PREFIXES) else b"\x80\x00"
-    keys = list(takewhile(end.__gt__, cast("Iterator[bytes]", cur.iternext(keys=True, values=False))))
+    keys = list(key_group_keys(cur, kg))
     if not keys:
         return []
     cur.set_range(KG_PREFIXES[kg])
@@ -31,6 +28,15 @@ def flat_key_group(txn: lmdb.Transaction, kg: int) -> list[bytes]:
     flat[0::2] = map(_AFTER_PREFIX, keys)
     flat[1::2] = islice(cast("Iterator[bytes]", cur.iternext(keys=False, values=True)), len(keys))
     return flat
+
+
+def key_group_keys(cur: lmdb.Cursor, kg: int) -> Iterator[bytes]:
+    """The full keys of key group ``kg``, in order, from the cursor ``cur`` (moved to its first): to consume in a
+    C loop."""
+    if not cur.set_range(KG_PREFIXES[kg]):
+        return iter(())
+    end = KG_PREFIXES[kg + 1] if kg + 1 < len(KG_PREFIXES) else b"\x80\x00"
+    return takewhile(end.__gt__, cast("Iterator[bytes]", cur.iternext(keys=True, values=False)))
 
 
 def count_entries(txn: lmdb.Transaction, env: lmdb.Environment) -> int:
