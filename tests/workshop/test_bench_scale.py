@@ -39,6 +39,8 @@ def test_bench_scale_tiny_json(tmp_path, capsys):
         assert r["recovery_s"] > 0 and r["recovery_rescaled_s"] > 0 and r["copy_s"] > 0
         assert r["restore_s"] <= r["recovery_s"]
         assert 0 < r["anon_rss_mb_max"] < 4_000
+        assert set(r["anon_rss_mb_by_phase"]) == {"measure", "recovery", "rescaled"}
+        assert max(r["anon_rss_mb_by_phase"].values()) == r["anon_rss_mb_max"]
         # both restarts restored from checkpoint storage (the local directory was empty) the state written:
         # every key, each with the value of the batch that wrote it last
         assert r["recovered"] == ["restored"] and r["recovered_rescaled"] == ["restored"]

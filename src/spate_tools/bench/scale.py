@@ -32,7 +32,8 @@ until the checkpoint that picks up its result; None without the changelog), the 
 materialization ran (± ``NEAR`` batches) and of the others, ``checkpoint_bytes`` (every byte the last checkpoint
 references), and ``anon_rss_mb_max``: the largest ``RssAnon`` of the process (sampled every 50 ms from the
 measured phase to the end of the rescaled recovery; lmdb's mapped pages are file-backed and do not count; the
-load's own peak is ``anon_rss_mb_load``).
+load's own peak is ``anon_rss_mb_load``, and ``anon_rss_mb_by_phase`` splits the maximum into the measured phase
+with the copy, the recovery and the rescaled recovery).
 
 Before it starts, the benchmark checks the free space on the disk of its working directory (``--out``'s) and
 refuses with the figure needed: :data:`~spate_tools.bench.scale_watch.DISK_FACTOR` × the largest state size.
@@ -295,13 +296,16 @@ def run_variant(run: Run, sampler: Sampler, verify: bool) -> tuple[dict[str, Any
     m = measure(run, rng, versions)
     shutil.rmtree(f"{run.workdir}/local")  # before the copy: recovery starts from an empty local directory
     copy_s = copy_floor(m.segments, f"{run.workdir}/copy", sampler.sample_disk)  # its bytes count in the disk needed
+    phases = {"measure": sampler.take()}
     rec = recover(run, 1, m.next_key, versions)
+    phases["recovery"] = sampler.take()
     rescaled = recover(run, 2, m.next_key, versions)
-    anon_max = sampler.take()
-    row = summarize(run, m, copy_s, rec, rescaled, anon_max)
+    phases["rescaled"] = sampler.take()
+    row = summarize(run, m, copy_s, rec, rescaled, max(phases.values()))
     disk = sampler.take_disk()
     sampler.watch(None)
-    row.update({"anon_rss_mb_load": anon_load, "load_s": round(load_s, 1), "disk_bytes_max": disk,
+    row.update({"anon_rss_mb_load": anon_load, "anon_rss_mb_by_phase": phases, "load_s": round(load_s, 1),
+                "disk_bytes_max": disk,
                 "disk_per_state": round(disk / (run.state_gb * GB), 2), "lmdb_bytes": m.local_bytes})
     return row, m.samples
 
