@@ -207,14 +207,14 @@ class _Reads:
         self.snapshots: list[str] = []
         read_change_set, read_frames = changelog_restore.read_change_set, changelog_restore.read_key_group_frames
 
-        def reading_change_set(storage, handle, context="", only=None):
+        def reading_change_set(storage, handle, context="", only=None, **how):
             if (handle.log_id, handle.sqn) not in self.change_sets:  # read ahead by threads, maybe in parts
                 self.change_sets.append((handle.log_id, handle.sqn))
-            return read_change_set(storage, handle, context, only)
+            return read_change_set(storage, handle, context, only, **how)
 
-        def reading_key_groups(storage, handle, context="", only=None):
+        def reading_key_groups(storage, handle, context="", only=None, **how):
             self.snapshots.append(handle.path)
-            return read_frames(storage, handle, context, only)
+            return read_frames(storage, handle, context, only, **how)
 
         monkeypatch.setattr(changelog_restore, "read_change_set", reading_change_set)
         monkeypatch.setattr(changelog_restore, "read_key_group_frames", reading_key_groups)

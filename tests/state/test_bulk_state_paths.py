@@ -19,6 +19,7 @@ import pytest
 
 from spate.changelog.changeset import DELETE, PUT
 from spate.changelog.restore import MaterializedFrame, apply_logged
+from spate.errors import CorruptFileError
 from spate.frames import FrameKind, frame, iter_frames
 from spate.fs import CheckpointStorage, storage_for
 from spate.segments import WholeFileWriter
@@ -65,6 +66,22 @@ def test_frames_carry_the_digest_of_their_entries_as_the_table_stores_them(tmp_p
         table_keys = [U16.pack(kg) + k for k in flat[0::2]]
         expected = sum(zlib.crc32(v, zlib.crc32(k)) + 1 for k, v in zip(table_keys, flat[1::2], strict=True)) % 2**64
         assert digest == expected
+
+
+def test_frames_read_now_are_fetched_and_verified_before_the_call_returns(tmp_path):
+    backend = _filled(str(tmp_path / "a"), 200)
+    storage, handle = _snapshot(tmp_path, backend)
+    path = Path(storage.path(handle.path))
+    whole = path.read_bytes()
+    fetched = read_key_group_frames(storage, handle, read_now=True)
+    path.unlink()  # nothing is read from storage any more: the frames are in memory, only to be decoded
+    entries = list(fetched)
+    path.write_bytes(whole)
+    assert entries == list(read_key_group_frames(storage, handle)) and len(entries) == len(handle.offsets)
+    at = min(offset for offset, _n in handle.offsets.values())
+    path.write_bytes(whole[:at + 20] + bytes([whole[at + 20] ^ 1]) + whole[at + 21:])
+    with pytest.raises(CorruptFileError):  # a damaged frame is found by the call, not by whoever decodes later
+        read_key_group_frames(storage, handle, read_now=True)
 
 
 @pytest.mark.parametrize("reorder_states", [False, True], ids=["same-state-ids", "state-ids-mapped"])

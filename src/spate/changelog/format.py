@@ -4,12 +4,12 @@ owns."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import msgpack
 
 from spate.changelog.changeset import ChangeSet
-from spate.frames import FrameKind, frame, read_span_frames
+from spate.frames import Frame, FrameKind, frame, read_span_frames
 from spate.fs import CheckpointStorage
 from spate.segments import FileRef
 from spate.snapshot.handles import ChangeSetHandle
@@ -44,14 +44,22 @@ def change_set_handles(ref: FileRef, located: dict[tuple[str, int], Offsets]) ->
 
 
 def read_change_set(storage: CheckpointStorage, handle: ChangeSetHandle, context: str = "",
-                    only: Mapping[int, tuple[int, int]] | None = None) -> Iterator[tuple[int, list]]:
+                    only: Mapping[int, tuple[int, int]] | None = None, *, read_now: bool = False,
+                    ) -> Iterator[tuple[int, list]]:
     """(key group, records) of every key group of ``handle`` (or only those of ``only``, a part of its
-    offsets), checksums verified, one ranged read."""
+    offsets), checksums verified, one ranged read. Read and decoded as consumed; with ``read_now`` read and
+    verified before this returns, decoded as consumed (as
+    :func:`~spate.snapshot.keyed.read_key_group_frames`)."""
     offsets = handle.offsets if only is None else only
     if not offsets:
-        return
+        return iter(())
     _where, frames = read_span_frames(storage, handle.path, offsets, FrameKind.CHANGE_SET, context,
                                       handle.file_offset)
+    return _change_set_records(handle, list(frames) if read_now else frames, only)
+
+
+def _change_set_records(handle: ChangeSetHandle, frames: Iterable[Frame],
+                        only: Mapping[int, tuple[int, int]] | None) -> Iterator[tuple[int, list]]:
     for fr in frames:
         log_id, sqn, kg, records = msgpack.unpackb(fr.payload, raw=False)
         if (log_id, sqn) != (handle.log_id, handle.sqn):

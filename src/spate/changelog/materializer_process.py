@@ -154,7 +154,9 @@ def serve(source: BinaryIO, out: BinaryIO) -> int:
             else:
                 return 0
         listener.start()
-        with KeyGroupReadAhead(env, range(start.first, start.last + 1)) as ahead:  # joined before env closes
+        # the read-ahead's threads are joined before env closes, and they never see the map resized under them:
+        # they start after the first key group, and from then on the reader holds a snapshot (Snapshots._begin)
+        with KeyGroupReadAhead(env, range(start.first, start.last + 1)) as ahead:
             read_key_groups(start, snapshots, out, ahead)
         return 0
     except (lmdb.Error, ProtocolError) as e:

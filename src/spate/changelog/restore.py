@@ -79,7 +79,7 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
     last_frame = {kg: i for i, h in enumerate(materialized) for kg in h.offsets if kg in owned}
     log_bytes = sum(n for h in changelog for kg, (_o, n) in h.offsets.items() if kg in owned)
     # what to read, in order: (bytes, read, where its result goes: change set j or materialized handle i)
-    reads: list[tuple[int, Callable[[], list], tuple[bool, int]]] = []
+    reads: list[tuple[int, Callable[[], Iterable], tuple[bool, int]]] = []
     parts = min(-(-log_bytes // PART_LOG_BYTES), log_bytes // max(1, len(changelog) * MIN_READ_BYTES))
     for part in _split(owned, parts):
         for j, h in enumerate(changelog):
@@ -248,16 +248,16 @@ def remapped_records(records: Records, remap: Mapping[bytes, bytes]) -> Records:
 
 # -- reading ahead --------------------------------------------------------------------------------------------
 def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offsets, remap: Mapping[bytes, bytes],
-                context: str) -> list[tuple[int, Records]]:
+                context: str) -> Iterator[tuple[int, Records]]:
     """(key group, its records with their state ids mapped by ``remap``) of the key groups ``part`` of a change
-    set."""
-    read = read_change_set(storage, handle, context, part)
-    return [(kg, remapped_records(records, remap)) for kg, records in read] if remap else list(read)
+    set: read here (a reading thread), decoded as the applying thread consumes them."""
+    read = read_change_set(storage, handle, context, part, read_now=True)
+    return ((kg, remapped_records(records, remap)) for kg, records in read) if remap else read
 
 
 def _key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, part: Offsets,
-                context: str) -> list[tuple[int, list[bytes], int | None]]:
-    return list(read_key_group_frames(storage, handle, context, part))
+                context: str) -> Iterator[tuple[int, list[bytes], int | None]]:
+    return read_key_group_frames(storage, handle, context, part, read_now=True)
 
 
 def _split(owned: range, parts: int) -> list[range]:

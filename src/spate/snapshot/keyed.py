@@ -9,7 +9,7 @@ from itertools import chain
 import msgpack
 
 from spate.errors import CorruptFileError
-from spate.frames import FrameKind, frame_parts, read_span_frames
+from spate.frames import Frame, FrameKind, frame_parts, read_span_frames
 from spate.fs import CheckpointStorage
 from spate.heap import bulk_phase
 from spate.segments import SegmentWriter
@@ -161,15 +161,25 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, context
 
 
 def read_key_group_frames(storage: CheckpointStorage, handle: KeyGroupsHandle, context: str = "",
-                          only: Mapping[int, tuple[int, int]] | None = None,
+                          only: Mapping[int, tuple[int, int]] | None = None, *, read_now: bool = False,
                           ) -> Iterator[tuple[int, list[bytes], int | None]]:
     """As :func:`read_key_groups`, each key group with the digest its frame carries
-    (:func:`~spate.state.lmdb_digest.key_group_digest`; None in frames written before spate carried it)."""
+    (:func:`~spate.state.lmdb_digest.key_group_digest`; None in frames written before spate carried it).
+
+    The frames are read and decoded as the result is consumed; with ``read_now`` every frame is read and verified
+    before this returns, and only the decoding is left to the thread that consumes the result. A restore reads in
+    threads and decodes where it applies: the entries are allocated by the thread that keeps them, and a reading
+    thread never holds the GIL through a decode while the applying thread waits for it (docs/benchmarks.md)."""
     offsets = handle.offsets if only is None else only
     if not offsets:
-        return
+        return iter(())
     where, frames = read_span_frames(storage, handle.path, offsets, FrameKind.KEY_GROUP, context,
                                      handle.file_offset)
+    return _key_group_entries(handle, where, list(frames) if read_now else frames, only)
+
+
+def _key_group_entries(handle: KeyGroupsHandle, where: str, frames: Iterable[Frame],
+                       only: Mapping[int, tuple[int, int]] | None) -> Iterator[tuple[int, list[bytes], int | None]]:
     for fr in frames:
         kg, flat, digest = _key_group_payload(fr.payload, where, fr.offset)
         if handle.offsets.get(kg, (None,))[0] != fr.offset:
