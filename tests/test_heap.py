@@ -1,6 +1,6 @@
 """The heap around a bulk phase (``spate.heap``): the cyclic GC paused inside and as it was after, the free heap
-returned to the operating system before the phase and when it ends (even when it raises). That a materialization
-and a restore hand it back: tests/changelog/test_changelog_restore.py."""
+returned to the operating system before the phase and when it ends (even when it raises), garbage cycles collected
+before a restore. That a materialization and a restore hand it back: tests/changelog/test_changelog_restore.py."""
 
 from __future__ import annotations
 
@@ -42,3 +42,26 @@ def test_a_phase_that_raises_still_returns_the_heap_and_a_disabled_gc_stays_disa
     finally:
         gc.enable()
 
+
+
+def test_a_restore_phase_collects_the_garbage_cycles_left_before_it(trims):
+    import weakref
+
+    class Node:
+        pass
+
+    def a_cycle() -> weakref.ref:
+        node = Node()
+        node.me = node  # type: ignore[attr-defined]
+        return weakref.ref(node)
+
+    gc.disable()  # no automatic collection between making the garbage and the phase
+    try:
+        left = a_cycle()
+        with heap.bulk_phase():
+            assert left() is not None, "a snapshot's phase does not collect: the cycle waits for the GC"
+        kept = a_cycle()
+        with heap.bulk_phase(collect=True):
+            assert kept() is None and left() is None
+    finally:
+        gc.enable()

@@ -56,6 +56,7 @@ CHUNK_BYTES = 4 << 20  # a materialized snapshot is fetched in ranged reads of a
 PART_LOG_BYTES = 16 << 20  # the key groups are restored in parts of about this much log (at most MAX_PARTS),
 MIN_READ_BYTES = 256 << 10  # as long as a part of a change set is about this long (object stores: few requests)
 MAX_PARTS = 8
+COLLECT_FROM_BYTES = 64 << 20  # a restore this large collects garbage cycles first (spate.heap): worth the pass
 # [op, key, value, op, key, value, ...] of one key group: of one change set as read (state ids mapped to the
 # backend's), then of all of them in log order
 Records = list
@@ -91,7 +92,8 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
                 reads.append((_span(chunk), functools.partial(_key_groups, storage, m, chunk, context), (False, i)))
         reads.append((0, list, (True, -1)))  # the part's end: apply its log of key groups not materialized
     log: dict[int, Records] = {}
-    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, bulk_phase():
+    collect = sum(size for size, _read, _to in reads) >= COLLECT_FROM_BYTES
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, bulk_phase(collect):
         fetched = _read_ahead(pool, [(size, read) for size, read, _to in reads], READ_AHEAD_BYTES)
         try:
             for (_size, _read, (is_log, n)), groups in zip(reads, fetched, strict=True):
