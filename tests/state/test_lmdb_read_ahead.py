@@ -77,5 +77,6 @@ def test_a_reader_lmdb_refuses_gives_the_reading_ahead_up(table):
     with KeyGroupReadAhead(RefusingEnv(), range(16)) as ahead:
         ahead.reading(0)
         ahead.read(read_ahead.MIN_PROBE_BYTES, 3600.0)
-        _until(lambda: not any(t.is_alive() for t in ahead._threads))
+        assert ahead.started
+        _until(lambda: not [t for t in threading.enumerate() if t.name == "spate-read-ahead"])  # all gave up
         ahead.reading(1)
