@@ -44,13 +44,25 @@ def _until(condition, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_only_a_slow_read_of_a_large_enough_key_group_starts_the_threads(table):
+def test_only_slow_reads_of_enough_bytes_start_the_threads(table):
     with KeyGroupReadAhead(table.env, range(16)) as ahead:
         ahead.reading(0)
         ahead.read(read_ahead.MIN_PROBE_BYTES - 1, 3600.0)  # slow, but too small to tell
+        assert not ahead.started
+    with KeyGroupReadAhead(table.env, range(16)) as ahead:
+        ahead.reading(0)
         ahead.read(read_ahead.MIN_PROBE_BYTES, 1e-9)  # large, and fast: in memory
         assert not ahead.started
-        ahead.read(read_ahead.MIN_PROBE_BYTES, 3600.0)
+        ahead.read(read_ahead.MIN_PROBE_BYTES, 3600.0)  # judged on its own: the fast one was judged already
+        assert ahead.started
+
+
+def test_small_key_groups_are_judged_together(table):
+    with KeyGroupReadAhead(table.env, range(16)) as ahead:
+        for kg in range(4):  # four key groups of a quarter of the bytes each, all slow
+            ahead.reading(kg)
+            assert not ahead.started
+            ahead.read(read_ahead.MIN_PROBE_BYTES // 4, 900.0)
         assert ahead.started
 
 

@@ -6,7 +6,7 @@ fault, and lmdb takes them one at a time: key groups of a 10 GB table read at 32
 612 MB/s from memory (docs/benchmarks.md). Threads that walk the keys of the next key groups meanwhile wait on
 the disk together (py-lmdb lets go of the GIL inside each cursor step): 106 MB/s with 16 of them.
 
-When. Only once the reader found a key group slow (:meth:`KeyGroupReadAhead.read`): a table in memory pays a clock
+When. Only once the reader found its reads slow (:meth:`KeyGroupReadAhead.read`): a table in memory pays a clock
 read per key group. From then on the threads stay at most :data:`AHEAD` key groups in front of the reader, so
 what they bring in is still in memory when it is read. Best effort: a thread lmdb refuses stops, and the reader
 reads what is left itself.
@@ -25,8 +25,8 @@ from spate.state.lmdb_scan import key_group_keys
 
 THREADS = 16  # key groups read at once
 AHEAD = 32  # key groups the threads may be in front of the reader
-MIN_PROBE_BYTES = 1 << 20  # a key group smaller than this says little about where the table's pages are
-COLD_BYTES_PER_S = 100e6  # a key group read slower than this came mostly from disk (32 MB/s cold, 612 warm)
+MIN_PROBE_BYTES = 1 << 20  # reads judged together: less than this says little about where the table's pages are
+COLD_BYTES_PER_S = 100e6  # reads slower than this came mostly from disk (32 MB/s cold, 612 warm)
 STEP_KEYS = 4096  # keys walked between two looks at whether the reader is done
 
 
@@ -42,6 +42,7 @@ class KeyGroupReadAhead:
         self._limit = key_groups.start  # threads take key groups below this
         self._stopped = False
         self._threads: list[threading.Thread] = []
+        self._probed = (0, 0.0)  # bytes and seconds of the reader's key groups not judged yet
 
     def reading(self, kg: int) -> None:
         """The reader starts on ``kg``: the threads skip what it has passed and may go up to ``kg`` + AHEAD."""
@@ -51,8 +52,17 @@ class KeyGroupReadAhead:
             self._changed.notify_all()
 
     def read(self, nbytes: int, seconds: float) -> None:
-        """The reader read its key group, ``nbytes`` in ``seconds``: if that was slow, the threads start."""
-        if self._threads or nbytes < MIN_PROBE_BYTES or nbytes >= COLD_BYTES_PER_S * seconds:
+        """The reader read its key group, ``nbytes`` in ``seconds``. Key groups are judged together until they
+        come to :data:`MIN_PROBE_BYTES` (small ones, as with a high max parallelism, say little alone); if those
+        were slow, the threads start."""
+        if self._threads:
+            return
+        self._probed = (self._probed[0] + nbytes, self._probed[1] + seconds)
+        probed_bytes, probed_s = self._probed
+        if probed_bytes < MIN_PROBE_BYTES:
+            return
+        self._probed = (0, 0.0)
+        if probed_bytes >= COLD_BYTES_PER_S * probed_s:
             return
         self._threads = [threading.Thread(target=self._work, name="spate-read-ahead", daemon=True)
                          for _ in range(THREADS)]
