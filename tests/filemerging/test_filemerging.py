@@ -224,8 +224,9 @@ def test_a_materialization_gets_a_physical_file_of_its_own(tmp_path):
 
 
 def test_space_control_rewrites_stay_within_the_budget_per_snapshot(tmp_path):
-    """Segments of non-reusable files are re-written at most ``rewrite_budget`` bytes per snapshot (the rest waits
-    for a later checkpoint); segments in another subtask's directory are always re-written."""
+    """Segments of non-reusable files and segments in another subtask's directory (state restored after a
+    rescale) are re-written at most ``rewrite_budget`` bytes per snapshot; the rest is named where it is until a
+    later checkpoint moves it."""
     from spate.runtime.snapshot_files import Relocator
     from spate.snapshot.handles import KeyGroupsHandle
     from spate.snapshot.keyed import SnapshotScope, write_key_groups
@@ -250,8 +251,14 @@ def test_space_control_rewrites_stay_within_the_budget_per_snapshot(tmp_path):
     fix = Relocator(storage, out, out, [h.path for h in wasteful], subtask_dir(0, 1), budget=2 * size)
     fixed = [fix(h) for h in wasteful]
     assert [f is h for f, h in zip(fixed, wasteful, strict=True)] == [False, False, True]
-    assert fix(foreign) is not foreign, "another subtask's segment moves whatever the budget"
+    assert fix(foreign) is foreign, "another subtask's segment over the budget stays where it is"
     assert fix.rewritten_bytes == 2 * size
+
+    later = Relocator(storage, out, out, [], subtask_dir(0, 1), budget=size)
+    moved = later(foreign)
+    assert moved is not foreign and moved.path.startswith(subtask_dir(0, 1) + "/"), "within the budget it moves"
+    assert later(wasteful[2]) is wasteful[2], "a reusable file's segment in the subtask's own directory stays"
+    assert later.rewritten_bytes == size
 
 
 # -- scenario 14: pools -----------------------------------------------------------------------------------
@@ -366,6 +373,35 @@ def test_a_rescaled_full_snapshot_is_copied_not_written_again(tmp_path, table):
     with LocalRunner(Count, parallelism=3, local_dir=str(tmp_path / "l3"), **kw) as r:
         r.run_batch(r.next_batch_id, src[0])  # restored from the copies, then counted on
     assert counts(root) == expected_counts([*src, src[0]])
+
+
+@pytest.mark.parametrize("table", ["heap", "lmdb"])
+def test_a_rescale_beyond_the_rewrite_budget_names_the_old_segments_until_the_state_moves_on(tmp_path, table):
+    """A rescaled subtask copies the restored key groups into its own directory only within the rewrite budget:
+    beyond it (here 0) its checkpoints name them in the old subtask's directory, which the registry keeps while
+    they do; a restore at yet another parallelism reads them there; once full snapshots wrote the state again
+    and the checkpoints naming them are subsumed, the old directory goes."""
+    root, src = str(tmp_path / "c"), batches(8)
+    merging = FileMergingConfig("across", rewrite_budget=0)
+    kw = dict(key="k", checkpoint_root=root, file_merging=merging, table=table, retained=2)
+    with LocalRunner(Count, parallelism=1, local_dir=str(tmp_path / "l1"), **kw) as r:
+        r.run(src[:4])
+    old = _files(root, subtask_dir(0, 1))
+    assert old
+    with LocalRunner(Count, parallelism=2, local_dir=str(tmp_path / "l2"), **kw) as r:
+        acks = r.run_batch(4, []).checkpoint.subtasks
+        assert [a.stats["snapshot_reused"] for a in acks] == [True, True]
+        assert {h.path for a in acks for h in a.keyed} <= old, "named where they are, not copied"
+        r.coordinator.drain()
+        assert _files(root, subtask_dir(0, 1)) == old, "kept while checkpoints name them"
+    assert counts(root) == expected_counts(src[:4])
+    with LocalRunner(Count, parallelism=3, local_dir=str(tmp_path / "l3"), **kw) as r:
+        r.run(src)  # from batch 5 (4 ran empty): restored from segments in the P=1 directory, then written again
+        r.coordinator.drain()
+        meta = load_checkpoint(r.coordinator.storage)
+        assert not any(ref.path.startswith(subtask_dir(0, 1)) for ref in meta.segments())
+    assert not _files(root, subtask_dir(0, 1)), "the old directory went with the last checkpoint naming it"
+    assert counts(root) == expected_counts([*src[:4], *src[5:]])
 
 
 # -- crashes ------------------------------------------------------------------------------------------------

@@ -213,8 +213,9 @@ class Coordinator:
 
     def _other_runs_files(self, handles: list[Any], parallelism: int) -> list[str]:
         """After a rescale (the base has another parallelism): the files of ``handles`` in the private
-        directories of workers not of this run, whose segments a subtask re-writes into its own directories so
-        that the old directories go with the old checkpoints. Otherwise (a restart at the same parallelism, or
+        directories of workers not of this run, whose segments a subtask re-writes into its own directories
+        (within the rewrite budget per checkpoint, as those in another subtask's directory) so that the old
+        directories go once nothing names them. Otherwise (a restart at the same parallelism, or
         a subtask moving between workers: Spark's Python workers are not sticky) they stay where they are,
         until the next materialization leaves them unreferenced: no copy per move or restart."""
         if self.base is None or self.base.parallelism == parallelism:

@@ -26,8 +26,10 @@ class FileMergingConfig:
         max_space_amplification: when physical bytes exceed this factor times the bytes still referenced,
             the most wasteful files stop being reused and their live segments are re-written by the next
             checkpoints that need them, so the files can go. Below 1 turns space control off.
-        rewrite_budget: bytes of such re-writes one subtask's snapshot does at most (beyond Flink): the rest
-            waits for later checkpoints, so a checkpoint never copies a large share of the state on its path.
+        rewrite_budget: bytes of such re-writes one subtask's snapshot does at most (beyond Flink), and of
+            copies of segments restored from another subtask's directory after a rescale: the rest is named where
+            it is and waits for later checkpoints, so a checkpoint never copies a large share of the state on its
+            path.
 
     Raises:
         SettingError: an unknown ``mode``, a ``max_file_size`` below 1 or a negative ``rewrite_budget``.

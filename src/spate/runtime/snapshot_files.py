@@ -43,12 +43,14 @@ class RecordingWriter:
 
 
 class Relocator:
-    """With file merging: gives a handle's re-written copy if new checkpoints must not reference where it is,
-    else the handle itself. Re-written: segments in another subtask's directory (state restored after a
-    rescale: each subtask owns what it needs), always; and segments of the files the plan names as not reusable
-    (wasting too much space, or in the private directory of a worker of an earlier run) within ``budget``
-    bytes per snapshot, so no checkpoint copies a large share of the state on its path: the rest keeps its
-    place until a later checkpoint (or the next materialization) moves it."""
+    """With file merging: gives a handle's re-written copy if it should leave where it is, else the handle
+    itself. Re-written, within ``budget`` bytes per snapshot: segments in another subtask's directory (state
+    restored after a rescale) and segments of the files the plan names as not reusable (wasting too much space,
+    or in the private directory of a worker of an earlier run). So no checkpoint copies a large share of the
+    state on its path (after a rescale, the first checkpoint would otherwise copy every subtask's share): the
+    rest keeps its place, referenced where it is (the coordinator's registry keeps a file while any checkpoint
+    names a segment of it), until a later checkpoint moves it or the state written since (a materialization,
+    a full snapshot) leaves it unreferenced."""
 
     def __init__(self, storage: CheckpointStorage, out: SegmentWriter, changes_out: SegmentWriter,
                  non_reusable: list[str], own_dir: str, budget: int) -> None:
@@ -62,14 +64,14 @@ class Relocator:
 
     def keeps(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
         """Whether a new checkpoint may name ``h`` or its copy: not in a file the plan names as not reusable
-        (a handle in another subtask's directory is copied, as :meth:`__call__` does)."""
+        (a handle in another subtask's directory may stay there)."""
         return h.path not in self.bad
 
     def __call__(self, h: H) -> H:
-        if not self._other_subtask(h):
-            if h.path not in self.bad or self.rewritten_bytes + h.span()[1] > self.budget:
-                return h
-            self.rewritten_bytes += h.span()[1]
+        moves = h.path in self.bad or self._other_subtask(h)
+        if not moves or self.rewritten_bytes + h.span()[1] > self.budget:
+            return h
+        self.rewritten_bytes += h.span()[1]
         # change sets go where change files go (they die together at the next materialization)
         return relocate(self.storage, h, self.changes_out if isinstance(h, ChangeSetHandle) else self.out)
 
