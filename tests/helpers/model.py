@@ -45,8 +45,11 @@ segment = st.tuples(st.integers(1, 16), st.sampled_from(["heap", "lmdb"]), st.in
                     st.sampled_from(CRASH_STEPS), st.booleans(), st.sampled_from(MERGING_MODES))
 # materialize every ~2 batches (1000 ms apart), staggered: restarts land in the middle of materializations
 CHANGELOG = ChangelogConfig(materialization_interval_ms=1500, upload=UploadConfig(persist_delay_s=0.0))
-# small physical files, so files fill up, roll over and get wasteful enough for space control to act
-MERGING: dict[str, Any] = {"off": False, **{m: FileMergingConfig(m, max_file_size=6000) for m in ("within", "across")}}
+# small physical files, so files fill up, roll over and get wasteful enough for space control to act; small
+# rewrite budgets, so that after a rescale restored segments are named where they are (within: nothing is
+# re-written) or some copied and others not (across)
+MERGING: dict[str, Any] = {"off": False, **{m: FileMergingConfig(m, max_file_size=6000, rewrite_budget=budget)
+                                            for m, budget in (("within", 0), ("across", 600))}}
 
 
 def as_rows(raw: list[list[tuple]]) -> list[list[dict]]:
