@@ -15,7 +15,7 @@ from spate import heap
 from spate.changelog import restore as changelog_restore
 from spate.changelog.changeset import DELETE, PUT, replay
 from spate.changelog.format import read_change_set
-from spate.changelog.restore import fold, remapped_records, restore_keyed_state
+from spate.changelog.restore import fold, part_count, remapped_records, restore_keyed_state
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
 from spate.fs import CheckpointStorage
@@ -162,3 +162,16 @@ def test_fold_equals_applying_each_change_in_order(changes):
         folded.pop(key, None)
     folded.update(puts)
     assert folded == model
+
+
+def test_the_restore_holds_a_bounded_share_of_the_log_whatever_its_length():
+    """A restore splits its key groups so that each part's log (decoded and held while the part is merged) is
+    about PART_LOG_BYTES, so a longer log makes more parts, not a larger one; small logs stay in one part, and
+    a log of many small change sets is not split into reads below MIN_READ_BYTES."""
+    mb, gb = 1 << 20, 1 << 30
+    assert part_count(0, 0) == part_count(10 * mb, 3) == 1
+    assert part_count(300 * mb, 12) == 5  # the 1 GB bench's log: 5 parts of 60 MB
+    assert part_count(1800 * mb, 160) == 29  # the 10 GB bench's: 29 parts of 62 MB (8 of 225 MB before)
+    assert part_count(2 * gb, 100_000) == 1, "reads of a change set's part stay at least MIN_READ_BYTES"
+    parts = part_count(4 * gb, 64)
+    assert (4 * gb) / parts <= changelog_restore.PART_LOG_BYTES

@@ -53,9 +53,11 @@ READ_THREADS = 3  # storage reads release the GIL; decoding does not, so a few a
 READ_AHEAD_BYTES = 32 << 20  # stored bytes read ahead of what is being applied (bounds the memory it takes)
 MIN_IN_FLIGHT = 2  # reads under way whatever their size
 CHUNK_BYTES = 4 << 20  # a materialized snapshot is fetched in ranged reads of about this many bytes
-PART_LOG_BYTES = 16 << 20  # the key groups are restored in parts of about this much log (at most MAX_PARTS),
+# the key groups are restored in parts of about this much log, each part's log decoded and held while its
+# materialized key groups are merged with it: this bounds the restore's memory whatever the log's length
+PART_LOG_BYTES = 64 << 20
 MIN_READ_BYTES = 256 << 10  # as long as a part of a change set is about this long (object stores: few requests)
-MAX_PARTS = 8
+MAX_PARTS = 64  # and no more parts (each reads every change set once)
 COLLECT_FROM_BYTES = 64 << 20  # a restore this large collects garbage cycles first (spate.heap): worth the pass
 # [op, key, value, op, key, value, ...] of one key group: of one change set as read (state ids mapped to the
 # backend's), then of all of them in log order
@@ -81,8 +83,7 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
     log_bytes = sum(n for h in changelog for kg, (_o, n) in h.offsets.items() if kg in owned)
     # what to read, in order: (bytes, read, where its result goes: change set j or materialized handle i)
     reads: list[tuple[int, Callable[[], Iterable], tuple[bool, int]]] = []
-    parts = min(-(-log_bytes // PART_LOG_BYTES), log_bytes // max(1, len(changelog) * MIN_READ_BYTES))
-    for part in _split(owned, parts):
+    for part in _split(owned, part_count(log_bytes, len(changelog))):
         for j, h in enumerate(changelog):
             if offsets := _within(h.offsets, part):
                 read = functools.partial(_change_set, storage, h, offsets, remaps[j], context)
@@ -260,6 +261,13 @@ def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offse
 def _key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, part: Offsets,
                 context: str) -> Iterator[tuple[int, list[bytes], int | None]]:
     return read_key_group_frames(storage, handle, context, part, read_now=True)
+
+
+def part_count(log_bytes: int, change_sets: int) -> int:
+    """Into how many parts a restore splits its key groups for a log of ``log_bytes`` in ``change_sets``
+    change sets: about :data:`PART_LOG_BYTES` of log each, while each part of a change set is read in at least
+    :data:`MIN_READ_BYTES` (at least one part; :func:`_split` caps it at :data:`MAX_PARTS`)."""
+    return max(1, min(-(-log_bytes // PART_LOG_BYTES), log_bytes // max(1, change_sets * MIN_READ_BYTES)))
 
 
 def _split(owned: range, parts: int) -> list[range]:
