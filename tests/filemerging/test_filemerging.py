@@ -321,7 +321,8 @@ def test_scenario_15_directory_ownership(tmp_path):
 
 def test_old_directories_go_after_a_rescale(tmp_path):
     """Restore at the same parallelism takes over the subtask directories; at another parallelism each
-    subtask copies what it needs and the old directories are deleted once the old checkpoints are subsumed.
+    subtask copies what it needs (here all of it fits in the rewrite budget) and the old directories are deleted
+    once the old checkpoints are subsumed.
     Change sets a restore carries over are copied out of the old worker's directory too."""
     root, src = str(tmp_path), batches(12)
     kw = dict(key="k", checkpoint_root=root, retained=2, file_merging="across", changelog=True)
