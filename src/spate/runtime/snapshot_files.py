@@ -49,8 +49,9 @@ class Relocator:
     or in the private directory of a worker of an earlier run). So no checkpoint copies a large share of the
     state on its path (after a rescale, the first checkpoint would otherwise copy every subtask's share): the
     rest keeps its place, referenced where it is (the coordinator's registry keeps a file while any checkpoint
-    names a segment of it), until a later checkpoint moves it or the state written since (a materialization,
-    a full snapshot) leaves it unreferenced."""
+    names a segment of it), until a later checkpoint's budget has room for it or the state written since (a
+    materialization, a full snapshot) leaves it unreferenced. A handle is copied whole or not at one
+    checkpoint, so one larger than the budget waits for the latter."""
 
     def __init__(self, storage: CheckpointStorage, out: SegmentWriter, changes_out: SegmentWriter,
                  non_reusable: list[str], own_dir: str, budget: int) -> None:
