@@ -4,7 +4,9 @@ has not run for the grace period; an executor deletes local copies nobody holds 
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -215,6 +217,46 @@ def test_a_table_open_in_a_process_is_never_removed_even_between_batches(tmp_pat
     table.close()
     assert not remove_if_unused(path, idle_since=time.time() - 60), "used less than a minute ago"
     assert remove_if_unused(path, idle_since=time.time() + 1) and not os.path.exists(path)
+
+
+def test_a_table_removed_by_another_process_during_the_idle_scan_is_gone_not_an_error(tmp_path, monkeypatch):
+    """Two executors' Python workers scan the same local copies for idle ones while a task makes one of them anew
+    (its table deleted first, without the hold): the scan that finds the directory gone counts it as removed
+    (a FileNotFoundError failed a batch of a Spark test before). Fault injection: the other processes' moves run
+    inside this one's scan, at the two points where they can happen."""
+    from spate.state import lmdb_dir
+
+    path = str(tmp_path / "subtask-1-2")
+    LmdbTable(path).close()
+    last_used = lmdb_dir.last_used
+
+    def removed_first(p: str) -> float:
+        shutil.rmtree(p)  # the task making the table anew deletes it now
+        return last_used(p)
+
+    monkeypatch.setattr(lmdb_dir, "last_used", removed_first)
+    assert remove_if_unused(path, idle_since=time.time() + 1) and not os.path.exists(path)
+
+    LmdbTable(path).close()
+    flock = lmdb_dir.fcntl.flock
+
+    once = [True]
+
+    class RemovedAndMadeAnew:  # another scan removed it, then a task made its table anew, before this scan's lock
+        def __getattr__(self, name: str) -> object:
+            return getattr(fcntl, name)
+
+        @staticmethod
+        def flock(fd: int, op: int) -> None:
+            if once[0] and op == fcntl.LOCK_EX | fcntl.LOCK_NB:
+                once[0] = False
+                shutil.rmtree(path)
+                LmdbTable(path).close()
+            flock(fd, op)
+
+    monkeypatch.setattr(lmdb_dir, "fcntl", RemovedAndMadeAnew())
+    monkeypatch.setattr(lmdb_dir, "last_used", last_used)
+    assert not remove_if_unused(path, idle_since=time.time() + 1) and os.path.isdir(path), "the new table stays"
 
 
 def test_the_grace_period_is_a_setting():

@@ -55,20 +55,25 @@ def last_used(path: str) -> float:
 def remove_if_unused(path: str, idle_since: float | None = None) -> bool:
     """Delete an lmdb table directory unless a process holds it open or, given ``idle_since``, a process used
     it after that time (:func:`last_used`); True if it is gone."""
+    hold = os.path.join(path, HOLD_FILE)
     try:
-        fd = os.open(os.path.join(path, HOLD_FILE), os.O_CREAT | os.O_RDWR, 0o644)
+        fd = os.open(hold, os.O_CREAT | os.O_RDWR, 0o644)
     except FileNotFoundError:  # gone already
         return True
     except NotADirectoryError:  # not a table
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not is_same_file(fd, hold):  # another process removed it meanwhile (and may have made it anew)
+            return not os.path.exists(path)
         if idle_since is not None and last_used(path) > idle_since:
             return False
         shutil.rmtree(path, ignore_errors=True)
         return True
     except BlockingIOError:
         return False
+    except FileNotFoundError:  # removed meanwhile by a process making the table anew (it takes no hold to do so)
+        return not os.path.exists(path)
     finally:
         os.close(fd)
 
