@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("errors", "layout", "objectstore", "report", "crc", "write_behind", "heap"),  # no spate imports: errors, paths,
     # S3 calls, tables, CRC-32, local files written back as they grow, the heap around bulk phases
     ("frames",),  # the checksummed frame of every spate file: below fs, which re-exports part of it
-    ("fs",),
+    ("fs", "open_files"),  # a restore's ranged reads, each object-store file opened once
     ("segments",),  # logical files and their writers: used by snapshot/, changelog/, filemerging/, checkpoint/
     ("serde",),
     ("keygroups",),

@@ -72,6 +72,7 @@ class CheckpointStorage(ABC):
 
     has_directories: bool  # real directories, which stay when emptied (``remove_empty_dirs`` removes them)
     open_files_readable: bool  # bytes written to a file of ``open_new`` are readable before it is closed
+    opens_with_a_request: bool  # opening a file to read asks the store its size (S3: a HEAD): see spate.open_files
 
     @staticmethod
     @abstractmethod
@@ -282,6 +283,7 @@ class LocalStorage(CheckpointStorage):
 
     has_directories = True
     open_files_readable = True  # unbuffered writes
+    opens_with_a_request = False
 
     @staticmethod
     def written_before(mtime_ns: int, instant_ns: int) -> bool:
@@ -377,6 +379,7 @@ class ObjectStoreStorage(CheckpointStorage):
 
     has_directories = False
     open_files_readable = False  # readable once closed
+    opens_with_a_request = True
 
     @staticmethod
     def written_before(mtime_ns: int, instant_ns: int) -> bool:

@@ -3,9 +3,13 @@ that tests/conftest.py names in ``pytest_plugins``, so every test gets it by arg
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import os
+import re
 import socket
+from collections.abc import Iterator
 
 import pyarrow.fs as pafs
 import pytest
@@ -34,3 +38,25 @@ def s3_uri():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@contextlib.contextmanager
+def s3_requests() -> Iterator[collections.Counter]:
+    """The requests the s3_uri server answers inside the block, by HTTP method (moto_server logs each one)."""
+    counted: collections.Counter = collections.Counter()
+
+    class Counter(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found = re.search(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) ', record.getMessage())
+            if found:
+                counted[found.group(1)] += 1
+
+    server_log = logging.getLogger("werkzeug")
+    level, handler = server_log.level, Counter()
+    server_log.setLevel(logging.INFO)
+    server_log.addHandler(handler)
+    try:
+        yield counted
+    finally:
+        server_log.removeHandler(handler)
+        server_log.setLevel(level)

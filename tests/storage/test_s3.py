@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.counting import Count, batches, expected_counts
+from helpers.counting import COUNT, Count, batches, expected_counts
+from helpers.s3 import s3_requests
 from spate import CheckpointStorage, LocalRunner, keyed_state_entries, load_checkpoint, verify_checkpoint
+from spate.changelog import restore
 from spate.checkpoint.coordinator import list_complete_checkpoints
+from spate.errors import MissingFileError
+from spate.open_files import OpenFiles
+from spate.state.heap import HeapTable
+from spate.state.keyed import KeyedStateBackend
 from spate_tools.cli import main
 
 
@@ -51,6 +57,43 @@ def test_file_merging_on_s3(s3_uri, mode):
     assert verify_checkpoint(storage, meta) == []
     assert {e.key: e.value for e in keyed_state_entries(storage, meta, "count")} == expected_counts(src)
     assert len(meta.files()) < len(meta.segments()), "segments share physical files"
+
+
+def test_a_restore_opens_each_file_it_reads_once_on_s3(s3_uri, monkeypatch):
+    """Opening an S3 object for ranged reads is a HEAD request of its own; a restore reads many ranges of a few
+    files (a long log is restored in parts, each reading its key groups of every change set), so it opens each
+    file once and makes one GET per read."""
+    root = s3_uri("open-once")
+    src = batches(8)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, changelog=True) as r:
+        r.run(src)
+    storage = CheckpointStorage(root)
+    meta = load_checkpoint(storage)
+    keyed = [h for st in meta.subtasks for h in st.keyed]
+    changelog = [h for st in meta.subtasks for h in st.changelog]
+    files = {h.path for h in keyed + changelog}
+    monkeypatch.setattr(restore, "PART_LOG_BYTES", 1)  # this small log restored in parts, as a long one is
+    monkeypatch.setattr(restore, "MIN_READ_BYTES", 1)
+    backend = KeyedStateBackend(HeapTable(), meta.max_parallelism, range(meta.max_parallelism))
+    with s3_requests() as requests:
+        restore.restore_keyed_state(backend, storage, keyed, changelog, "the test")
+    assert requests["GET"] > len(files), "the restore reads several ranges of one file"
+    assert requests["HEAD"] == len(files)
+    count, restored = backend.get_state(COUNT), {}
+    for key in expected_counts(src):
+        backend.set_current_key(key)
+        restored[key] = count.value()
+    assert restored == expected_counts(src)
+
+
+def test_a_file_removed_after_a_restore_opened_it_is_reported_missing_on_s3(s3_uri):
+    storage = CheckpointStorage(s3_uri("gone"))
+    storage.write("shared/0123456789abcdef0123456789abcdef.seg", b"x" * 100)
+    with OpenFiles(storage) as files:
+        assert files.read_range("shared/0123456789abcdef0123456789abcdef.seg", 10, 5) == b"xxxxx"
+        assert storage.delete("shared/0123456789abcdef0123456789abcdef.seg")
+        with pytest.raises(MissingFileError, match="the test"):
+            files.read_range("shared/0123456789abcdef0123456789abcdef.seg", 10, 5, "the test")
 
 
 def test_take_over_and_metadata_are_conditional_writes_on_s3(s3_uri):

@@ -9,8 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import msgpack
 
 from spate.changelog.changeset import ChangeSet
-from spate.frames import Frame, FrameKind, frame, read_span_frames
-from spate.fs import CheckpointStorage
+from spate.frames import Frame, FrameKind, RangeReader, frame, read_span_frames
 from spate.segments import FileRef
 from spate.snapshot.handles import ChangeSetHandle
 
@@ -43,7 +42,7 @@ def change_set_handles(ref: FileRef, located: dict[tuple[str, int], Offsets]) ->
             for (log_id, sqn), offsets in located.items()}
 
 
-def read_change_set(storage: CheckpointStorage, handle: ChangeSetHandle, context: str = "",
+def read_change_set(storage: RangeReader, handle: ChangeSetHandle, context: str = "",
                     only: Mapping[int, tuple[int, int]] | None = None, *, read_now: bool = False,
                     ) -> Iterator[tuple[int, list]]:
     """(key group, records) of every key group of ``handle`` (or only those of ``only``, a part of its

@@ -39,8 +39,10 @@ from typing import TypeVar
 from spate.changelog.changeset import DELETE, PUT, replay
 from spate.changelog.format import read_change_set
 from spate.changelog.table import ChangelogTable
+from spate.frames import RangeReader
 from spate.fs import CheckpointStorage
 from spate.heap import bulk_phase
+from spate.open_files import OpenFiles
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 from spate.snapshot.keyed import map_sids, read_key_group_frames, remapped, remapped_keys, sid_remap
 from spate.state.keyed import KeyedStateBackend
@@ -83,18 +85,19 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
     log_bytes = sum(n for h in changelog for kg, (_o, n) in h.offsets.items() if kg in owned)
     # what to read, in order: (bytes, read, where its result goes: change set j or materialized handle i)
     reads: list[tuple[int, Callable[[], Iterable], tuple[bool, int]]] = []
+    files = OpenFiles(storage)  # each file opened once: on an object store, one request less per read
     for part in _split(owned, part_count(log_bytes, len(changelog))):
         for j, h in enumerate(changelog):
             if offsets := _within(h.offsets, part):
-                read = functools.partial(_change_set, storage, h, offsets, remaps[j], context)
+                read = functools.partial(_change_set, files, h, offsets, remaps[j], context)
                 reads.append((_span(offsets), read, (True, j)))
         for i, m in enumerate(materialized):
             for chunk in _chunks(_within(m.offsets, part)):
-                reads.append((_span(chunk), functools.partial(_key_groups, storage, m, chunk, context), (False, i)))
+                reads.append((_span(chunk), functools.partial(_key_groups, files, m, chunk, context), (False, i)))
         reads.append((0, list, (True, -1)))  # the part's end: apply its log of key groups not materialized
     log: dict[int, Records] = {}
     collect = sum(size for size, _read, _to in reads) >= COLLECT_FROM_BYTES
-    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, bulk_phase(collect):
+    with files, ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, bulk_phase(collect):
         fetched = _read_ahead(pool, [(size, read) for size, read, _to in reads], READ_AHEAD_BYTES)
         try:
             for (_size, _read, (is_log, n)), groups in zip(reads, fetched, strict=True):
@@ -250,7 +253,7 @@ def remapped_records(records: Records, remap: Mapping[bytes, bytes]) -> Records:
 
 
 # -- reading ahead --------------------------------------------------------------------------------------------
-def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offsets, remap: Mapping[bytes, bytes],
+def _change_set(storage: RangeReader, handle: ChangeSetHandle, part: Offsets, remap: Mapping[bytes, bytes],
                 context: str) -> Iterator[tuple[int, Records]]:
     """(key group, its records with their state ids mapped by ``remap``) of the key groups ``part`` of a change
     set: read here (a reading thread), decoded as the applying thread consumes them."""
@@ -258,7 +261,7 @@ def _change_set(storage: CheckpointStorage, handle: ChangeSetHandle, part: Offse
     return ((kg, remapped_records(records, remap)) for kg, records in read) if remap else read
 
 
-def _key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, part: Offsets,
+def _key_groups(storage: RangeReader, handle: KeyGroupsHandle, part: Offsets,
                 context: str) -> Iterator[tuple[int, list[bytes], int | None]]:
     return read_key_group_frames(storage, handle, context, part, read_now=True)
 

@@ -9,7 +9,7 @@ from itertools import chain
 import msgpack
 
 from spate.errors import CorruptFileError
-from spate.frames import Frame, FrameKind, frame_parts, read_span_frames
+from spate.frames import Frame, FrameKind, RangeReader, frame_parts, read_span_frames
 from spate.fs import CheckpointStorage
 from spate.heap import bulk_phase
 from spate.segments import SegmentWriter
@@ -160,7 +160,7 @@ def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, context
         yield kg, flat
 
 
-def read_key_group_frames(storage: CheckpointStorage, handle: KeyGroupsHandle, context: str = "",
+def read_key_group_frames(storage: RangeReader, handle: KeyGroupsHandle, context: str = "",
                           only: Mapping[int, tuple[int, int]] | None = None, *, read_now: bool = False,
                           ) -> Iterator[tuple[int, list[bytes], int | None]]:
     """As :func:`read_key_groups`, each key group with the digest its frame carries
