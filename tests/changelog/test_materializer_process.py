@@ -188,3 +188,44 @@ def test_a_reader_reading_ahead_sends_the_frames_it_would_send_alone(tmp_path, m
     assert {m.kg: m.frame for m in got if isinstance(m, mp.KeyGroupRead) and m.frame} == expected
     assert walked and set(walked) <= set(KGS[1:]), "the threads read ahead, never the first key group"
     assert not [t for t in threading.enumerate() if t.name == "spate-read-ahead"], "joined before the table closed"
+
+
+def test_the_sender_sends_in_order_while_the_next_key_group_is_read():
+    out, released = io.BytesIO(), threading.Event()
+
+    class SlowPipe(io.BytesIO):  # the subtask not reading yet: the first send waits
+        def write(self, data):
+            released.wait(10)
+            return out.write(data)
+
+        def flush(self):
+            pass
+
+    sender = materializer_process.Sender(SlowPipe())
+    sent = [mp.KeyGroupRead(kg, 7, bytes([kg]) * 10) for kg in range(2)]
+    sender.send(sent[0])  # taken by the sending thread, which waits on the pipe
+    deadline = time.monotonic() + 10
+    while sender._queue.qsize() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    sender.send(sent[1])  # queued: the reading thread goes on meanwhile
+    released.set()
+    sender.send(mp.Finished())
+    sender.close()
+    out.seek(0)
+    assert [mp.receive(out) for _ in range(3)] == [*sent, mp.Finished()] and mp.receive(out) is None
+
+
+def test_a_failed_send_stops_the_reader_with_its_error():
+    class GonePipe(io.BytesIO):  # the subtask went away
+        def write(self, data):
+            raise BrokenPipeError("the subtask closed the pipe")
+
+    sender = materializer_process.Sender(GonePipe())
+    sender.send(mp.KeyGroupRead(0, 1, b"frame"))
+    with pytest.raises(BrokenPipeError, match="closed the pipe"):
+        try:
+            for kg in range(1, 100):  # raised at a later send, or at the close
+                sender.send(mp.KeyGroupRead(kg, 1, b"frame"))
+        finally:
+            sender.close()
+    assert not sender._thread.is_alive()

@@ -17,6 +17,7 @@ does in process).
 from __future__ import annotations
 
 import os
+import queue
 import sys
 import threading
 import time
@@ -40,6 +41,7 @@ from spate.state.lmdb_scan import flat_key_group
 
 MIN_MAP_BYTES = 1 << 30
 LISTENER_GRACE_S = 30.0  # after the last key group, for the subtask to close the pipe
+SEND_AHEAD = 1  # framed key groups waiting to be sent (one of a 10 GB state is about 80 MB)
 
 
 class Snapshots:
@@ -114,19 +116,62 @@ def listen(source: BinaryIO, snapshots: Snapshots) -> None:
         snapshots.ended.set()
 
 
+class Sender:
+    """Sends the messages from a thread of its own, so that the next key group is read and framed while this
+    one goes through the pipe (the subtask writes each frame to its file before it reads the next: sent from the
+    reading thread, the two took turns). At most :data:`SEND_AHEAD` messages wait, besides the one being sent; a
+    failed send is raised at the next :meth:`send` or at :meth:`close`."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._queue: queue.Queue[KeyGroupRead | Finished | None] = queue.Queue(SEND_AHEAD)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="sender")
+        self._thread.start()
+
+    def send(self, message: KeyGroupRead | Finished) -> None:
+        self._raise()
+        self._queue.put(message)
+
+    def close(self) -> None:
+        """Wait until every message was sent (or one failed: raised here)."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while (message := self._queue.get()) is not None:
+            if self._error is None:  # after a failure the rest is dropped, so that the reading thread never waits
+                try:
+                    send(self._out, message)
+                except BaseException as e:  # noqa: BLE001 - raised in the reading thread
+                    self._error = e
+
+
 def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: KeyGroupReadAhead) -> None:
-    for kg in range(start.first, start.last + 1):
-        if snapshots.ended.is_set():
-            return
-        current = snapshots.take()
-        assert current is not None  # the start's snapshot was offered before the first key group
-        txn, position = current
-        ahead.reading(kg)
-        began = time.perf_counter()
-        flat = flat_key_group(txn, kg)
-        ahead.read(sum(map(len, flat)), time.perf_counter() - began)
-        send(out, KeyGroupRead(kg, position, key_group_frame(kg, flat) if flat else b""))
-    send(out, Finished())
+    sender = Sender(out)
+    try:
+        for kg in range(start.first, start.last + 1):
+            if snapshots.ended.is_set():
+                return
+            current = snapshots.take()
+            assert current is not None  # the start's snapshot was offered before the first key group
+            txn, position = current
+            ahead.reading(kg)
+            began = time.perf_counter()
+            flat = flat_key_group(txn, kg)
+            elapsed = time.perf_counter() - began
+            frame = key_group_frame(kg, flat) if flat else b""
+            del flat  # only the frame waits in the queue
+            ahead.read(len(frame), elapsed)
+            sender.send(KeyGroupRead(kg, position, frame))
+        sender.send(Finished())
+    finally:
+        sender.close()
 
 
 def serve(source: BinaryIO, out: BinaryIO) -> int:
