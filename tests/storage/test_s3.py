@@ -12,6 +12,7 @@ from spate.changelog import restore
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.errors import MissingFileError
 from spate.open_files import OpenFiles
+from spate.snapshot.verify import VerifiedSpans, verify_handles
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
 from spate_tools.cli import main
@@ -84,6 +85,26 @@ def test_a_restore_opens_each_file_it_reads_once_on_s3(s3_uri, monkeypatch):
         backend.set_current_key(key)
         restored[key] = count.value()
     assert restored == expected_counts(src)
+
+
+def test_verifying_a_checkpoint_opens_each_file_once_on_s3(s3_uri):
+    """`spate checkpoints verify` and a worker's check of the segments reused local state references read every
+    handle's frames; the handles share a few files, each opened (a HEAD) once."""
+    root = s3_uri("verify-once")
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=3, changelog=True,
+                     file_merging="across") as r:
+        r.run(batches(6))
+    storage = CheckpointStorage(root)
+    meta = load_checkpoint(storage)
+    handles = [h for st in meta.subtasks for h in [*st.keyed, *st.changelog]]
+    files = {h.path for h in handles}
+    assert len(handles) > len(files), "handles share files"
+    with s3_requests() as requests:
+        assert verify_handles(storage, handles, VerifiedSpans()) == []
+    assert requests["HEAD"] == len(files)
+    with s3_requests() as requests:
+        assert verify_checkpoint(storage, meta) == []
+    assert requests["HEAD"] == 2 * len(meta.files()), "a size check and an open per file"
 
 
 def test_a_file_removed_after_a_restore_opened_it_is_reported_missing_on_s3(s3_uri):

@@ -12,11 +12,12 @@ from typing import Any
 from spate.changelog.format import read_change_set
 from spate.changelog.restore import restore_keyed_state
 from spate.checkpoint.coordinator import list_complete_checkpoints
-from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo, read_delivered, read_metadata
+from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo, SubtaskState, read_delivered, read_metadata
 from spate.errors import CheckpointError, SpateError, StateAccessError
 from spate.fs import CheckpointStorage
 from spate.keygroups import key_group_range
 from spate.layout import METADATA_FILE, QUERY_FILE, delivered_path, metadata_path
+from spate.open_files import OpenFiles
 from spate.serde import decode_key, serializer_by_name
 from spate.snapshot.keyed import read_key_groups
 from spate.snapshot.operator import read_operator_piece
@@ -70,25 +71,34 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
         if size < end:
             problems.append(f"{storage.path(path)}: {size} bytes, but {context} has segments up to byte {end}; "
                             "the file is truncated")
-    for i, st in enumerate(meta.subtasks):
-        readers = [(read_key_groups, h) for h in st.keyed] + [(read_change_set, c) for c in st.changelog]
-        for read, handle in readers:
-            try:
-                for _ in read(storage, handle, context):  # type: ignore[operator,arg-type]
-                    pass
-            except SpateError as e:
-                problems.append(f"subtask {i}: {e}")
-        if st.operator:
-            for name in st.operator.states:
-                try:
-                    read_operator_piece(storage, st.operator.piece(name), context)
-                except SpateError as err:
-                    problems.append(f"subtask {i}: {err}")
-        if st.outputs:
-            try:
-                read_outputs(storage, st.outputs, allow_pickle=False, decode=False)
-            except SpateError as err:
-                problems.append(f"subtask {i}: {err}")
+    with OpenFiles(storage) as files:  # segments share a few physical files: each opened once
+        for i, st in enumerate(meta.subtasks):
+            problems += [f"subtask {i}: {e}" for e in _subtask_problems(files, st, context)]
+    return problems
+
+
+def _subtask_problems(files: OpenFiles, st: SubtaskState, context: str) -> list[str]:
+    """What is wrong with the files one subtask's state references (its keyed state, change sets, operator
+    state and staged outputs), read through ``files``."""
+    problems = []
+    readers = [(read_key_groups, h) for h in st.keyed] + [(read_change_set, c) for c in st.changelog]
+    for read, handle in readers:
+        try:
+            for _ in read(files, handle, context):  # type: ignore[operator,arg-type]
+                pass
+        except SpateError as e:
+            problems.append(str(e))
+    pieces = [st.operator.piece(name) for name in st.operator.states] if st.operator else []
+    for piece in pieces:
+        try:
+            read_operator_piece(files, piece, context)
+        except SpateError as e:
+            problems.append(str(e))
+    if st.outputs:
+        try:
+            read_outputs(files, st.outputs, allow_pickle=False, decode=False)
+        except SpateError as e:
+            problems.append(str(e))
     return problems
 
 

@@ -151,7 +151,7 @@ def _purge(table: StateTable, expired: list[tuple[int, bytes, bytes | None]]) ->
             table.put(kg, key, live)
 
 
-def read_key_groups(storage: CheckpointStorage, handle: KeyGroupsHandle, context: str = "",
+def read_key_groups(storage: RangeReader, handle: KeyGroupsHandle, context: str = "",
                     only: Mapping[int, tuple[int, int]] | None = None) -> Iterator[tuple[int, list[bytes]]]:
     """Yield (key group, [flat key, value, flat key, value, ...]) for every key group of ``handle`` (or only
     those of ``only``, a part of its offsets), verifying each frame's checksum. One ranged read fetches their

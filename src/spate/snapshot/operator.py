@@ -5,8 +5,7 @@ from __future__ import annotations
 import msgpack
 
 from spate.errors import CorruptFileError
-from spate.frames import FrameKind, frame, read_single_frame
-from spate.fs import CheckpointStorage
+from spate.frames import FrameKind, RangeReader, frame, read_single_frame
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import OperatorStateEntry, OperatorStateHandle, OperatorStatePiece
 from spate.state.operator import OperatorStateBackend
@@ -27,7 +26,7 @@ def write_operator_snapshot(backend: OperatorStateBackend, out: SegmentWriter) -
     return OperatorStateHandle(ref.path, pos, entries, ref.offset)
 
 
-def read_operator_piece(storage: CheckpointStorage, piece: OperatorStatePiece, context: str = "") -> list[bytes]:
+def read_operator_piece(storage: RangeReader, piece: OperatorStatePiece, context: str = "") -> list[bytes]:
     """The encoded elements ``piece`` designates (all key/value pairs for broadcast state)."""
     data = storage.read_range(piece.path, piece.offset, piece.length, context)
     where = f"{storage.path(piece.path)} at offset {piece.offset}{f' ({context})' if context else ''}"

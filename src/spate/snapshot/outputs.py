@@ -14,8 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spate.errors import CorruptFileError
-from spate.frames import FrameKind, frame, read_single_frame
-from spate.fs import CheckpointStorage
+from spate.frames import FrameKind, RangeReader, frame, read_single_frame
 from spate.segments import FileRef, SegmentWriter
 from spate.serde import Serializer, encode, serializer_by_name
 
@@ -77,7 +76,7 @@ def write_outputs_parquet(rows: pa.Table, out: SegmentWriter) -> OutputsHandle |
     return OutputsHandle(ref.path, len(data), rows.num_rows, PARQUET)
 
 
-def read_outputs(storage: CheckpointStorage, handle: OutputsHandle, allow_pickle: bool = False,
+def read_outputs(storage: RangeReader, handle: OutputsHandle, allow_pickle: bool = False,
                  decode: bool = True) -> list[Any]:
     """The staged rows of ``handle``, verified (``decode=False``: only verified, nothing returned)."""
     if handle.serializer == PARQUET:
@@ -91,7 +90,7 @@ def read_outputs(storage: CheckpointStorage, handle: OutputsHandle, allow_pickle
     return serializer_by_name(handle.serializer, allow_pickle, f"staged outputs {handle.path}").loads(payload)
 
 
-def read_outputs_table(storage: CheckpointStorage, handle: OutputsHandle, schema: pa.Schema,
+def read_outputs_table(storage: RangeReader, handle: OutputsHandle, schema: pa.Schema,
                        allow_pickle: bool = False) -> pa.Table:
     """The staged rows of ``handle`` as an Arrow table of ``schema``, verified."""
     if handle.serializer == PARQUET:
@@ -105,7 +104,7 @@ def read_outputs_table(storage: CheckpointStorage, handle: OutputsHandle, schema
     return table
 
 
-def _payload(storage: CheckpointStorage, handle: OutputsHandle) -> bytes:
+def _payload(storage: RangeReader, handle: OutputsHandle) -> bytes:
     data = storage.read_range(handle.path, handle.file_offset, handle.size, "staged outputs")
     return read_single_frame(data, f"{storage.path(handle.path)} at offset {handle.file_offset}",
                              FrameKind.STAGED_OUTPUTS)
@@ -116,7 +115,7 @@ def _ipc_table(payload: bytes) -> pa.Table:
         return reader.read_all()
 
 
-def _parquet_table(storage: CheckpointStorage, handle: OutputsHandle) -> pa.Table:
+def _parquet_table(storage: RangeReader, handle: OutputsHandle) -> pa.Table:
     """The rows of a staged Parquet file, its size and page checksums verified."""
     where = storage.path(handle.path)
     data = storage.read_range(handle.path, 0, handle.size, "staged outputs")  # raises if truncated

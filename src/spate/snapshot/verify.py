@@ -15,8 +15,9 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from spate.errors import SpateError
-from spate.frames import FrameKind, read_span_frames
+from spate.frames import FrameKind, RangeReader, read_span_frames
 from spate.fs import CheckpointStorage
+from spate.open_files import OpenFiles
 from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
 
 Span = tuple[str, int, int, int]  # path, file offset, offset, length
@@ -56,23 +57,25 @@ def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyGroupsHandle
                    verified: VerifiedSpans, context: str = "") -> list[str]:
     """Read every frame of each handle's span not in ``verified`` (the spans of ``storage`` checked before, kept
     by the worker's services) and check its checksum and kind; returns the problems found (empty: every
-    referenced byte is intact). The intact spans are added to ``verified``."""
+    referenced byte is intact). The intact spans are added to ``verified``. Each file is opened once
+    (:class:`~spate.open_files.OpenFiles`): handles share a few segment files."""
     problems = []
-    for handle in handles:
-        if not handle.offsets:
-            continue
-        span: Span = (handle.path, handle.file_offset, *handle.span())
-        if span in verified:
-            continue
-        problem = _check(storage, handle, context)
-        if problem is not None:
-            problems.append(problem)
-            continue
-        verified.add(span)
+    with OpenFiles(storage) as files:
+        for handle in handles:
+            if not handle.offsets:
+                continue
+            span: Span = (handle.path, handle.file_offset, *handle.span())
+            if span in verified:
+                continue
+            problem = _check(files, handle, context)
+            if problem is not None:
+                problems.append(problem)
+                continue
+            verified.add(span)
     return problems
 
 
-def _check(storage: CheckpointStorage, handle: KeyGroupsHandle | ChangeSetHandle, context: str) -> str | None:
+def _check(storage: RangeReader, handle: KeyGroupsHandle | ChangeSetHandle, context: str) -> str | None:
     kind = FrameKind.KEY_GROUP if isinstance(handle, KeyGroupsHandle) else FrameKind.CHANGE_SET
     try:
         _where, frames = read_span_frames(storage, handle.path, handle.offsets, kind, context, handle.file_offset)
