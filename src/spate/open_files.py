@@ -1,4 +1,4 @@
-"""Ranged reads that open each file once: :class:`OpenFiles`.
+"""Ranged reads that open each file once: :class:`OpenFiles`, for a restore and for a verification of a checkpoint.
 
 pyarrow opens an object-store file (S3, GCS) with a request for its size (S3: a ``HEAD``) and then reads each
 range with one more (a ranged ``GET``). A restore makes thousands of ranged reads of a few files (each change

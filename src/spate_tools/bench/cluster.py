@@ -29,6 +29,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from spate.layout import metadata_path
@@ -156,7 +157,7 @@ def bench_cluster(quick: bool) -> tuple[list[dict[str, Any]], str]:
                                if p["numInputRows"]]
             finally:
                 spark.stop()
-        result = _result(sizes, batches, floor_ms, progress_ms, stream.metrics, kill_at, sink.killed, workdir)
+        result = _result(sizes, batches, _Observed(floor_ms, progress_ms, stream.metrics, kill_at, sink.killed))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     plans = plan_growth(parallelism=50, batches=60 if quick else 200)
@@ -200,14 +201,26 @@ def plan_growth(parallelism: int, batches: int, keys: int = 20_000, rows: int = 
             "metadata_bytes_max": max(metadata)}
 
 
-def _result(sizes: dict[str, int], batches: int, floor_ms: list[float], spate_ms: list[float],
-            metrics: list[BatchMetrics], kill_at: int, killed: str | None, workdir: str) -> dict[str, Any]:
-    done = [m for m in metrics if not m.replayed]
+@dataclass(frozen=True)
+class _Observed:
+    """What one run saw: the floor's and spate's batch times, spate's batch metrics, the last batch before the
+    kill and the executor killed."""
+
+    floor_ms: list[float]
+    spate_ms: list[float]
+    metrics: list[BatchMetrics]
+    kill_at: int
+    killed: str | None
+
+
+def _result(sizes: dict[str, int], batches: int, seen: _Observed) -> dict[str, Any]:
+    kill_at = seen.kill_at
+    done = [m for m in seen.metrics if not m.replayed]
     warmup = sizes["warmup"]
     steady = [m for m in done if warmup < m.batch_id <= kill_at]  # the first steady batch settles placement
     after = [m for m in done if m.batch_id > kill_at]
     window = slice(warmup + 1, kill_at + 1)
-    p50, floor_p50 = percentile(spate_ms[window], 50), percentile(floor_ms[window], 50)
+    p50, floor_p50 = percentile(seen.spate_ms[window], 50), percentile(seen.floor_ms[window], 50)
     return {"variant": "spate", "workers": 2, "parallelism": PARALLELISM, "batches": batches,
             "state_keys": sizes["keys"], "payload_bytes": sizes["payload"],
             "tasks_per_batch": percentile([m.spark_tasks for m in steady], 50),
@@ -215,7 +228,7 @@ def _result(sizes: dict[str, int], batches: int, floor_ms: list[float], spate_ms
             "local_reuse": _local_fraction(steady),
             "restore_bytes_per_batch": round(sum(r.restore_bytes for m in steady for r in m.subtasks)
                                              / max(1, len(steady))),
-            "killed_executor": killed, "recovery_batches": _recovery_batches(after),
+            "killed_executor": seen.killed, "recovery_batches": _recovery_batches(after),
             "restore_bytes_after_kill": sum(r.restore_bytes for m in after for r in m.subtasks),
             "executors_used_last_batch": len({r.executor for r in after[-1].subtasks}) if after else None,
             "batch_ms_p50_cluster": p50, "batch_ms_p50_floor": floor_p50,

@@ -358,7 +358,7 @@ def _r(x: float | None) -> float | None:
 
 
 # -- the benchmark -----------------------------------------------------------------------------------------------
-def bench_scale(quick: bool, out_dir: str = "bench-out", sizes_gb: Sequence[float] | None = None,
+def bench_scale(quick: bool, *, out_dir: str = "bench-out", sizes_gb: Sequence[float] | None = None,
                 batches: int | None = None, verify: bool = False, chart: bool = True,
                 variants: Sequence[str] = VARIANTS, on_row: Callable[[dict[str, Any]], None] | None = None,
                 **setup: Any) -> tuple[list[dict[str, Any]], str]:
