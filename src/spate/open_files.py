@@ -51,6 +51,16 @@ class OpenFiles:
         self._forget(rel, file)
         return self._storage.read_range(rel, offset, length, context)  # the ordinary read says what went wrong
 
+    def size(self, rel: str) -> int:
+        """The size of ``rel``, as :meth:`CheckpointStorage.size` tells it; on an object store from the file
+        opened for the reads that follow (one request for both)."""
+        if self._storage.opens_with_a_request:
+            try:
+                return int((self._kept(rel) or self._opened(rel)).size())
+            except (OSError, ValueError):
+                self._forget(rel, None)
+        return self._storage.size(rel)  # the ordinary way says what went wrong
+
     def _kept(self, rel: str) -> Any:
         with self._lock:
             file = self._open.get(rel)

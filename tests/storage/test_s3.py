@@ -104,7 +104,12 @@ def test_verifying_a_checkpoint_opens_each_file_once_on_s3(s3_uri):
     assert requests["HEAD"] == len(files)
     with s3_requests() as requests:
         assert verify_checkpoint(storage, meta) == []
-    assert requests["HEAD"] == 2 * len(meta.files()), "a size check and an open per file"
+    assert requests["HEAD"] == len(meta.files()), "one open per file, which also tells its size"
+    gone = sorted(files)[0]
+    assert storage.delete(gone)
+    problems = verify_checkpoint(storage, meta)
+    assert problems and all(gone in p for p in problems), "a missing file is reported, by name"
+    assert "missing" in problems[0].lower() or "not found" in problems[0].lower(), problems[0]
 
 
 def test_a_file_removed_after_a_restore_opened_it_is_reported_missing_on_s3(s3_uri):

@@ -62,16 +62,16 @@ def verify_checkpoint(storage: CheckpointStorage, meta: CheckpointMetadata) -> l
     """
     problems = []
     context = f"checkpoint {meta.checkpoint_id}"
-    for path, end in meta.files().items():
-        try:
-            size = storage.size(path)
-        except SpateError as e:
-            problems.append(str(e))
-            continue
-        if size < end:
-            problems.append(f"{storage.path(path)}: {size} bytes, but {context} has segments up to byte {end}; "
-                            "the file is truncated")
     with OpenFiles(storage) as files:  # segments share a few physical files: each opened once
+        for path, end in meta.files().items():
+            try:
+                size = files.size(path)
+            except SpateError as e:
+                problems.append(str(e))
+                continue
+            if size < end:
+                problems.append(f"{storage.path(path)}: {size} bytes, but {context} has segments up to byte {end}; "
+                                "the file is truncated")
         for i, st in enumerate(meta.subtasks):
             problems += [f"subtask {i}: {e}" for e in _subtask_problems(files, st, context)]
     return problems
