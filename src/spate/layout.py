@@ -26,6 +26,7 @@ CHECKPOINT_PREFIX = "chk-"
 SUBTASK_PREFIX = f"{SHARED_DIR}/subtask-"
 
 KEY_GROUPS_SUFFIX = ".kg"  # a keyed snapshot: frames of key groups
+NATIVE_SNAPSHOT_SUFFIX = ".lmdb"  # a keyed snapshot: an lmdb table's own file (a materialization)
 OPERATOR_STATE_SUFFIX = ".op"
 STAGED_OUTPUTS_SUFFIX = ".out"
 STAGED_PARQUET_SUFFIX = ".parquet"  # staged outputs as a Parquet file of their own (Spark reads them natively)
@@ -128,7 +129,7 @@ _FILES = re.compile("|".join(rf"(?:{p})" for p in (
     rf"{_CHECKPOINT}/{METADATA_FILE}{_TEMP}",
     rf"{_CHECKPOINT}/{DELIVERED_FILE}{_TEMP}",
     _data(_CHECKPOINT, OPERATOR_STATE_SUFFIX),
-    _data(_SUBTASK, KEY_GROUPS_SUFFIX, SEGMENT_FILE_SUFFIX),
+    _data(_SUBTASK, KEY_GROUPS_SUFFIX, NATIVE_SNAPSHOT_SUFFIX, SEGMENT_FILE_SUFFIX),
     _data(CHANGELOG_DIR, CHANGE_FILE_SUFFIX, CHANGE_LIST_SUFFIX),
     _data(_WORKER, SEGMENT_FILE_SUFFIX),
     _data(_STAGED, STAGED_OUTPUTS_SUFFIX, STAGED_PARQUET_SUFFIX),

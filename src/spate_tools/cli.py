@@ -31,6 +31,7 @@ from spate.checkpoint.savepoint import take_savepoint
 from spate.errors import SpateError
 from spate.fs import CheckpointStorage
 from spate.report import format_table, human_bytes
+from spate.snapshot.handles import KeyGroupsHandle, held_key_groups
 
 
 def _print_json(obj: Any) -> None:
@@ -106,11 +107,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(format_table([_recovery_row(r) for r in recoveries],
                        title="subtasks: where each ran, how its state got to the batch's base checkpoint"))
     print()
-    rows = []
+    rows: list[dict[str, object]] = []
     for i, st in enumerate(meta.subtasks):
         for h in st.keyed:
-            rows.append({"subtask": i, "kind": "keyed", "key_groups": f"{h.start}-{h.end}",
-                         "groups_with_data": len(h.offsets), "bytes": h.state_bytes, "segment": _at(h)})
+            rows.append({"subtask": i, "kind": "keyed" if isinstance(h, KeyGroupsHandle) else "keyed (lmdb native)",
+                         "key_groups": f"{h.start}-{h.end}", "groups_with_data": len(held_key_groups(h)),
+                         "bytes": h.state_bytes, "segment": _at(h)})
         for c in st.changelog:
             rows.append({"subtask": i, "kind": f"changelog sqn {c.sqn}", "key_groups": f"{min(c.offsets)}-"
                          f"{max(c.offsets)}", "groups_with_data": len(c.offsets), "bytes": c.state_bytes,

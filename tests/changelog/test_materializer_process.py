@@ -139,7 +139,8 @@ def test_a_failing_reader_fails_the_materialization_and_the_next_one_reads_in_a_
     storage = LocalStorage(str(tmp_path / "root"))
     clog = ChangelogKeyedState(_filled(str(tmp_path / "t")), storage,
                                ChangelogConfig(upload=UploadConfig(persist_delay_s=0.0),
-                                               materialize_in_process_from_bytes=0), 0, 1)
+                                               materialize_in_process_from_bytes=0, native_materialization=False),
+                               0, 1)
     backend = KeyedStateBackend(clog.table, len(KGS), KGS)
     value = backend.get_state(ValueStateDescriptor("v"))
     backend.set_current_key(1)

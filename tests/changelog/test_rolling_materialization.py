@@ -35,18 +35,21 @@ KEYS = 300
 
 class PausingStorage(LocalStorage):
     """Fault injection: a materialized snapshot's write stops after its first ``after`` frames (the key groups
-    read so far) until ``resume`` is set, so that batches and checkpoints run in the middle of it."""
+    read so far; a native snapshot's before its first part) until ``resume`` is set, so that batches and
+    checkpoints run in the middle of it."""
 
     after = 20
     paused: threading.Event
     resume: threading.Event
 
     def write_parts(self, rel: str, parts: Iterable[bytes]) -> int:  # every write of a file goes through it
-        return super().write_parts(rel, self._pausing(parts) if rel.endswith(".kg") else parts)
+        if rel.endswith(".lmdb"):
+            return super().write_parts(rel, self._pausing(parts, 0))
+        return super().write_parts(rel, self._pausing(parts, self.after) if rel.endswith(".kg") else parts)
 
-    def _pausing(self, parts: Iterable[bytes]) -> Iterator[bytes]:
+    def _pausing(self, parts: Iterable[bytes], after: int) -> Iterator[bytes]:
         for i, part in enumerate(parts):
-            if i == self.after:
+            if i == after:
                 self.paused.set()
                 assert self.resume.wait(10)
             yield part
@@ -55,13 +58,14 @@ class PausingStorage(LocalStorage):
 class Job:
     """One subtask's keyed state with the changelog on, its checkpoints, and the model of what it must hold."""
 
-    def __init__(self, root: str, table_path: str | None, reader_process: bool = False) -> None:
+    def __init__(self, root: str, table_path: str | None, reader_process: bool = False, native: bool = False) -> None:
         self.coord = Coordinator(root)
         self.coord.start(1)
         self.storage = PausingStorage(root)
         self.storage.paused, self.storage.resume = threading.Event(), threading.Event()
         table = self.table = LmdbTable(table_path) if table_path else HeapTable()
-        config = ChangelogConfig(upload=NOW, materialize_in_process_from_bytes=0 if reader_process else 1 << 40)
+        config = ChangelogConfig(upload=NOW, materialize_in_process_from_bytes=0 if reader_process else 1 << 40,
+                                 native_materialization=native)
         self.clog = ChangelogKeyedState(table, self.storage, config, 0, 1)
         self.backend = KeyedStateBackend(self.clog.table, 128, range(128))
         self.value = self.backend.get_state(ValueStateDescriptor("v"))
@@ -142,11 +146,18 @@ def _spanning_materialization(job: Job):
     return job.checkpoint()
 
 
-@pytest.mark.parametrize("table", ["lmdb", "heap", "lmdb-reader-process"])
+@pytest.mark.parametrize("table", ["lmdb", "heap", "lmdb-reader-process", "lmdb-native"])
 def test_a_materialization_spanning_batches_restores_every_change_once(tmp_path, table):
     job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb") if table != "heap" else None,
-              reader_process=table == "lmdb-reader-process")
+              reader_process=table == "lmdb-reader-process", native=table == "lmdb-native")
     meta = _spanning_materialization(job)
+    if table == "lmdb-native":  # one transaction: every key group at the materialization's position, none trimmed
+        assert job.stats["materialization_read_by"] == "native" and job.clog._positions == {}
+        log = meta.subtasks[0].changelog
+        assert log and all(h.offsets == job.clog.writer._uploaded[h.sqn].offsets for h in log)
+        assert job.restored(meta) == job.model
+        job.clog.close()
+        return
     assert job.stats["materialization_read_by"] == (
         "process" if table == "lmdb-reader-process" else "thread")
     later = job.clog._positions  # the key groups read after the pause, at the last advance's position
@@ -267,12 +278,13 @@ def test_a_view_that_cannot_be_renewed_fails_the_materialization_instead_of_hang
         view.key_group_flat(0)  # the background read fails at once, and the materialization with it
 
 
-@pytest.mark.parametrize("table", ["lmdb", "heap"])
+@pytest.mark.parametrize("table", ["lmdb", "heap", "lmdb-native"])
 def test_close_stops_a_running_materialization_and_deletes_what_it_wrote(tmp_path, table):
     """A materialization no checkpoint can reference any more is not finished at close (a large state's takes
-    minutes): it stops after the key group it is reading, and the part of its file written so far is deleted;
-    the checkpoint before it still restores whole."""
-    job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb") if table == "lmdb" else None)
+    minutes): it stops after the key group it is reading (a native copy at its next part), and the part of its
+    file written so far is deleted; the checkpoint before it still restores whole."""
+    job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb") if table != "heap" else None,
+              native=table == "lmdb-native")
     job.batch(1)
     meta = job.checkpoint()
     job.clog.start_materialization(job.backend, job.clog.writer.next_sequence_number())
@@ -281,8 +293,10 @@ def test_close_stops_a_running_materialization_and_deletes_what_it_wrote(tmp_pat
     threading.Timer(0.2, job.storage.resume.set).start()  # the write goes on once close() has stopped the view
     job.clog.close()
     assert job.clog._running is None
-    # the frames up to the pause (the first one is made before writing starts), then the read the view refused
-    assert len(view.positions) <= PausingStorage.after + 2 < 128, f"read {len(view.positions)} of 128 key groups"
+    if table != "lmdb-native":
+        # the frames up to the pause (the first one is made before writing starts), then the read the view refused
+        assert len(view.positions) <= PausingStorage.after + 2 < 128, f"read {len(view.positions)} of 128 key groups"
     assert list((tmp_path / "root").rglob("*.kg")) == [], "what the stopped materialization wrote is deleted"
+    assert list((tmp_path / "root").rglob("*.lmdb")) == []
     assert job.restored(meta) == {k: {key: ([1] if k == "l" else 1 if k == "v" else {1: key}) for key in range(KEYS)}
                                   for k in ("v", "l", "m")}

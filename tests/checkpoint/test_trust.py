@@ -16,6 +16,7 @@ from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.inspect import verify_checkpoint
 from spate.errors import SerializationError
 from spate.fs import CheckpointStorage
+from spate.snapshot.handles import NativeSnapshotHandle
 from spate.state.lmdb_table import LmdbTable
 
 NOW = UploadConfig(persist_delay_s=0.0, timeout_s=5.0)
@@ -185,8 +186,8 @@ def test_damaged_materialization_is_not_carried_forward(tmp_path, caplog, mergin
 
         run_checked(r, 5, tick)
     handle = materialized_handle(root)
-    kg, (offset, length) = next(iter(handle.offsets.items()))
-    corrupt_byte(os.path.join(root, handle.path), handle.file_offset + offset + length - 1)
+    assert isinstance(handle, NativeSnapshotHandle), "an lmdb table's materialization is its own file"
+    corrupt_byte(os.path.join(root, handle.path), handle.file_offset + handle.size // 2)
     # the local state is intact and its tag says it equals the latest checkpoint: it is reused, and no
     # materialization is due for a long time, so without the check every later checkpoint would keep
     # referencing the damaged file

@@ -11,14 +11,13 @@ the snapshot is made, and the in-memory and overlay tables are read in process.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import IO, Protocol
+from typing import Protocol
 
 from spate.changelog.materializer_protocol import (
     Advance,
@@ -30,10 +29,12 @@ from spate.changelog.materializer_protocol import (
     receive,
     send,
 )
+from spate.changelog.native_view import NativeView
 from spate.changelog.rolling_view import RollingView
 from spate.errors import CheckpointError
+from spate.pipes import widen_pipe
 from spate.segments import SegmentWriter
-from spate.snapshot.handles import KeyGroupsHandle
+from spate.snapshot.handles import KeyedHandle, KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
 from spate.state.lmdb_table import LmdbTable
 from spate.state.table import StateTable, TableView, WrappedTable
@@ -52,7 +53,7 @@ class MaterializationView(Protocol):
 
     def advance(self, position: int) -> None: ...
 
-    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyGroupsHandle | None: ...
+    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyedHandle | None: ...
 
     def close(self) -> None: ...
 
@@ -93,7 +94,8 @@ class ProcessView:
         table.commit()
         self._reader = subprocess.Popen([sys.executable, "-m", READER_MODULE], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        _widen(self._reader.stdout)
+        assert self._reader.stdout is not None
+        widen_pipe(self._reader.stdout.fileno(), PIPE_BYTES)
         self._offer(Start(table.path, key_groups.start, key_groups.stop - 1, position, self._committed_txn()))
 
     def advance(self, position: int) -> None:
@@ -170,34 +172,21 @@ class ProcessView:
                                f"status {self._reader.returncode}){': ' + err.decode(errors='replace') if err else ''}")
 
 
-def _widen(pipe: IO[bytes] | None) -> None:
-    """Let the pipe hold up to :data:`PIPE_BYTES` (Linux; the system's limit for an unprivileged process is
-    usually 1 MB): each read of it releases and retakes the GIL, which beside a thread running Python waits up to
-    a switch interval (5 ms), so the fewer reads per frame the better (64 KB pipes: 16 per MB)."""
-    setter = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if pipe is None or setter is None:
-        return
-    try:
-        with open("/proc/sys/fs/pipe-max-size") as limit:
-            size = min(PIPE_BYTES, int(limit.read()))
-    except (OSError, ValueError):
-        size = 1 << 20
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(pipe.fileno(), setter, size)
-
-
 class MaterializationReads:
-    """How one subtask's materializations read its table: a large lmdb table (at least ``process_from_bytes``
-    in use) without TTL'd state in a reader process, anything else in a thread. After a reader process fails,
-    this subtask's materializations read in a thread."""
+    """How one subtask's materializations read its table: an lmdb table without TTL'd state copied by lmdb as a
+    native snapshot (``native``), else, if large (at least ``process_from_bytes`` in use), in a reader process;
+    anything else in a thread. After a reader process fails, this subtask's materializations read in a thread."""
 
-    def __init__(self, process_from_bytes: int) -> None:
+    def __init__(self, process_from_bytes: int, native: bool = False) -> None:
         self.process_from_bytes = process_from_bytes
+        self.native = native
         self.process_failed = False
 
     def open(self, table: StateTable, scope: SnapshotScope, position: int) -> MaterializationView:
         """A view of ``table`` at ``position`` (the caller is at a sequence-number boundary)."""
         inner = table.inner if isinstance(table, WrappedTable) else table
+        if type(inner) is LmdbTable and not scope.filters and self.native:
+            return NativeView(inner, scope.key_groups, position)
         if type(inner) is LmdbTable and not scope.filters and not self.process_failed \
                 and inner.used_bytes() >= self.process_from_bytes:
             try:
@@ -214,7 +203,11 @@ class MaterializationReads:
         return ThreadView(open_view, position)
 
     def failed(self, view: MaterializationView) -> None:
-        """A materialization through ``view`` failed: if a reader process did, read in a thread from now on."""
+        """A materialization through ``view`` failed: if lmdb's copy did, read key group by key group from now on
+        (lmdb refuses to compact a table that leaked pages); if a reader process did, read in a thread."""
+        if isinstance(view, NativeView):
+            log.warning("a materialization's native copy failed; this subtask's next ones write key-group frames")
+            self.native = False
         if isinstance(view, ProcessView):
             log.warning("a materialization's reader process failed; this subtask's next ones read in a thread")
             self.process_failed = True

@@ -27,14 +27,14 @@ Key groups are disjoint parts of the table, so the order among them does not mat
 from __future__ import annotations
 
 import functools
+import os
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import eq, is_not, not_
-from typing import TypeVar
 
 from spate.changelog.changeset import DELETE, PUT, replay
 from spate.changelog.format import read_change_set
@@ -43,17 +43,18 @@ from spate.frames import RangeReader
 from spate.fs import CheckpointStorage
 from spate.heap import bulk_phase
 from spate.open_files import OpenFiles
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle, KeyGroupsHandle, NativeSnapshotHandle, held_key_groups
 from spate.snapshot.keyed import map_sids, read_key_group_frames, remapped, remapped_keys, sid_remap
+from spate.snapshot.native import NativeSource
+from spate.snapshot.read_ahead import read_ahead
 from spate.state.keyed import KeyedStateBackend
 from spate.state.layout import U16, ascending
 from spate.state.lmdb_digest import MASK64, key_group_digest
+from spate.state.lmdb_table import LmdbTable
 from spate.state.table import StateTable
 
-T = TypeVar("T")
 READ_THREADS = 3  # storage reads release the GIL; decoding does not, so a few are enough
 READ_AHEAD_BYTES = 32 << 20  # stored bytes read ahead of what is being applied (bounds the memory it takes)
-MIN_IN_FLIGHT = 2  # reads under way whatever their size
 CHUNK_BYTES = 4 << 20  # a materialized snapshot is fetched in ranged reads of about this many bytes
 # the key groups are restored in parts of about this much log, each part's log decoded and held while its
 # materialized key groups are merged with it: this bounds the restore's memory whatever the log's length
@@ -68,20 +69,24 @@ Offsets = dict[int, tuple[int, int]]
 FOLDABLE = frozenset((PUT, DELETE))
 
 
-def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, materialized: list[KeyGroupsHandle],
+def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, materialized: list[KeyedHandle],
                         changelog: list[ChangeSetHandle], context: str) -> None:
     """Materialized snapshots, then every change set in order, keeping only the backend's key groups.
     Replayed changes go to the table under any changelog wrapper: they are already durable.
 
     The key groups are restored in parts (contiguous ranges): a part's change sets are read (their frames of
     the part's key groups), then its materialized key groups, each merged with its log as it arrives, while
-    the next part's reads are under way."""
+    the next part's reads are under way. A native snapshot (:mod:`spate.snapshot.native`) is downloaded once,
+    next to an lmdb table's directory, and read key group by key group."""
     table = backend.table.inner if isinstance(backend.table, ChangelogTable) else backend.table
     owned = backend.key_groups
     # states are adopted in the order a sequential restore adopts them: snapshots, then change sets
     snapshots = [(sid_remap(backend, h.states), map_sids(backend, h.states)) for h in materialized]
     remaps = [sid_remap(backend, h.states) for h in changelog]
-    last_frame = {kg: i for i, h in enumerate(materialized) for kg in h.offsets if kg in owned}
+    last_frame = {kg: i for i, h in enumerate(materialized) for kg in held_key_groups(h) if kg in owned}
+    scratch = os.path.dirname(table.path) if isinstance(table, LmdbTable) else None
+    natives = {i: NativeSource(storage, h, context, scratch) for i, h in enumerate(materialized)
+               if isinstance(h, NativeSnapshotHandle)}
     log_bytes = sum(n for h in changelog for kg, (_o, n) in h.offsets.items() if kg in owned)
     # what to read, in order: (bytes, read, where its result goes: change set j or materialized handle i)
     reads: list[tuple[int, Callable[[], Iterable], tuple[bool, int]]] = []
@@ -92,13 +97,18 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
                 read = functools.partial(_change_set, files, h, offsets, remaps[j], context)
                 reads.append((_span(offsets), read, (True, j)))
         for i, m in enumerate(materialized):
+            if isinstance(m, NativeSnapshotHandle):
+                if kgs := [kg for kg in m.held if kg in part]:
+                    reads.append((m.size * len(kgs) // len(m.groups), functools.partial(natives[i].key_groups, kgs),
+                                  (False, i)))
+                continue
             for chunk in _chunks(_within(m.offsets, part)):
                 reads.append((_span(chunk), functools.partial(_key_groups, files, m, chunk, context), (False, i)))
         reads.append((0, list, (True, -1)))  # the part's end: apply its log of key groups not materialized
     log: dict[int, Records] = {}
     collect = sum(size for size, _read, _to in reads) >= COLLECT_FROM_BYTES
     with files, ThreadPoolExecutor(READ_THREADS, thread_name_prefix="spate-restore") as pool, bulk_phase(collect):
-        fetched = _read_ahead(pool, [(size, read) for size, read, _to in reads], READ_AHEAD_BYTES)
+        fetched = read_ahead(pool, [(size, read) for size, read, _to in reads], READ_AHEAD_BYTES)
         try:
             for (_size, _read, (is_log, n)), groups in zip(reads, fetched, strict=True):
                 if is_log and n < 0:
@@ -119,6 +129,8 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
                             apply_logged(table, kg, logged, frame)
         finally:
             fetched.close()  # cancels the reads not under way yet
+            for native in natives.values():
+                native.close()
     backend.table.commit()
 
 
@@ -301,25 +313,3 @@ def _chunks(offsets: Offsets) -> Iterator[Offsets]:
             part, size = {}, 0
     if part:
         yield part
-
-
-def _read_ahead(pool: ThreadPoolExecutor, reads: Iterable[tuple[int, Callable[[], T]]],
-                budget: int) -> Generator[T, None, None]:
-    """The results of ``reads`` ((bytes, read)) in order, each started as soon as the reads before it that
-    are not consumed yet come to less than ``budget`` bytes, or are fewer than :data:`MIN_IN_FLIGHT` (a read
-    larger than the budget, one key group of a large state, still overlaps the apply of the one before)."""
-    pending: deque[tuple[int, Future[T]]] = deque()
-    outstanding = 0
-    try:
-        for size, read in reads:
-            while len(pending) >= MIN_IN_FLIGHT and outstanding + size > budget:
-                done, future = pending.popleft()
-                outstanding -= done
-                yield future.result()
-            pending.append((size, pool.submit(read)))
-            outstanding += size
-        while pending:
-            yield pending.popleft()[1].result()
-    finally:
-        for _size, future in pending:
-            future.cancel()

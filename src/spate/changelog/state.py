@@ -5,7 +5,6 @@ yet uploaded; restore = materialized snapshot + replay of the change sets, filte
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 import zlib
@@ -14,6 +13,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from spate.changelog.native_view import NativeView
 from spate.changelog.process_view import MaterializationReads, MaterializationView
 from spate.changelog.rolling_view import trimmed
 from spate.changelog.table import ChangelogTable
@@ -22,9 +22,9 @@ from spate.changelog.writer import ChangelogWriter
 from spate.errors import CheckpointError, SettingError
 from spate.fs import CheckpointStorage
 from spate.heap import return_free_heap
-from spate.layout import KEY_GROUPS_SUFFIX, random_name, subtask_dir
+from spate.layout import KEY_GROUPS_SUFFIX, NATIVE_SNAPSHOT_SUFFIX, random_name, subtask_dir
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle
 from spate.snapshot.keyed import SnapshotScope
 from spate.state.keyed import KeyedStateBackend
 from spate.state.table import StateTable
@@ -50,6 +50,9 @@ class ChangelogConfig:
     # an lmdb table this large (bytes in use) is read for a materialization by a process of its own, where no
     # thread of the subtask's competes for the GIL at every entry (spate.changelog.process_view)
     materialize_in_process_from_bytes: int = 64 * MB
+    # an lmdb table without TTL'd state is materialized as lmdb's own file (spate.snapshot.native): restored by
+    # downloading it, not entry by entry, so that a restore from it and its log costs less than a full snapshot's
+    native_materialization: bool = True
     preemptive_threshold: int = 5 * MB
     coalesce: bool = True  # log an entry changed many times between uploads once (beyond Flink)
     persist_timeout_s: float = 60.0
@@ -74,7 +77,7 @@ def _log_length(change_sets: list[ChangeSetHandle]) -> tuple[int, int]:
 class _Materialization:
     sqn: int
     started: float
-    future: Future[KeyGroupsHandle | None]
+    future: Future[KeyedHandle | None]
     out: SegmentWriter
     view: MaterializationView
 
@@ -108,15 +111,13 @@ class ChangelogKeyedState:
             services = ChangelogServices(BatchingUploadScheduler(storage, config.upload),
                                          ThreadPoolExecutor(1, thread_name_prefix="spate-materialize"))
         self._materializers = services.materializers
-        self._reads = MaterializationReads(config.materialize_in_process_from_bytes)
+        self._reads = MaterializationReads(config.materialize_in_process_from_bytes, config.native_materialization)
         self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}", services.scheduler,
                                       config.preemptive_threshold, config.coalesce)
-        self._materialized_writer: Callable[[int], SegmentWriter] = (
-            functools.partial(services.materialized, index, parallelism) if services.materialized is not None
-            else functools.partial(WholeFileWriter, storage, subtask_dir(index, parallelism), KEY_GROUPS_SUFFIX))
+        self._merged_materializations = services.materialized
         self.checkpoint_id = 0  # the checkpoint being taken (or next to be)
         self.table = ChangelogTable(inner, self.writer)
-        self.materialized: list[KeyGroupsHandle] = []
+        self.materialized: list[KeyedHandle] = []
         self.restored_changelog: list[ChangeSetHandle] = []
         self.materialized_to = 0
         # per key group, the sequence number its materialized frame was read at (absent: materialized_to)
@@ -131,7 +132,7 @@ class ChangelogKeyedState:
         self.last_materialization: dict[str, Any] = {}
         self._unreferenced_materialization: tuple[FileRef, SegmentWriter] | None = None  # not yet in a checkpoint
 
-    def restored(self, materialized: list[KeyGroupsHandle], changelog: list[ChangeSetHandle]) -> None:
+    def restored(self, materialized: list[KeyedHandle], changelog: list[ChangeSetHandle]) -> None:
         """Record what the state was restored from: it is part of every checkpoint until the next
         materialization (the new log starts at sequence number 0)."""
         self.materialized, self.restored_changelog = list(materialized), list(changelog)
@@ -148,13 +149,13 @@ class ChangelogKeyedState:
             # behind the tag's commit
             self._running.view.advance(self.writer.active_sqn)
 
-    def snapshot(self, checkpoint_id: int, backend: KeyedStateBackend) -> tuple[list[KeyGroupsHandle],
+    def snapshot(self, checkpoint_id: int, backend: KeyedStateBackend) -> tuple[list[KeyedHandle],
                                                                                  list[ChangeSetHandle], dict]:
         """Persist the log's tail; returns (materialized handles, change-set handles, statistics)."""
         return self.start_snapshot(checkpoint_id, backend)()
 
     def start_snapshot(self, checkpoint_id: int, backend: KeyedStateBackend, fix: Relocate | None = None
-                       ) -> Callable[[], tuple[list[KeyGroupsHandle], list[ChangeSetHandle], dict]]:
+                       ) -> Callable[[], tuple[list[KeyedHandle], list[ChangeSetHandle], dict]]:
         """Start persisting the log's tail without waiting; the returned function waits and gives the
         handles. Subtasks of one process start theirs together, so their uploads share a file. ``fix``
         replaces handles that must be re-written (file merging) by their copies, once."""
@@ -172,7 +173,7 @@ class ChangelogKeyedState:
                 self._drop_unreferenced_materialization()  # re-written before any checkpoint referenced it
         materialized, restored = list(self.materialized), list(self.restored_changelog)
 
-        def finish() -> tuple[list[KeyGroupsHandle], list[ChangeSetHandle], dict]:
+        def finish() -> tuple[list[KeyedHandle], list[ChangeSetHandle], dict]:
             try:
                 handles = future.result(timeout=self.config.persist_timeout_s)
             except TimeoutError as e:
@@ -280,9 +281,10 @@ class ChangelogKeyedState:
         """Materialize in the background; checkpoint ``referenced_by`` (default: the next one) references it."""
         scope = SnapshotScope.of(backend)
         view = self._reads.open(backend.table, scope, sqn)  # opened now, atomically with ``sqn``; read later
-        out = self._materialized_writer(self.checkpoint_id + 1 if referenced_by is None else referenced_by)
+        out = self._materialization_out(self.checkpoint_id + 1 if referenced_by is None else referenced_by,
+                                        view.read_by == NativeView.read_by)
 
-        def work() -> KeyGroupsHandle | None:
+        def work() -> KeyedHandle | None:
             try:
                 handle = view.write(scope, out)
             finally:
@@ -294,6 +296,14 @@ class ChangelogKeyedState:
                 m.to_dict() for m in tuple(backend.state_metas)))
 
         self._running = _Materialization(sqn, time.perf_counter(), self._materializers.submit(work), out, view)
+
+    def _materialization_out(self, checkpoint_id: int, native: bool) -> SegmentWriter:
+        """Where a materialization that checkpoint ``checkpoint_id`` references first is written: a segment of the
+        worker's merged files, or a file of its own in the subtask's directory."""
+        if self._merged_materializations is not None:
+            return self._merged_materializations(self.index, self.parallelism, checkpoint_id)
+        suffix = NATIVE_SNAPSHOT_SUFFIX if native else KEY_GROUPS_SUFFIX
+        return WholeFileWriter(self.storage, subtask_dir(self.index, self.parallelism), suffix, checkpoint_id)
 
     def _collect_materialization(self, wait: bool = False) -> None:
         run = self._running
@@ -319,7 +329,7 @@ class ChangelogKeyedState:
         self._retry_after = time.monotonic() + min(self.config.materialization_interval_ms / 1000,
                                                    2.0 ** self._failures)
 
-    def _apply(self, run: _Materialization, handle: KeyGroupsHandle | None) -> None:
+    def _apply(self, run: _Materialization, handle: KeyedHandle | None) -> None:
         self._drop_unreferenced_materialization()
         self._unreferenced_materialization = (handle.segment, run.out) if handle else None
         self._failures = 0

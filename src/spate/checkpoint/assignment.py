@@ -8,11 +8,18 @@ from typing import TypeVar
 from spate.checkpoint.protocol import RescaleSource
 from spate.errors import IncompatibleStateError
 from spate.keygroups import key_group_range
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
+from spate.snapshot.handles import (
+    ChangeSetHandle,
+    KeyedHandle,
+    KeyGroupsHandle,
+    NativeSnapshotHandle,
+    OperatorStateHandle,
+    OperatorStatePiece,
+)
 from spate.snapshot.lineage import Lineage
 from spate.state.operator import BROADCAST, SPLIT, UNION
 
-H = TypeVar("H", KeyGroupsHandle, ChangeSetHandle)
+H = TypeVar("H", KeyGroupsHandle, NativeSnapshotHandle, ChangeSetHandle)
 
 
 def assign_keyed_state(old: list[list[H]], max_parallelism: int, new_parallelism: int) -> list[list[H]]:
@@ -31,7 +38,7 @@ def assign_keyed_state(old: list[list[H]], max_parallelism: int, new_parallelism
     return out
 
 
-def rescale_sources(old: list[tuple[list[KeyGroupsHandle], list[ChangeSetHandle]]], max_parallelism: int,
+def rescale_sources(old: list[tuple[list[KeyedHandle], list[ChangeSetHandle]]], max_parallelism: int,
                     new_parallelism: int) -> list[list[RescaleSource]]:
     """Per new subtask, the old subtasks (their materialized and change-set handles in ``old``) whose key groups
     it takes over, largest overlap first (ties: lowest index), each with the lineage its local copy of the base

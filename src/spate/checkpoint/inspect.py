@@ -14,12 +14,15 @@ from spate.changelog.restore import restore_keyed_state
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.checkpoint.metadata import CheckpointMetadata, QueryInfo, SubtaskState, read_delivered, read_metadata
 from spate.errors import CheckpointError, SpateError, StateAccessError
+from spate.frames import RangeReader
 from spate.fs import CheckpointStorage
 from spate.keygroups import key_group_range
 from spate.layout import METADATA_FILE, QUERY_FILE, delivered_path, metadata_path
 from spate.open_files import OpenFiles
 from spate.serde import decode_key, serializer_by_name
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle, KeyGroupsHandle, NativeSnapshotHandle
 from spate.snapshot.keyed import read_key_groups
+from spate.snapshot.native import verify_native
 from spate.snapshot.operator import read_operator_piece
 from spate.snapshot.outputs import read_outputs
 from spate.state.descriptors import LIST
@@ -81,11 +84,9 @@ def _subtask_problems(files: OpenFiles, st: SubtaskState, context: str) -> list[
     """What is wrong with the files one subtask's state references (its keyed state, change sets, operator
     state and staged outputs), read through ``files``."""
     problems = []
-    readers = [(read_key_groups, h) for h in st.keyed] + [(read_change_set, c) for c in st.changelog]
-    for read, handle in readers:
+    for handle in (*st.keyed, *st.changelog):
         try:
-            for _ in read(files, handle, context):  # type: ignore[operator,arg-type]
-                pass
+            _read_through(files, handle, context)
         except SpateError as e:
             problems.append(str(e))
     pieces = [st.operator.piece(name) for name in st.operator.states] if st.operator else []
@@ -100,6 +101,18 @@ def _subtask_problems(files: OpenFiles, st: SubtaskState, context: str) -> list[
         except SpateError as e:
             problems.append(str(e))
     return problems
+
+
+def _read_through(storage: RangeReader, handle: KeyedHandle | ChangeSetHandle, context: str) -> None:
+    """Read every byte of a keyed or change-set handle, checking checksums and formats (raises SpateError)."""
+    if isinstance(handle, NativeSnapshotHandle):
+        verify_native(storage, handle, context)
+    elif isinstance(handle, KeyGroupsHandle):
+        for _ in read_key_groups(storage, handle, context):
+            pass
+    else:
+        for _ in read_change_set(storage, handle, context):
+            pass
 
 
 def verify_root_files(storage: CheckpointStorage, checkpoint_ids: list[int]) -> list[str]:

@@ -17,7 +17,7 @@ from spate.layout import (
 )
 from spate.segments import FileRef
 from spate.sinks.table_sink import SinkFile
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle, OperatorStateHandle, keyed_handle
 from spate.snapshot.outputs import OutputsHandle
 
 # 2: handles may be segments of merged files (``file_offset``, ``file_size``); 3: typed per-subtask ack facts
@@ -26,7 +26,7 @@ from spate.snapshot.outputs import OutputsHandle
 # 5: a subtask's data file staged for a table sink (``sink_file``), which an older reader would not commit;
 # 6: staged outputs as a Parquet file of their own (serializer ``"parquet"``), which an older reader cannot read;
 # 7: key-group frames carry their key group's digest as a third field, which an older reader cannot unpack
-METADATA_FORMAT_VERSION = 7
+METADATA_FORMAT_VERSION = 8
 
 
 @dataclass
@@ -35,7 +35,7 @@ class SubtaskState(AckInfo):
     free-form statistics. ``changelog`` is the whole log since the materialization; its first handles are
     written down in ``changelog_lists`` (:mod:`spate.checkpoint.changelists`), the rest inline."""
 
-    keyed: list[KeyGroupsHandle] = field(default_factory=list)
+    keyed: list[KeyedHandle] = field(default_factory=list)
     operator: OperatorStateHandle | None = None
     outputs: OutputsHandle | None = None
     stats: dict[str, Any] = field(default_factory=dict)
@@ -61,7 +61,7 @@ class SubtaskState(AckInfo):
         stats = dict(data.get("stats", {}))
         info = {n: data[n] for n in ACK_INFO_FIELDS if n in data} if "recovery" in data else \
             ack_info_from_stats(stats)  # metadata format < 3
-        return SubtaskState([KeyGroupsHandle.from_dict(h) for h in data["keyed"]],
+        return SubtaskState([keyed_handle(h) for h in data["keyed"]],
                             OperatorStateHandle.from_dict(op) if op else None,
                             OutputsHandle.from_dict(outputs) if outputs else None, stats,
                             [ChangeSetHandle.from_dict(h) for h in data.get("changelog", [])],

@@ -14,7 +14,7 @@ from spate.checkpoint.ackinfo import AckInfo
 from spate.keygroups import key_group_range
 from spate.segments import FileRef
 from spate.sinks.table_sink import SinkFile
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStateHandle, OperatorStatePiece
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle, OperatorStateHandle, OperatorStatePiece, keyed_handle
 from spate.snapshot.lineage import change_set_identity, changelog_digest
 from spate.snapshot.outputs import OutputsHandle
 
@@ -85,7 +85,7 @@ class SubtaskPlan:
     base_checkpoint_id: int | None = None
     base_uri: str | None = None
     base_is_savepoint: bool = False
-    keyed: list[KeyGroupsHandle] = field(default_factory=list)
+    keyed: list[KeyedHandle] = field(default_factory=list)
     changelog: list[ChangeSetHandle] = field(default_factory=list)
     operator: list[OperatorStatePiece] = field(default_factory=list)
     processing_time_ms: int = 0
@@ -128,7 +128,7 @@ class SubtaskPlan:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> SubtaskPlan:
         d = dict(data)
-        d["keyed"] = [KeyGroupsHandle.from_dict(h) for h in d["keyed"]]
+        d["keyed"] = [keyed_handle(h) for h in d["keyed"]]
         d["changelog"] = [ChangeSetHandle.from_dict(h) for h in d.get("changelog", [])]
         d["operator"] = [OperatorStatePiece.from_dict(p) for p in d["operator"]]
         d["rescale_sources"] = [RescaleSource.from_dict(s) for s in d.get("rescale_sources", [])]
@@ -148,7 +148,7 @@ class SubtaskAck(AckInfo):
     checkpoint_id: int
     index: int
     epoch: int
-    keyed: list[KeyGroupsHandle] = field(default_factory=list)
+    keyed: list[KeyedHandle] = field(default_factory=list)
     changelog: list[ChangeSetHandle] = field(default_factory=list)
     operator: OperatorStateHandle | None = None
     outputs: OutputsHandle | None = None
@@ -177,7 +177,7 @@ class SubtaskAck(AckInfo):
     @staticmethod
     def from_dict(data: dict[str, Any]) -> SubtaskAck:
         d = dict(data)
-        d["keyed"] = [KeyGroupsHandle.from_dict(h) for h in d["keyed"]]
+        d["keyed"] = [keyed_handle(h) for h in d["keyed"]]
         d["changelog"] = [ChangeSetHandle.from_dict(h) for h in d.get("changelog", [])]
         d["operator"] = OperatorStateHandle.from_dict(d["operator"]) if d["operator"] else None
         d["outputs"] = OutputsHandle.from_dict(d["outputs"]) if d.get("outputs") else None

@@ -11,7 +11,18 @@ import uuid
 from spate.checkpoint.metadata import CheckpointMetadata
 from spate.errors import SettingError
 from spate.fs import CheckpointStorage, join_uri
-from spate.layout import METADATA_FILE, QUERY_FILE, SAVEPOINTS_DIR, checkpoint_id_of, metadata_path
+from spate.layout import (
+    KEY_GROUPS_SUFFIX,
+    METADATA_FILE,
+    QUERY_FILE,
+    SAVEPOINTS_DIR,
+    checkpoint_id_of,
+    metadata_path,
+    subtask_dir,
+)
+from spate.segments import WholeFileWriter
+from spate.snapshot.handles import NativeSnapshotHandle
+from spate.snapshot.native import write_as_key_groups
 
 
 def restore_source(uri: str) -> tuple[CheckpointStorage, str]:
@@ -27,9 +38,13 @@ def restore_source(uri: str) -> tuple[CheckpointStorage, str]:
 
 
 def write_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target: CheckpointStorage) -> None:
-    """Copy ``meta``'s files from ``source`` to ``target`` and write ``target/_metadata`` last."""
+    """Copy ``meta``'s files from ``source`` to ``target`` and write ``target/_metadata`` last. Native lmdb
+    snapshots are written as key-group files instead: a savepoint keeps spate's canonical format, which any table
+    kind on any machine restores."""
+    meta = _canonical(source, meta, target)
     for rel in meta.files():
-        target.write(rel, source.read(rel, f"checkpoint {meta.checkpoint_id}"))
+        if not target.exists(rel):  # not a key-group file just written from a native snapshot
+            target.write(rel, source.read(rel, f"checkpoint {meta.checkpoint_id}"))
     sp = dataclasses.replace(meta, is_savepoint=True)
     target.create_exclusive(METADATA_FILE, sp.to_bytes())
 
@@ -52,3 +67,15 @@ def take_savepoint(source: CheckpointStorage, meta: CheckpointMetadata, target_u
                            "root")
     write_savepoint(source, meta, target_storage)
     return target
+
+
+def _canonical(source: CheckpointStorage, meta: CheckpointMetadata, target: CheckpointStorage) -> CheckpointMetadata:
+    """``meta`` with each native lmdb snapshot re-written into ``target`` as a key-group file (``.kg``)."""
+    if not any(isinstance(h, NativeSnapshotHandle) for st in meta.subtasks for h in st.keyed):
+        return meta
+    subtasks = [dataclasses.replace(st, keyed=[
+        write_as_key_groups(source, h, WholeFileWriter(target, subtask_dir(i, meta.parallelism), KEY_GROUPS_SUFFIX),
+                            "taking a savepoint")
+        if isinstance(h, NativeSnapshotHandle) else h for h in st.keyed]) for i, st in enumerate(meta.subtasks)]
+    return dataclasses.replace(meta, subtasks=subtasks)
+

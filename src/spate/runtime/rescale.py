@@ -40,7 +40,7 @@ import msgpack
 from spate.checkpoint.protocol import RescaleSource, SubtaskPlan
 from spate.errors import SpateError
 from spate.runtime.localstate import local_state_dir
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle
 from spate.snapshot.keyed import restore_key_groups
 from spate.snapshot.lineage import LINEAGE_META, TAG_META, lineage_digest
 from spate.state.keyed import KeyedStateBackend
@@ -226,7 +226,7 @@ class LocalRescale:
                  "checkpoint storage", self.plan.index, source.index, why)
 
 
-def missing_parts(plan: SubtaskPlan, missing: list[range]) -> tuple[list[KeyGroupsHandle], list[ChangeSetHandle]]:
+def missing_parts(plan: SubtaskPlan, missing: list[range]) -> tuple[list[KeyedHandle], list[ChangeSetHandle]]:
     """The parts of the plan's handles holding the ``missing`` key groups (what checkpoint storage must give)."""
     keyed = [k for r in missing for h in plan.keyed if (k := h.intersect(r)) is not None]
     changelog = [c for r in missing for h in plan.changelog if (c := h.intersect(r)) is not None]

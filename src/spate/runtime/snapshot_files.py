@@ -20,8 +20,9 @@ from spate.layout import (
 )
 from spate.runtime.services import WorkerServices
 from spate.segments import FileRef, SegmentWriter, WholeFileWriter
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle
 from spate.snapshot.relocate import H, relocate
+from spate.state.overlay import SharedReaders
 
 
 class RecordingWriter:
@@ -54,16 +55,17 @@ class Relocator:
     checkpoint, so one larger than the budget waits for the latter."""
 
     def __init__(self, storage: CheckpointStorage, out: SegmentWriter, changes_out: SegmentWriter,
-                 non_reusable: list[str], own_dir: str, budget: int) -> None:
+                 non_reusable: list[str], own_dir: str, budget: int, *, readers: SharedReaders | None = None) -> None:
         self.storage, self.out, self.changes_out = storage, out, changes_out
+        self.readers = readers  # the process's open lmdb files (a native snapshot may be a table's base)
         self.bad, self.mine = frozenset(non_reusable), own_dir + "/"
         self.budget = budget
         self.rewritten_bytes = 0
 
-    def _other_subtask(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
+    def _other_subtask(self, h: KeyedHandle | ChangeSetHandle) -> bool:
         return in_subtask_dir(h.path) and not h.path.startswith(self.mine)
 
-    def keeps(self, h: KeyGroupsHandle | ChangeSetHandle) -> bool:
+    def keeps(self, h: KeyedHandle | ChangeSetHandle) -> bool:
         """Whether a new checkpoint may name ``h`` or its copy: not in a file the plan names as not reusable
         (a handle in another subtask's directory may stay there)."""
         return h.path not in self.bad
@@ -74,7 +76,8 @@ class Relocator:
             return h
         self.rewritten_bytes += h.span()[1]
         # change sets go where change files go (they die together at the next materialization)
-        return relocate(self.storage, h, self.changes_out if isinstance(h, ChangeSetHandle) else self.out)
+        return relocate(self.storage, h, self.changes_out if isinstance(h, ChangeSetHandle) else self.out,
+                        self.readers)
 
 
 class SnapshotFiles:
@@ -133,7 +136,7 @@ class SnapshotFiles:
             return None
         changes = RecordingWriter(self.merging.changelog_writer(plan.checkpoint_id), self._unsynced)
         return Relocator(self.services.storage, out, changes, plan.non_reusable, self.own_dir,
-                         self.merging.config.rewrite_budget)
+                         self.merging.config.rewrite_budget, readers=self.services.readers)
 
     def report(self, plan: SubtaskPlan, named: list[FileRef], written: list[FileRef],
                own: list[FileRef] | None = None) -> dict[str, list]:

@@ -8,7 +8,8 @@ every other offset in the handle is relative to that start.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spate.segments import FileRef
@@ -85,6 +86,90 @@ class KeyGroupsHandle(_KeyGroupIndexed):
         return KeyGroupsHandle(data["path"], data["start"], data["end"],
                                {kg: (o, n) for kg, o, n in data["offsets"]}, data["size"],
                                tuple(data.get("states", ())), data.get("file_offset", 0))
+
+
+@dataclass(frozen=True)
+class NativeSnapshotHandle:
+    """A native snapshot of an lmdb table: a compacted copy of the table's environment (its ``data.mdb``, as
+    lmdb's ``mdb_env_copy`` writes it), taken at one read transaction, ``size`` bytes whose CRC-32 is ``crc``.
+
+    ``table_start``..``table_end`` (inclusive) is the key-group range of the table it copies, ``groups`` its
+    key groups that hold data; ``start``..``end`` the range the handle stands for (an intersection narrows it, the
+    file stays whole). ``digest`` is the table digest the copy holds
+    (:mod:`spate.state.lmdb_digest`). Restored as a whole file when the range is the table's, else read key group
+    by key group."""
+
+    path: str
+    start: int
+    end: int
+    table_start: int
+    table_end: int
+    groups: tuple[int, ...]
+    size: int
+    crc: int
+    digest: int | None = None
+    states: tuple[dict[str, Any], ...] = ()
+    file_offset: int = 0
+
+    @property
+    def segment(self) -> FileRef:
+        return FileRef(self.path, self.file_offset, self.size)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.size
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The key groups with data in the handle's range."""
+        return tuple(kg for kg in self.groups if self.start <= kg <= self.end)
+
+    @property
+    def whole(self) -> bool:
+        """Whether the handle stands for the whole table it copies."""
+        return (self.start, self.end) == (self.table_start, self.table_end)
+
+    def span(self) -> tuple[int, int]:
+        return 0, self.size
+
+    def relocated(self, ref: FileRef, rebase: int = 0) -> NativeSnapshotHandle:
+        """This handle's file copied to ``ref`` (a whole file: ``rebase`` is 0)."""
+        return replace(self, path=ref.path, file_offset=ref.offset)
+
+    def intersect(self, key_groups: range) -> NativeSnapshotHandle | None:
+        """The part of this handle inside ``key_groups`` (None if it holds no data there)."""
+        start, end = max(self.start, key_groups.start), min(self.end, key_groups.stop - 1)
+        if not any(start <= kg <= end for kg in self.groups):
+            return None
+        return self if (start, end) == (self.start, self.end) else replace(self, start=start, end=end)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": NATIVE_LMDB, "path": self.path, "start": self.start, "end": self.end,
+                "table": [self.table_start, self.table_end], "groups": list(self.groups), "size": self.size,
+                "crc": self.crc, "digest": self.digest, "states": list(self.states), **_at(self.file_offset)}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> NativeSnapshotHandle:
+        table_start, table_end = data["table"]
+        return NativeSnapshotHandle(data["path"], data["start"], data["end"], table_start, table_end,
+                                    tuple(data["groups"]), data["size"], data["crc"], data.get("digest"),
+                                    tuple(data.get("states", ())), data.get("file_offset", 0))
+
+
+NATIVE_LMDB = "lmdb_native"
+KeyedHandle = KeyGroupsHandle | NativeSnapshotHandle  # a keyed snapshot: spate's key-group frames, or lmdb's own file
+
+
+def keyed_handle(data: dict[str, Any]) -> KeyedHandle:
+    """A keyed-snapshot handle from its dict (:meth:`KeyGroupsHandle.to_dict`, :meth:`NativeSnapshotHandle.to_dict`)."""
+    if data.get("type") == NATIVE_LMDB:
+        return NativeSnapshotHandle.from_dict(data)
+    return KeyGroupsHandle.from_dict(data)
+
+
+def held_key_groups(handle: KeyedHandle) -> Collection[int]:
+    """The key groups with data in a keyed handle."""
+    return handle.held if isinstance(handle, NativeSnapshotHandle) else handle.offsets.keys()
 
 
 def _at(file_offset: int) -> dict[str, int]:

@@ -7,23 +7,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle, held_key_groups
 
 TAG_META = "checkpoint"  # the table-metadata name of the checkpoint a local table's state is (or "dirty")
 LINEAGE_META = "lineage"  # the table-metadata name the lineage is stored under (next to the tag)
 
 
-def _kg_span(offsets: dict[int, tuple[int, int]]) -> tuple[int, int] | tuple[None, None]:
-    """First and last key group of a handle. A handle only ever shrinks by intersection with key-group ranges,
-    so together with the file (or log and sequence number) they say exactly which part of it is meant."""
-    return (min(offsets), max(offsets)) if offsets else (None, None)
+def _kg_span(key_groups: Collection[int]) -> tuple[int, int] | tuple[None, None]:
+    """First and last key group with data of a handle. A handle only ever shrinks by intersection with key-group
+    ranges, so together with the file (or log and sequence number) they say exactly which part of it is meant."""
+    return (min(key_groups), max(key_groups)) if key_groups else (None, None)
 
 
-def keyed_identity(handle: KeyGroupsHandle) -> tuple:
-    return (handle.path, handle.file_offset, *_kg_span(handle.offsets))
+def keyed_identity(handle: KeyedHandle) -> tuple:
+    return (handle.path, handle.file_offset, *_kg_span(held_key_groups(handle)))
 
 
 def change_set_identity(handle: ChangeSetHandle) -> tuple:
@@ -41,7 +41,7 @@ class Lineage:
     changelog: tuple[tuple, ...]
 
     @staticmethod
-    def of(key_groups: range, keyed: Iterable[KeyGroupsHandle], changelog: Iterable[ChangeSetHandle]) -> Lineage:
+    def of(key_groups: range, keyed: Iterable[KeyedHandle], changelog: Iterable[ChangeSetHandle]) -> Lineage:
         return Lineage((key_groups.start, key_groups.stop), tuple(keyed_identity(h) for h in keyed),
                        tuple(change_set_identity(h) for h in changelog))
 

@@ -18,7 +18,8 @@ from spate.errors import SpateError
 from spate.frames import FrameKind, RangeReader, read_span_frames
 from spate.fs import CheckpointStorage
 from spate.open_files import OpenFiles
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle, KeyGroupsHandle, NativeSnapshotHandle
+from spate.snapshot.native import verify_native
 
 Span = tuple[str, int, int, int]  # path, file offset, offset, length
 DEFAULT_CAPACITY = 65536  # spans remembered per storage
@@ -53,7 +54,7 @@ class VerifiedSpans:
                 self._spans.popitem(last=False)
 
 
-def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyGroupsHandle | ChangeSetHandle],
+def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyedHandle | ChangeSetHandle],
                    verified: VerifiedSpans, context: str = "") -> list[str]:
     """Read every frame of each handle's span not in ``verified`` (the spans of ``storage`` checked before, kept
     by the worker's services) and check its checksum and kind; returns the problems found (empty: every
@@ -62,7 +63,7 @@ def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyGroupsHandle
     problems = []
     with OpenFiles(storage) as files:
         for handle in handles:
-            if not handle.offsets:
+            if not handle.state_bytes:
                 continue
             span: Span = (handle.path, handle.file_offset, *handle.span())
             if span in verified:
@@ -75,9 +76,12 @@ def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyGroupsHandle
     return problems
 
 
-def _check(storage: RangeReader, handle: KeyGroupsHandle | ChangeSetHandle, context: str) -> str | None:
-    kind = FrameKind.KEY_GROUP if isinstance(handle, KeyGroupsHandle) else FrameKind.CHANGE_SET
+def _check(storage: RangeReader, handle: KeyedHandle | ChangeSetHandle, context: str) -> str | None:
     try:
+        if isinstance(handle, NativeSnapshotHandle):
+            verify_native(storage, handle, context)
+            return None
+        kind = FrameKind.KEY_GROUP if isinstance(handle, KeyGroupsHandle) else FrameKind.CHANGE_SET
         _where, frames = read_span_frames(storage, handle.path, handle.offsets, kind, context, handle.file_offset)
         for _ in frames:
             pass

@@ -21,6 +21,11 @@ class ReadView:
     def __init__(self, txn: lmdb.Transaction) -> None:
         self._txn = txn
 
+    @property
+    def txn(self) -> lmdb.Transaction:
+        """The read transaction (for lmdb's copy of the environment as it saw it)."""
+        return self._txn
+
     def key_group_flat(self, kg: int) -> list[bytes]:
         return flat_key_group(self._txn, kg)
 

@@ -47,6 +47,7 @@ from spate.checkpoint.metadata import CheckpointMetadata
 from spate.keygroups import compile_key_hasher, key_group_range
 from spate.report import format_table, human_bytes, progress
 from spate.runtime.local import BatchResult, LocalRunner
+from spate.snapshot.handles import NativeSnapshotHandle
 from spate.state.bulk import BulkValueState
 from spate_tools.bench.blog import ENTRY_BYTES, PAYLOAD, PREFILL_CHUNK, VALUE, Put, ValueInput
 
@@ -67,6 +68,10 @@ def key_group_bytes(meta: CheckpointMetadata) -> dict[int, int]:
     out: Counter[int] = Counter()
     for st in meta.subtasks:
         for h in (*st.keyed, *st.changelog):
+            if isinstance(h, NativeSnapshotHandle):  # lmdb's own file: its bytes spread over its key groups
+                for kg in h.held:
+                    out[kg] += h.size // len(h.groups)
+                continue
             for kg, (_, length) in h.offsets.items():
                 out[kg] += length
     return dict(out)

@@ -9,7 +9,9 @@ is safe. :func:`recover` is its one entry point and tries the rungs in order:
 3. **rescaled**: at a new parallelism with the lmdb table, the old subtasks' local copies on this machine,
    reading checkpoint storage only for key groups no usable copy holds (:mod:`spate.runtime.recovery.local_rescale`
    over :mod:`spate.runtime.rescale`);
-4. **restored**: everything the plan names read from checkpoint storage (``new`` without a base:
+4. **restored** by download: with the lmdb table, a native snapshot of the subtask's key groups (the changelog's
+   materialization) downloaded to become the table, its change sets replayed (:mod:`spate.runtime.recovery.download`);
+5. **restored**: everything the plan names read from checkpoint storage (``new`` without a base:
    :mod:`spate.runtime.recovery.storage`).
 
 The rules that say when a copy is trusted are :mod:`spate.runtime.recovery.trust`; what a rung builds with and
@@ -21,7 +23,7 @@ to the base) is the part of the ack's ``AckInfo`` the subtask carries as is.
 from __future__ import annotations
 
 from spate.checkpoint.protocol import SubtaskPlan
-from spate.runtime.recovery import local_copy, local_rescale, storage
+from spate.runtime.recovery import download, local_copy, local_rescale, storage
 from spate.runtime.recovery.live import LiveState
 from spate.runtime.recovery.recovered import RecoveredState, StateOwner
 from spate.runtime.recovery.trust import listed
@@ -46,7 +48,7 @@ def recover(plan: SubtaskPlan, current: LiveState) -> LiveState:
 def _climb(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState:
     """The state at the plan's base from the cheapest rung below reuse that gives it."""
     if owner.config.table == "lmdb":
-        state = local_copy.catch_up(plan, owner) or local_rescale.rescale(plan, owner)
+        state = local_copy.catch_up(plan, owner) or local_rescale.rescale(plan, owner) or download.restore(plan, owner)
         if state is not None:
             return state
     return storage.restore(plan, owner)

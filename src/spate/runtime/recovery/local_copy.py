@@ -27,7 +27,7 @@ from spate.runtime.recovery.trust import (
     recovery_kind,
     write_tag,
 )
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import OverlayTable, open_local_table
 from spate.state.table import StateTable
@@ -49,7 +49,7 @@ def catch_up(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     replay = plan.changelog[start:]
     try:
         if replay:
-            _replay(plan, owner, target.table, replay)
+            replay_change_sets(plan, owner, target.table, replay)
         operator = owner.operator_state(plan)
     except BaseException:
         target.discard(destroy=False)  # not left locked by this process: a retry opens it afresh
@@ -61,7 +61,7 @@ def catch_up(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     info = RecoveryInfo(recovery=kind, restored_from=plan.base_checkpoint_id if caught_up else None,
                         caught_up_from=copy_at if caught_up else None,
                         restore_bytes=bytes_to_read(replay, plan.operator), restore_ms=ms_since(started))
-    carried: list[KeyGroupsHandle | ChangeSetHandle] = (
+    carried: list[KeyedHandle | ChangeSetHandle] = (
         [*plan.keyed, *plan.changelog[:start]] if target.clog is not None else [])
     return owner.recovered(plan, target, operator, info, stats=nonzero(replayed_change_sets=len(replay)),
                            carried=carried)
@@ -107,9 +107,10 @@ def _intact(table: LmdbTable | OverlayTable, owner: StateOwner) -> bool:
     return True
 
 
-def _replay(plan: SubtaskPlan, owner: StateOwner, table: StateTable, change_sets: list[ChangeSetHandle]) -> None:
-    """Replay ``change_sets`` (the base's change sets the local copy lacks) into it. Untagged meanwhile: a copy
-    left half caught up is never trusted."""
+def replay_change_sets(plan: SubtaskPlan, owner: StateOwner, table: StateTable,
+                       change_sets: list[ChangeSetHandle]) -> None:
+    """Replay ``change_sets`` (the base's change sets a local copy lacks) into its ``table``, then tag it with the
+    base. Untagged meanwhile: a copy left half caught up is never trusted."""
     assert plan.base_checkpoint_id is not None and plan.base_uri is not None
     mark_dirty(table)
     restore_keyed_state(owner.keyed_backend(plan, table), owner.services.storage_of(plan.base_uri), [],

@@ -11,7 +11,7 @@ import time
 from spate.changelog.restore import restore_keyed_state
 from spate.checkpoint.ackinfo import RESCALED, RecoveryInfo
 from spate.checkpoint.protocol import SubtaskPlan
-from spate.runtime.recovery.recovered import RecoveredState, StateOwner, ms_since, nonzero
+from spate.runtime.recovery.recovered import RecoveredState, StateOwner, Target, ms_since, nonzero
 from spate.runtime.recovery.trust import bytes_to_read
 from spate.runtime.rescale import LocalRescale, missing_parts
 
@@ -28,18 +28,18 @@ def rescale(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     built = local.build(owner.lmdb_dir(plan))
     if built is None:
         return None
-    target = owner.target(plan, built)
-    try:
+    base_uri = plan.base_uri
+    read: list = []  # what was read from checkpoint storage: the handles of the key groups no copy held
+
+    def fill(target: Target) -> None:
         backend = owner.keyed_backend(plan, target.table)
         local.merge_into(backend)
         keyed, changelog = missing_parts(plan, local.missing)
-        restore_keyed_state(backend, services.storage_of(plan.base_uri), keyed, changelog, owner.context(plan))
-        operator = owner.operator_state(plan)
-    except BaseException:
-        target.discard(destroy=True)
-        raise
-    if target.clog is not None:
-        target.clog.restored(plan.keyed, plan.changelog)
+        read.extend((keyed, changelog))
+        restore_keyed_state(backend, services.storage_of(base_uri), keyed, changelog, owner.context(plan))
+
+    target, operator = owner.filled(plan, built, fill)
+    keyed, changelog = read
     info = RecoveryInfo(recovery=RESCALED, restored_from=plan.base_checkpoint_id,
                         restore_bytes=bytes_to_read([*keyed, *changelog], plan.operator),
                         restore_ms=ms_since(started))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spate.changelog.state import ChangelogKeyedState
@@ -23,7 +24,7 @@ from spate.runtime.localstate import local_state_dir
 from spate.runtime.recovery.trust import EMPTY, Lineage
 from spate.runtime.services import WorkerServices
 from spate.runtime.subtask_config import SubtaskConfig
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle
 from spate.snapshot.operator import read_operator_piece
 from spate.snapshot.verify import verify_handles
 from spate.state.heap import HeapTable
@@ -81,7 +82,7 @@ class RecoveredState:
     info: RecoveryInfo
     handles: tuple[int, list] | None = None
     stats: dict[str, int] = field(default_factory=dict)
-    carried: list[KeyGroupsHandle | ChangeSetHandle] = field(default_factory=list)
+    carried: list[KeyedHandle | ChangeSetHandle] = field(default_factory=list)
 
     def discard(self) -> None:
         """Close the state after a failure to install it: a local copy stays on disk, anything else goes."""
@@ -150,6 +151,21 @@ class StateOwner:
                                    services=services.changelog_services)
         return Target(clog.table, clog)
 
+    def filled(self, plan: SubtaskPlan, table: StateTable,
+               fill: Callable[[Target], None]) -> tuple[Target, dict[str, RestoredOperatorState]]:
+        """``table`` as a :meth:`target` filled by ``fill``, and the operator state read; on a failure the target is
+        discarded, its table destroyed. With the changelog on, its log goes on from the plan's handles."""
+        target = self.target(plan, table)
+        try:
+            fill(target)
+            operator = self.operator_state(plan)
+        except BaseException:
+            target.discard(destroy=True)
+            raise
+        if target.clog is not None:
+            target.clog.restored(plan.keyed, plan.changelog)
+        return target, operator
+
     def operator_state(self, plan: SubtaskPlan) -> dict[str, RestoredOperatorState]:
         """The pieces of operator state the coordinator assigned this subtask, read from the base."""
         restored: dict[str, RestoredOperatorState] = {}
@@ -165,7 +181,7 @@ class StateOwner:
 
     def recovered(self, plan: SubtaskPlan, target: Target, operator: dict[str, RestoredOperatorState],
                   info: RecoveryInfo, *, stats: dict[str, int] | None = None,
-                  carried: list[KeyGroupsHandle | ChangeSetHandle] | None = None,
+                  carried: list[KeyedHandle | ChangeSetHandle] | None = None,
                   handles: tuple[int, list] | None = None) -> RecoveredState:
         """A rung's result: fresh backends over the target's table (keyed state first, so the processor's open()
         is checked against the restored state registry) and ``operator``, tagged with the base."""

@@ -34,7 +34,7 @@ from spate.checkpoint.protocol import ChangelogRef, SubtaskPlan
 from spate.errors import CheckpointError
 from spate.fs import CheckpointStorage
 from spate.layout import metadata_path
-from spate.snapshot.handles import ChangeSetHandle, KeyGroupsHandle, OperatorStatePiece
+from spate.snapshot.handles import ChangeSetHandle, KeyedHandle, OperatorStatePiece
 from spate.snapshot.lineage import (  # noqa: F401  (re-exported: the table tag's lineage)
     LINEAGE_META,
     TAG_META,
@@ -95,11 +95,11 @@ def recovery_kind(checkpoint_id: int, start: int, plan: SubtaskPlan) -> str:
     return REUSED if checkpoint_id == plan.base_checkpoint_id and start == len(plan.changelog) else CAUGHT_UP
 
 
-def bytes_to_read(handles: Iterable[KeyGroupsHandle | ChangeSetHandle],
+def bytes_to_read(handles: Iterable[KeyedHandle | ChangeSetHandle],
                   pieces: Iterable[OperatorStatePiece] = ()) -> int:
     """Bytes a restore fetches from checkpoint storage for ``handles`` (one ranged read of each handle's
     span) and operator state ``pieces``."""
-    return sum(h.span()[1] for h in handles if h.offsets) + sum(p.length for p in pieces)
+    return sum(h.span()[1] for h in handles if h.state_bytes) + sum(p.length for p in pieces)
 
 
 def full_restore(plan: SubtaskPlan, restore_ms: float) -> RecoveryInfo:

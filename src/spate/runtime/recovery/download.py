@@ -1,0 +1,102 @@
+"""The ladder's rung for a native snapshot: with the lmdb table, when the plan's keyed state is one native snapshot
+(:mod:`spate.snapshot.native`, a materialization) holding the subtask's key groups, its file becomes a read-only
+*base* of the subtask's table (:class:`~spate.state.overlay.OverlayTable`, as an online rescale takes over an old
+subtask's copy), owning the subtask's key groups of it, and the plan's change sets are replayed into the table's
+own, empty part (``restored``). No entry of the materialized state is decoded or put again: a restore costs getting
+the file and replaying the log, and the table folds the base into itself a bounded number of entries per batch.
+
+Getting the file: in a checkpoint root on this machine's file system, a hard link to the checkpoint's own file (a
+whole file, not a segment of a merged one) when the two are on one file system, its CRC-32 checked by reading
+it; else a download, checked as it is written. The base is only ever read (lmdb opens it read-only), so the
+checkpoint's file is never changed; unlinking the base when it is folded leaves the checkpoint's name alone.
+
+Only for a base that is a checkpoint of this root; a savepoint, several snapshots (a rescale down) or the heap
+table read the snapshot key group by key group (:mod:`spate.runtime.recovery.storage`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from spate.checkpoint.protocol import SubtaskPlan
+from spate.errors import SpateError
+from spate.fs import CheckpointStorage
+from spate.runtime.recovery.local_copy import replay_change_sets
+from spate.runtime.recovery.recovered import RecoveredState, StateOwner, ms_since, nonzero
+from spate.runtime.recovery.trust import full_restore
+from spate.snapshot.handles import NativeSnapshotHandle
+from spate.snapshot.native import download_native, local_file, verify_native
+from spate.state.lmdb_table import LmdbTable
+from spate.state.overlay import Base, OverlayTable
+
+BASE_NAME = "base-native.mdb"  # the native snapshot's file in the table directory (overlay bases are base-*.mdb)
+
+
+def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
+    """The plan's base from its native snapshot and its log, or None if the plan's keyed state is not one native
+    snapshot in this root."""
+    handle = _native_base(plan)
+    if handle is None:
+        return None
+    assert plan.base_uri is not None
+    started = time.perf_counter()
+    storage = owner.services.storage_of(plan.base_uri)
+    path = owner.lmdb_dir(plan)
+    shutil.rmtree(path, ignore_errors=True)  # untrusted by the rungs before, or none
+    os.makedirs(path)
+    table = reader = None
+    readers, base = owner.services.readers, os.path.join(path, BASE_NAME)
+    try:
+        linked = _place(storage, handle, base, owner.context(plan))
+        try:
+            reader = readers.open(base, file=True)
+        except SpateError:  # this process reads the linked file already, as another restore's source: a copy
+            os.unlink(base)
+            linked = _place(storage, handle, base, owner.context(plan), link=False)
+            reader = readers.open(base, file=True)
+        table = OverlayTable(LmdbTable(path), [], readers)
+        table.add_base(Base(BASE_NAME, handle.start, handle.end + 1, reader), reader.meta("states") or b"")
+        table.commit()
+    except BaseException:
+        if table is not None:
+            table.destroy()  # and lets the base's reader go
+        elif reader is not None:
+            readers.release(reader)
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    target, operator = owner.filled(plan, table, lambda t: replay_change_sets(plan, owner, t.table, plan.changelog))
+    info = full_restore(plan, ms_since(started))
+    return owner.recovered(plan, target, operator, info, stats=nonzero(
+        replayed_change_sets=len(plan.changelog), local_moved_bytes=handle.size if linked else 0))
+
+
+def _native_base(plan: SubtaskPlan) -> NativeSnapshotHandle | None:
+    if plan.base_checkpoint_id is None or plan.base_is_savepoint or plan.base_uri != plan.checkpoint_uri:
+        return None
+    if len(plan.keyed) != 1 or not isinstance(handle := plan.keyed[0], NativeSnapshotHandle):
+        return None
+    kgs = plan.key_groups
+    return handle if kgs.start <= handle.start and handle.end < kgs.stop else None
+
+
+def _place(storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, context: str,
+           link: bool = True) -> bool:
+    """Put the snapshot's file at ``dest``: hard-linked if it can be and ``link`` (True), else downloaded; checked
+    either way."""
+    source = local_file(storage, handle) if link else None
+    if source is not None:
+        try:
+            os.link(source, dest, follow_symlinks=False)
+        except OSError:  # another file system, or no hard links there: download it
+            pass
+        else:
+            try:
+                verify_native(storage, handle, context)
+            except BaseException:
+                os.unlink(dest)
+                raise
+            return True
+    download_native(storage, handle, dest, context)
+    return False

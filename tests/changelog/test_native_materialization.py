@@ -1,0 +1,272 @@
+"""Native snapshots of an lmdb table (``spate.snapshot.native``) as the changelog's materialization: the copy is the
+table at the transaction the materialization opened with, its bytes are checked on every read, it is restored by
+download at the subtask's own key groups and key group by key group elsewhere, and a restore from it and its log
+is the state a sequential replay gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers.counting import Count, batches, counts, expected_counts
+from spate import LocalRunner, load_checkpoint
+from spate.changelog.native_view import NativeView
+from spate.changelog.restore import restore_keyed_state
+from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
+from spate.changelog.upload import UploadConfig
+from spate.checkpoint.inspect import verify_checkpoint
+from spate.errors import CorruptFileError
+from spate.fs import CheckpointStorage
+from spate.runtime.recovery import download
+from spate.segments import WholeFileWriter
+from spate.snapshot.handles import KeyGroupsHandle, NativeSnapshotHandle, keyed_handle
+from spate.snapshot.keyed import SnapshotScope
+from spate.snapshot.native import CopyStopped, NativeSource, download_native, verify_native
+from spate.state.descriptors import ValueStateDescriptor
+from spate.state.heap import HeapTable
+from spate.state.keyed import KeyedStateBackend
+from spate.state.lmdb_digest import table_digest
+from spate.state.lmdb_readonly import ReadOnlyTable
+from spate.state.lmdb_table import LmdbTable
+
+NOW = UploadConfig(persist_delay_s=0.0, timeout_s=5.0)
+VALUE = ValueStateDescriptor("v")
+
+
+def _filled(path: str, keys: range) -> KeyedStateBackend:
+    backend = KeyedStateBackend(LmdbTable(path), 128, range(128))
+    value = backend.get_state(VALUE)
+    for key in keys:
+        backend.set_current_key(key)
+        value.update(f"value-{key}")
+    backend.table.commit()
+    return backend
+
+
+def _content(table) -> dict[int, list[bytes]]:
+    return {kg: flat for kg in range(128) if (flat := table.key_group_flat(kg))}
+
+
+def _native(tmp_path, backend: KeyedStateBackend, then=lambda: None) -> NativeSnapshotHandle:
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    view = NativeView(backend.table, backend.key_groups, 7)
+    then()  # writes after the view opened are not in the copy
+    handle = view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
+    view.close()
+    assert isinstance(handle, NativeSnapshotHandle)
+    return handle
+
+
+def test_a_native_snapshot_is_the_table_as_its_transaction_saw_it(tmp_path):
+    backend = _filled(str(tmp_path / "t"), range(300))
+    expected = _content(backend.table)
+    with backend.table.consistent_view() as view:
+        digest = table_digest(view.txn)
+    value = backend.get_state(VALUE)
+
+    def change():
+        for key in range(300, 400):
+            backend.set_current_key(key)
+            value.update("later")
+        backend.table.commit()
+
+    handle = _native(tmp_path, backend, change)
+    assert handle.groups == tuple(sorted(expected))
+    assert handle.whole and (handle.start, handle.end) == (0, 127)
+    assert handle.digest == digest
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    assert storage.size(handle.path) == handle.size
+    source = NativeSource(storage, handle, "test", str(tmp_path))
+    try:
+        got = {kg: flat for kg, flat, _ in source.key_groups(list(range(128)))}
+    finally:
+        source.close()
+    assert got == expected
+    assert os.listdir(tmp_path) == sorted(os.listdir(tmp_path)) and not any(
+        n.startswith("spate-native-") for n in os.listdir(tmp_path)), "the download is deleted"
+    backend.table.close()
+
+
+def test_a_damaged_or_truncated_native_snapshot_is_refused_and_leaves_nothing(tmp_path):
+    backend = _filled(str(tmp_path / "t"), range(200))
+    handle = _native(tmp_path, backend)
+    backend.table.close()
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    full = storage.path(handle.path)
+    with open(full, "r+b") as f:
+        f.seek(handle.size // 2)
+        byte = f.read(1)
+        f.seek(handle.size // 2)
+        f.write(bytes([byte[0] ^ 0x10]))
+    dest = str(tmp_path / "data.mdb")
+    with pytest.raises(CorruptFileError, match=rf"{handle.path}.*CRC-32.*damaged"):
+        download_native(storage, handle, dest, "test")
+    assert not os.path.exists(dest)
+    with pytest.raises(CorruptFileError, match="damaged"):
+        verify_native(storage, handle)
+    with open(full, "r+b") as f:
+        f.truncate(handle.size - 100)
+    with pytest.raises(CorruptFileError, match="truncated"):
+        download_native(storage, handle, dest, "test")
+    assert not os.path.exists(dest)
+
+
+def test_a_copy_stopped_before_it_starts_writes_nothing(tmp_path):
+    backend = _filled(str(tmp_path / "t"), range(50))
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    view = NativeView(backend.table, backend.key_groups, 0)
+    view.close()
+    with pytest.raises(CopyStopped):
+        view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
+    assert not storage.exists("sub") or storage.list_files("sub") == []
+    backend.table.put(0, b"\x00\x00x", b"written after")  # the transaction is gone: nothing holds the table
+    backend.table.commit()
+    backend.table.close()
+
+
+def test_the_handle_round_trips_and_narrows_by_intersection():
+    handle = NativeSnapshotHandle("sub/x", 0, 63, 0, 63, (3, 17, 40), 4096, 123, 9, ({"name": "v"},), 512)
+    assert keyed_handle(handle.to_dict()) == handle
+    assert isinstance(keyed_handle(KeyGroupsHandle("p", 0, 1, {0: (0, 5)}, 5).to_dict()), KeyGroupsHandle)
+    part = handle.intersect(range(10, 32))
+    assert part is not None and (part.start, part.end, part.held) == (10, 31, (17,)) and not part.whole
+    assert handle.intersect(range(41, 64)) is None
+    assert handle.intersect(range(0, 128)) is handle and handle.whole
+
+
+@pytest.mark.parametrize("ranges", [[range(128)], [range(0, 43), range(43, 86), range(86, 128)]])
+def test_a_restore_from_a_native_materialization_and_its_log_is_the_live_state(tmp_path, ranges):
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    clog = ChangelogKeyedState(LmdbTable(str(tmp_path / "live")), storage, ChangelogConfig(upload=NOW), 0, 1)
+    backend = KeyedStateBackend(clog.table, 128, range(128))
+    value = backend.get_state(VALUE)
+    for key in range(400):
+        backend.set_current_key(key)
+        value.update(f"first-{key}")
+    clog.materialize_now(backend)
+    for n in range(5):  # updates, new keys and deletes in the log
+        for key in range(n, 500, 7):
+            backend.set_current_key(key)
+            value.clear() if key % 5 == 0 else value.update(f"{n}-{key}")
+        clog.writer.next_sequence_number()
+    materialized, changelog, _ = clog.snapshot(1, backend)
+    assert [type(h) for h in materialized] == [NativeSnapshotHandle] and changelog
+    expected = _content(clog.table)
+    clog.close()
+    for kgs in ranges:
+        for table in (HeapTable(), LmdbTable(str(tmp_path / f"r{kgs.start}"))):
+            got = KeyedStateBackend(table, 128, kgs)
+            restore_keyed_state(got, storage, materialized, changelog, "test")
+            assert _content(got.table) == {kg: f for kg, f in expected.items() if kg in kgs}
+            table.close()
+
+
+def _run(root: str, local: str, parallelism: int, src, until: int) -> None:
+    """Batches up to ``until``, each subtask's materialization waited for after each (the next checkpoint then
+    references it, whatever the machine's load)."""
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=parallelism, table="lmdb", local_dir=local,
+                     changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2)) as r:
+        for n in range(r.next_batch_id, until):
+            r.run_batch(n, src[n])
+            for sub in r.subtasks:
+                sub.clog.wait_for_materialization()
+
+
+@pytest.mark.parametrize(("link", "parallelism"), [(True, 2), (False, 2), (True, 3)])
+def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, monkeypatch, link, parallelism):
+    """An empty local directory: a subtask whose key groups are in one native snapshot takes the snapshot's file
+    as its table's base (hard-linked from a local root, else downloaded) and replays the log into the table;
+    at parallelism 3 the subtask whose key groups span both old subtasks' reads them key group by key group."""
+    root, src = str(tmp_path / "c"), batches(10)
+    _run(root, str(tmp_path / "l1"), 2, src, 4)
+    keyed = [h for st in load_checkpoint(CheckpointStorage(root)).subtasks for h in st.keyed]
+    assert keyed and all(isinstance(h, NativeSnapshotHandle) for h in keyed)
+    placed: list[tuple[str, bool]] = []
+    place = download._place
+
+    def counted(storage, handle, dest, context, **link):
+        placed.append((handle.path, place(storage, handle, dest, context, **link)))
+        return placed[-1][1]
+
+    monkeypatch.setattr(download, "_place", counted)
+    if not link:  # as with an object store: no file to link
+        monkeypatch.setattr(download, "local_file", lambda storage, handle: None)
+    _run(root, str(tmp_path / "l2"), parallelism, src, 6)  # at 3: 0-42, 43-85, 86-127 of 0-63, 64-127
+    assert sorted(placed) == sorted((h.path, link) for h in keyed), "each old subtask's file taken as a base once"
+    for h in keyed:
+        assert os.path.exists(os.path.join(root, h.path)), "the checkpoint's file is left where it was"
+    _run(root, str(tmp_path / "l3"), parallelism, src, 10)  # restored again: the tables' own snapshots now
+    assert counts(root) == expected_counts(src)
+    storage = CheckpointStorage(root)
+    assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+
+
+def test_a_snapshot_file_this_process_reads_already_is_downloaded_as_the_base(tmp_path, monkeypatch):
+    """lmdb opens a file once per process: a file another restore in the process reads in place cannot be opened
+    again through a hard link, so the base is a downloaded copy."""
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, str(tmp_path / "l1"), 1, src, 4)
+    storage = CheckpointStorage(root)
+    (handle,) = load_checkpoint(storage).subtasks[0].keyed
+    placed: list[bool] = []
+    place = download._place
+    monkeypatch.setattr(download, "_place", lambda *args, **kw: placed.append(place(*args, **kw)) or placed[-1])
+    held = ReadOnlyTable(storage.path(handle.path), file=True)
+    try:
+        _run(root, str(tmp_path / "l2"), 1, src, 6)
+    finally:
+        held.close()
+    assert placed == [True, False], "linked, then copied when the link could not be opened"
+    assert counts(root) == expected_counts(src)
+
+
+def test_a_damaged_native_materialization_fails_the_restore_and_deletes_nothing(tmp_path):
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, str(tmp_path / "l1"), 1, src, 4)
+    storage = CheckpointStorage(root)
+    (handle,) = load_checkpoint(storage).subtasks[0].keyed
+    full = storage.path(handle.path)
+    with open(full, "r+b") as f:
+        f.seek(handle.file_offset + handle.size // 2)
+        byte = f.read(1)
+        f.seek(handle.file_offset + handle.size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(CorruptFileError, match=rf"{handle.path}.*CRC-32"):
+        _run(root, str(tmp_path / "l2"), 1, src, 6)
+    assert os.path.exists(full) and load_checkpoint(storage).checkpoint_id == 3
+
+
+def test_the_documented_native_handle_is_what_a_materialization_writes(tmp_path):
+    root = str(tmp_path / "c")
+    _run(root, str(tmp_path / "l"), 1, batches(4), 4)
+    (real,) = [h.to_dict() for st in load_checkpoint(CheckpointStorage(root)).subtasks for h in st.keyed]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
+    section = doc[doc.index("## Native lmdb snapshots"):doc.index("## Operator state files")]
+    documented = json.loads(re.search(r"```json\n(.*?)\n```", section, re.S).group(1))  # type: ignore[union-attr]
+    assert list(documented) == list(real)
+    assert {k: type(v) for k, v in documented.items()} == {k: type(v) for k, v in real.items()}
+    assert re.sub(r"[0-9a-f]{32}", "<hex32>", documented["path"]) == re.sub(r"[0-9a-f]{32}", "<hex32>", real["path"])
+    assert (documented["start"], documented["end"], documented["table"], documented["states"]) == (
+        real["start"], real["end"], real["table"], real["states"])
+    assert isinstance(keyed_handle(documented), NativeSnapshotHandle)
+
+
+def test_a_savepoint_rewrites_native_snapshots_as_key_group_files(tmp_path):
+    root, src = str(tmp_path / "c"), batches(6)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, table="lmdb", local_dir=str(tmp_path / "l"),
+                     changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2)) as r:
+        r.run(src, until=4)
+        assert any(isinstance(h, NativeSnapshotHandle)
+                   for st in load_checkpoint(CheckpointStorage(root)).subtasks for h in st.keyed)
+        sp = r.savepoint(str(tmp_path / "sp"))
+    saved = load_checkpoint(CheckpointStorage(sp))
+    assert saved.subtasks and all(isinstance(h, KeyGroupsHandle) for st in saved.subtasks for h in st.keyed)
+    assert not [p for p, _ in CheckpointStorage(sp).list_files() if p.endswith(".lmdb")]
+    new_root = str(tmp_path / "new")
+    with LocalRunner(Count, key="k", checkpoint_root=new_root, parallelism=3, restore_from=sp) as r:
+        r.run(src)
+    assert counts(new_root) == expected_counts(src)
