@@ -1,7 +1,7 @@
-"""Native snapshots of an lmdb table (``spate.snapshot.native``) as the changelog's materialization: the copy is the
-table at the transaction the materialization opened with, its bytes are checked on every read, it is restored by
-download at the subtask's own key groups and key group by key group elsewhere, and a restore from it and its log
-is the state a sequential replay gives."""
+"""Native snapshots of an lmdb table (``spate.snapshot.native``) as the changelog's materialization: the reader
+process writes the key groups it reads into an lmdb file of their own, its bytes are checked on every read, it is
+restored by download at the subtask's own key groups and key group by key group elsewhere, and a restore from it
+and its log is the state a sequential replay gives."""
 
 from __future__ import annotations
 
@@ -14,18 +14,18 @@ import pytest
 
 from helpers.counting import Count, batches, counts, expected_counts
 from spate import LocalRunner, load_checkpoint
-from spate.changelog.native_view import NativeView
+from spate.changelog.process_view import NATIVE_FILE_PREFIX, ProcessView
 from spate.changelog.restore import restore_keyed_state
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
 from spate.checkpoint.inspect import verify_checkpoint
-from spate.errors import CorruptFileError
+from spate.errors import CheckpointError, CorruptFileError
 from spate.fs import CheckpointStorage
 from spate.runtime.recovery import download
 from spate.segments import WholeFileWriter
 from spate.snapshot.handles import KeyGroupsHandle, NativeSnapshotHandle, keyed_handle
 from spate.snapshot.keyed import SnapshotScope
-from spate.snapshot.native import CopyStopped, NativeSource, download_native, verify_native
+from spate.snapshot.native import NativeSource, download_native, verify_native
 from spate.state.descriptors import ValueStateDescriptor
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
@@ -34,6 +34,7 @@ from spate.state.lmdb_readonly import ReadOnlyTable
 from spate.state.lmdb_table import LmdbTable
 
 NOW = UploadConfig(persist_delay_s=0.0, timeout_s=5.0)
+NATIVE = {"materialize_in_process_from_bytes": 0}  # these tables are small: the reader process reads them anyway
 VALUE = ValueStateDescriptor("v")
 
 
@@ -51,30 +52,25 @@ def _content(table) -> dict[int, list[bytes]]:
     return {kg: flat for kg in range(128) if (flat := table.key_group_flat(kg))}
 
 
-def _native(tmp_path, backend: KeyedStateBackend, then=lambda: None) -> NativeSnapshotHandle:
+def _native(tmp_path, backend: KeyedStateBackend) -> NativeSnapshotHandle:
     storage = CheckpointStorage(str(tmp_path / "root"))
-    view = NativeView(backend.table, backend.key_groups, 7)
-    then()  # writes after the view opened are not in the copy
-    handle = view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
-    view.close()
+    view = ProcessView(backend.table, backend.key_groups, 7, native=True)
+    try:
+        handle = view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
+    finally:
+        view.close()
     assert isinstance(handle, NativeSnapshotHandle)
+    assert set(view.positions.values()) == {7}, "every key group read at the view's position"
+    assert not [n for n in os.listdir(backend.table.path) if n.startswith(NATIVE_FILE_PREFIX)], "built file removed"
     return handle
 
 
-def test_a_native_snapshot_is_the_table_as_its_transaction_saw_it(tmp_path):
+def test_a_native_snapshot_holds_the_tables_key_groups_and_digest(tmp_path):
     backend = _filled(str(tmp_path / "t"), range(300))
     expected = _content(backend.table)
     with backend.table.consistent_view() as view:
         digest = table_digest(view.txn)
-    value = backend.get_state(VALUE)
-
-    def change():
-        for key in range(300, 400):
-            backend.set_current_key(key)
-            value.update("later")
-        backend.table.commit()
-
-    handle = _native(tmp_path, backend, change)
+    handle = _native(tmp_path, backend)
     assert handle.groups == tuple(sorted(expected))
     assert handle.whole and (handle.start, handle.end) == (0, 127)
     assert handle.digest == digest
@@ -88,6 +84,13 @@ def test_a_native_snapshot_is_the_table_as_its_transaction_saw_it(tmp_path):
     assert got == expected
     assert os.listdir(tmp_path) == sorted(os.listdir(tmp_path)) and not any(
         n.startswith("spate-native-") for n in os.listdir(tmp_path)), "the download is deleted"
+    native = ReadOnlyTable(storage.path(handle.path), file=True)
+    try:
+        assert native.meta("states") == backend.table.get_meta("states")
+        with native.env.begin() as txn:
+            assert table_digest(txn) == digest
+    finally:
+        native.close()
     backend.table.close()
 
 
@@ -115,15 +118,19 @@ def test_a_damaged_or_truncated_native_snapshot_is_refused_and_leaves_nothing(tm
     assert not os.path.exists(dest)
 
 
-def test_a_copy_stopped_before_it_starts_writes_nothing(tmp_path):
+def test_a_native_materialization_stopped_early_leaves_no_file(tmp_path):
     backend = _filled(str(tmp_path / "t"), range(50))
     storage = CheckpointStorage(str(tmp_path / "root"))
-    view = NativeView(backend.table, backend.key_groups, 0)
+    stale = os.path.join(backend.table.path, f"{NATIVE_FILE_PREFIX}left-by-a-dead-process.mdb")
+    open(stale, "wb").close()
+    view = ProcessView(backend.table, backend.key_groups, 0, native=True)
+    assert not os.path.exists(stale), "a file a process left is removed when the next one starts"
     view.close()
-    with pytest.raises(CopyStopped):
+    with pytest.raises(CheckpointError, match="reader process"):
         view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
+    assert not [n for n in os.listdir(backend.table.path) if n.startswith(NATIVE_FILE_PREFIX)]
     assert not storage.exists("sub") or storage.list_files("sub") == []
-    backend.table.put(0, b"\x00\x00x", b"written after")  # the transaction is gone: nothing holds the table
+    backend.table.put(0, b"\x00\x00x", b"written after")  # nothing holds the table
     backend.table.commit()
     backend.table.close()
 
@@ -141,7 +148,8 @@ def test_the_handle_round_trips_and_narrows_by_intersection():
 @pytest.mark.parametrize("ranges", [[range(128)], [range(0, 43), range(43, 86), range(86, 128)]])
 def test_a_restore_from_a_native_materialization_and_its_log_is_the_live_state(tmp_path, ranges):
     storage = CheckpointStorage(str(tmp_path / "root"))
-    clog = ChangelogKeyedState(LmdbTable(str(tmp_path / "live")), storage, ChangelogConfig(upload=NOW), 0, 1)
+    clog = ChangelogKeyedState(LmdbTable(str(tmp_path / "live")), storage, ChangelogConfig(upload=NOW, **NATIVE),
+                               0, 1)
     backend = KeyedStateBackend(clog.table, 128, range(128))
     value = backend.get_state(VALUE)
     for key in range(400):
@@ -169,7 +177,7 @@ def _run(root: str, local: str, parallelism: int, src, until: int) -> None:
     """Batches up to ``until``, each subtask's materialization waited for after each (the next checkpoint then
     references it, whatever the machine's load)."""
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=parallelism, table="lmdb", local_dir=local,
-                     changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2)) as r:
+                     changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2, **NATIVE)) as r:
         for n in range(r.next_batch_id, until):
             r.run_batch(n, src[n])
             for sub in r.subtasks:
@@ -258,8 +266,11 @@ def test_the_documented_native_handle_is_what_a_materialization_writes(tmp_path)
 def test_a_savepoint_rewrites_native_snapshots_as_key_group_files(tmp_path):
     root, src = str(tmp_path / "c"), batches(6)
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, table="lmdb", local_dir=str(tmp_path / "l"),
-                     changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2)) as r:
-        r.run(src, until=4)
+                     changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2, **NATIVE)) as r:
+        for n in range(4):
+            r.run_batch(n, src[n])
+            for sub in r.subtasks:
+                sub.clog.wait_for_materialization()
         assert any(isinstance(h, NativeSnapshotHandle)
                    for st in load_checkpoint(CheckpointStorage(root)).subtasks for h in st.keyed)
         sp = r.savepoint(str(tmp_path / "sp"))

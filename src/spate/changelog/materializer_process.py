@@ -21,7 +21,7 @@ import queue
 import sys
 import threading
 import time
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import lmdb
 
@@ -30,17 +30,21 @@ from spate.changelog.materializer_protocol import (
     Failed,
     Finished,
     KeyGroupRead,
+    NativeWritten,
     ProtocolError,
     Start,
     receive,
     send,
 )
 from spate.snapshot.keyed import key_group_frame
+from spate.snapshot.native import NativeFileBuilder
+from spate.state.layout import META_PREFIX
 from spate.state.lmdb_read_ahead import KeyGroupReadAhead
 from spate.state.lmdb_scan import flat_key_group
 
 MIN_MAP_BYTES = 1 << 30
 LISTENER_GRACE_S = 30.0  # after the last key group, for the subtask to close the pipe
+STATES_KEY = META_PREFIX + b"states"  # the table's state registry (spate.state.keyed)
 SEND_AHEAD = 1  # framed key groups waiting to be sent (one of a 10 GB state is about 80 MB)
 
 
@@ -124,12 +128,12 @@ class Sender:
 
     def __init__(self, out: BinaryIO) -> None:
         self._out = out
-        self._queue: queue.Queue[KeyGroupRead | Finished | None] = queue.Queue(SEND_AHEAD)
+        self._queue: queue.Queue[KeyGroupRead | NativeWritten | Finished | None] = queue.Queue(SEND_AHEAD)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True, name="sender")
         self._thread.start()
 
-    def send(self, message: KeyGroupRead | Finished) -> None:
+    def send(self, message: KeyGroupRead | NativeWritten | Finished) -> None:
         self._raise()
         self._queue.put(message)
 
@@ -152,8 +156,14 @@ class Sender:
                     self._error = e
 
 
-def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: KeyGroupReadAhead) -> None:
+def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: KeyGroupReadAhead,
+                    map_size: int = MIN_MAP_BYTES) -> None:
+    """Read the key groups of ``start`` in order, each from the newest snapshot taken, and send them framed, or
+    (``start.native``) put them into the native snapshot's file (an lmdb map of ``map_size``) and send their
+    positions only."""
     sender = Sender(out)
+    native = NativeFileBuilder(start.native, map_size) if start.native else None
+    txn: lmdb.Transaction | None = None
     try:
         for kg in range(start.first, start.last + 1):
             if snapshots.ended.is_set():
@@ -165,13 +175,30 @@ def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: Ke
             began = time.perf_counter()
             flat = flat_key_group(txn, kg)
             elapsed = time.perf_counter() - began
-            frame = key_group_frame(kg, flat) if flat else b""
+            if native is not None:
+                size = native.add(kg, flat) if flat else 0
+                frame = b""
+            else:
+                frame = key_group_frame(kg, flat) if flat else b""
+                size = len(frame)
             del flat  # only the frame waits in the queue
-            ahead.read(len(frame), elapsed)
+            ahead.read(size, elapsed)
             sender.send(KeyGroupRead(kg, position, frame))
+        if native is not None:
+            native.finish(_table_metadata(txn))
+            sender.send(NativeWritten(native.groups, native.digest))
+            native = None
         sender.send(Finished())
     finally:
+        if native is not None:
+            native.abort()
         sender.close()
+
+
+def _table_metadata(txn: lmdb.Transaction | None) -> dict[bytes, bytes]:
+    """What a native snapshot keeps of the table's metadata: its state registry, as of the last snapshot read."""
+    states = cast("bytes | None", txn.get(STATES_KEY)) if txn is not None else None  # buffers off: bytes
+    return {STATES_KEY: states} if states is not None else {}
 
 
 def serve(source: BinaryIO, out: BinaryIO) -> int:
@@ -183,8 +210,9 @@ def serve(source: BinaryIO, out: BinaryIO) -> int:
     try:
         # a map with room to grow: a snapshot beyond it could only be taken while no other one is open
         used = os.path.getsize(os.path.join(start.path, "data.mdb"))
+        map_size = max(4 * used, MIN_MAP_BYTES)
         env = lmdb.open(start.path, readonly=True, lock=True, subdir=True, max_dbs=0, readahead=False,
-                        map_size=max(4 * used, MIN_MAP_BYTES))
+                        map_size=map_size)
     except (lmdb.Error, OSError) as e:
         send(out, Failed(f"cannot open the lmdb table {start.path}: {e}"))
         return 1
@@ -202,7 +230,7 @@ def serve(source: BinaryIO, out: BinaryIO) -> int:
         # the read-ahead's threads are joined before env closes, and they never see the map resized under them:
         # they start after the first key group, and from then on the reader holds a snapshot (Snapshots._begin)
         with KeyGroupReadAhead(env, range(start.first, start.last + 1)) as ahead:
-            read_key_groups(start, snapshots, out, ahead)
+            read_key_groups(start, snapshots, out, ahead, map_size)
         return 0
     except (lmdb.Error, ProtocolError) as e:
         send(out, Failed(f"reading the lmdb table {start.path} failed: {e}"))

@@ -4,7 +4,8 @@
 Each message is a 4-byte big-endian length and a msgpack array whose first item names the message (a
 :class:`KeyGroupRead`'s frame follows its array, raw, its length the array's last item). The subtask
 sends one :class:`Start`, then an :class:`Advance` at every sequence-number boundary; the reader answers with one
-:class:`KeyGroupRead` per key group, then :class:`Finished` or :class:`Failed`. The pipe lives as long as the
+:class:`KeyGroupRead` per key group (natively: with no frame, then one :class:`NativeWritten`), then
+:class:`Finished` or :class:`Failed`. The pipe lives as long as the
 one materialization: nothing of it is stored.
 """
 
@@ -24,13 +25,15 @@ _LENGTH = struct.Struct(">I")
 @dataclass(frozen=True)
 class Start:
     """Read key groups ``first``..``last`` of the lmdb environment in ``path``, starting from the snapshot of
-    ``txn_id``: the table committed at sequence number ``position``."""
+    ``txn_id``: the table committed at sequence number ``position``. With ``native`` (a file path), write them
+    into a new lmdb data file there, a native snapshot (:mod:`spate.snapshot.native`), instead of framing them."""
 
     path: str
     first: int
     last: int
     position: int
     txn_id: int
+    native: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,14 @@ class KeyGroupRead:
 
 
 @dataclass(frozen=True)
+class NativeWritten:
+    """The native snapshot's file is complete: the key groups that hold data, and the table digest it records."""
+
+    groups: list[int]
+    digest: int
+
+
+@dataclass(frozen=True)
 class Finished:
     """Every key group was read."""
 
@@ -63,8 +74,9 @@ class Failed:
     error: str
 
 
-Message = Start | Advance | KeyGroupRead | Finished | Failed
-_KINDS: dict[str, type[Message]] = {k.__name__: k for k in (Start, Advance, KeyGroupRead, Finished, Failed)}
+Message = Start | Advance | KeyGroupRead | NativeWritten | Finished | Failed
+_KINDS: dict[str, type[Message]] = {k.__name__: k for k in (Start, Advance, KeyGroupRead, NativeWritten, Finished,
+                                                            Failed)}
 
 
 class ProtocolError(SpateError):

@@ -5,37 +5,42 @@
 Both give the same key groups, each read at a sequence-number boundary and reported with its position, so a
 restore replays the same change sets either way. The process is worth its start (a Python interpreter, a few
 hundred ms) only for a table that takes seconds to read; TTL'd state, whose expired entries are filtered while
-the snapshot is made, and the in-memory and overlay tables are read in process.
+the snapshot is made, and the in-memory and overlay tables are read in process. With the native materialization
+on, the reader process also writes the key groups it reads into an lmdb file of their own, a native snapshot, in
+place of their frames.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
+import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import IO, Protocol
 
 from spate.changelog.materializer_protocol import (
     Advance,
     Failed,
     Finished,
     KeyGroupRead,
+    NativeWritten,
     ProtocolError,
     Start,
     receive,
     send,
 )
-from spate.changelog.native_view import NativeView
 from spate.changelog.rolling_view import RollingView
 from spate.errors import CheckpointError
-from spate.pipes import widen_pipe
+from spate.layout import random_name
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyedHandle, KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
+from spate.snapshot.native import write_native_file
 from spate.state.lmdb_table import LmdbTable
 from spate.state.table import StateTable, TableView, WrappedTable
 
@@ -43,13 +48,15 @@ log = logging.getLogger(__name__)
 EXIT_WAIT_S = 10.0  # for the reader to exit after its last key group, before it is killed
 READER_MODULE = "spate.changelog.materializer_process"
 PIPE_BYTES = 4 << 20
+NATIVE = "native"  # a view's ``read_by`` when it writes a native snapshot
+NATIVE_FILE_PREFIX = "materialization-"  # a native snapshot being built, in the table's directory
 
 
 class MaterializationView(Protocol):
     """What a materialization reads the table through."""
 
     positions: dict[int, int]  # per key group read: the position it was read at
-    read_by: str  # "thread" or "process"
+    read_by: str  # "thread", "process" or "native"
 
     def advance(self, position: int) -> None: ...
 
@@ -86,24 +93,36 @@ class ProcessView:
 
     read_by = "process"
 
-    def __init__(self, table: LmdbTable, key_groups: range, position: int) -> None:
+    def __init__(self, table: LmdbTable, key_groups: range, position: int, native: bool = False) -> None:
         self._table = table
         self._lock = threading.Lock()
         self._finished = False
         self.positions: dict[int, int] = {}
+        self._native = native_file_path(table.path) if native else ""
+        self._built: tuple[tuple[int, ...], int] | None = None  # a native snapshot's key groups and digest
+        if native:
+            self.read_by = NATIVE
         table.commit()
         self._reader = subprocess.Popen([sys.executable, "-m", READER_MODULE], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert self._reader.stdout is not None
-        widen_pipe(self._reader.stdout.fileno(), PIPE_BYTES)
-        self._offer(Start(table.path, key_groups.start, key_groups.stop - 1, position, self._committed_txn()))
+        _widen(self._reader.stdout)
+        self._offer(Start(table.path, key_groups.start, key_groups.stop - 1, position, self._committed_txn(),
+                          self._native))
 
     def advance(self, position: int) -> None:
         self._table.commit()
         self._offer(Advance(position, self._committed_txn()))
 
-    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyGroupsHandle | None:
-        return write_frames(self._frames(), scope, out)
+    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyedHandle | None:
+        if not self._native:
+            return write_frames(self._frames(), scope, out)
+        try:
+            for _ in self._frames():
+                raise self._failure("it sent a frame for a native snapshot")
+            assert self._built is not None
+            return write_native_file(self._native, self._built, scope, out)
+        finally:
+            _remove(self._native)
 
     def _frames(self) -> Iterator[tuple[int, tuple[bytes, ...]]]:
         stdout = self._reader.stdout
@@ -118,6 +137,8 @@ class ProcessView:
                 if message.frame:
                     yield message.kg, (message.frame,)
                 del message  # its frame is not kept while the next one is received
+            elif isinstance(message, NativeWritten) and self._native:
+                self._built = (tuple(message.groups), message.digest)
             elif isinstance(message, Finished):
                 with self._lock:
                     self._finished = True
@@ -149,6 +170,8 @@ class ProcessView:
                 self._table.env.reader_check()
         if reader.stderr is not None:
             reader.stderr.close()
+        if self._native and not finished:
+            _remove(self._native)
 
     def _offer(self, message: Start | Advance) -> None:
         with self._lock:
@@ -172,10 +195,42 @@ class ProcessView:
                                f"status {self._reader.returncode}){': ' + err.decode(errors='replace') if err else ''}")
 
 
+def native_file_path(table_path: str) -> str:
+    """Where a materialization's reader builds a native snapshot of the lmdb table in ``table_path``: a file in the
+    table's directory (one materialization of a table runs at a time; a file a process left that died is removed
+    here, and with the directory)."""
+    for name in os.listdir(table_path):
+        if name.startswith(NATIVE_FILE_PREFIX):
+            _remove(os.path.join(table_path, name))
+    return os.path.join(table_path, f"{NATIVE_FILE_PREFIX}{random_name()[:12]}.mdb")
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _widen(pipe: IO[bytes] | None) -> None:
+    """Let the pipe hold up to :data:`PIPE_BYTES` (Linux; the system's limit for an unprivileged process is
+    usually 1 MB): each read of it releases and retakes the GIL, which beside a thread running Python waits up to
+    a switch interval (5 ms), so the fewer reads per frame the better (64 KB pipes: 16 per MB)."""
+    setter = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if pipe is None or setter is None:
+        return
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as limit:
+            size = min(PIPE_BYTES, int(limit.read()))
+    except (OSError, ValueError):
+        size = 1 << 20
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(pipe.fileno(), setter, size)
+
+
 class MaterializationReads:
-    """How one subtask's materializations read its table: an lmdb table without TTL'd state copied by lmdb as a
-    native snapshot (``native``), else, if large (at least ``process_from_bytes`` in use), in a reader process;
-    anything else in a thread. After a reader process fails, this subtask's materializations read in a thread."""
+    """How one subtask's materializations read its table: a large lmdb table (at least ``process_from_bytes``
+    in use) without TTL'd state in a reader process, which with ``native`` writes a native snapshot
+    (:mod:`spate.snapshot.native`) instead of key-group frames; anything else in a thread. After a reader process
+    fails, this subtask's materializations read in a thread."""
 
     def __init__(self, process_from_bytes: int, native: bool = False) -> None:
         self.process_from_bytes = process_from_bytes
@@ -185,12 +240,10 @@ class MaterializationReads:
     def open(self, table: StateTable, scope: SnapshotScope, position: int) -> MaterializationView:
         """A view of ``table`` at ``position`` (the caller is at a sequence-number boundary)."""
         inner = table.inner if isinstance(table, WrappedTable) else table
-        if type(inner) is LmdbTable and not scope.filters and self.native:
-            return NativeView(inner, scope.key_groups, position)
         if type(inner) is LmdbTable and not scope.filters and not self.process_failed \
                 and inner.used_bytes() >= self.process_from_bytes:
             try:
-                return ProcessView(inner, scope.key_groups, position)
+                return ProcessView(inner, scope.key_groups, position, self.native)
             except OSError as e:
                 log.warning("cannot start a reader process for the materialization of %s (%s); reading it in a "
                             "thread", inner.path, e)
@@ -203,11 +256,7 @@ class MaterializationReads:
         return ThreadView(open_view, position)
 
     def failed(self, view: MaterializationView) -> None:
-        """A materialization through ``view`` failed: if lmdb's copy did, read key group by key group from now on
-        (lmdb refuses to compact a table that leaked pages); if a reader process did, read in a thread."""
-        if isinstance(view, NativeView):
-            log.warning("a materialization's native copy failed; this subtask's next ones write key-group frames")
-            self.native = False
+        """A materialization through ``view`` failed: if a reader process did, read in a thread from now on."""
         if isinstance(view, ProcessView):
             log.warning("a materialization's reader process failed; this subtask's next ones read in a thread")
             self.process_failed = True

@@ -13,8 +13,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spate.changelog.native_view import NativeView
-from spate.changelog.process_view import MaterializationReads, MaterializationView
+from spate.changelog.process_view import NATIVE, MaterializationReads, MaterializationView
 from spate.changelog.rolling_view import trimmed
 from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
@@ -50,8 +49,9 @@ class ChangelogConfig:
     # an lmdb table this large (bytes in use) is read for a materialization by a process of its own, where no
     # thread of the subtask's competes for the GIL at every entry (spate.changelog.process_view)
     materialize_in_process_from_bytes: int = 64 * MB
-    # an lmdb table without TTL'd state is materialized as lmdb's own file (spate.snapshot.native): restored by
-    # downloading it, not entry by entry, so that a restore from it and its log costs less than a full snapshot's
+    # an lmdb table the reader process materializes is written as an lmdb file of its own (spate.snapshot.native):
+    # restored by taking the file, not entry by entry, so that a restore from it and its log costs less than a
+    # full snapshot's
     native_materialization: bool = True
     preemptive_threshold: int = 5 * MB
     coalesce: bool = True  # log an entry changed many times between uploads once (beyond Flink)
@@ -282,7 +282,7 @@ class ChangelogKeyedState:
         scope = SnapshotScope.of(backend)
         view = self._reads.open(backend.table, scope, sqn)  # opened now, atomically with ``sqn``; read later
         out = self._materialization_out(self.checkpoint_id + 1 if referenced_by is None else referenced_by,
-                                        view.read_by == NativeView.read_by)
+                                        view.read_by == NATIVE)
 
         def work() -> KeyedHandle | None:
             try:
