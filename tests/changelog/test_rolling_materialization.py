@@ -4,6 +4,8 @@ applies every change exactly once, for value, list (``APPEND``, not idempotent) 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -64,7 +66,8 @@ class Job:
         self.storage = PausingStorage(root)
         self.storage.paused, self.storage.resume = threading.Event(), threading.Event()
         table = self.table = LmdbTable(table_path) if table_path else HeapTable()
-        config = ChangelogConfig(upload=NOW, materialize_in_process_from_bytes=0 if reader_process else 1 << 40,
+        in_process = reader_process or native
+        config = ChangelogConfig(upload=NOW, materialize_in_process_from_bytes=0 if in_process else 1 << 40,
                                  native_materialization=native)
         self.clog = ChangelogKeyedState(table, self.storage, config, 0, 1)
         self.backend = KeyedStateBackend(self.clog.table, 128, range(128))
@@ -77,13 +80,13 @@ class Job:
         self.model: dict[str, dict] = {"v": {}, "l": {}, "m": {}}
         self.checkpoints = 0
 
-    def batch(self, round_: int) -> None:
+    def batch(self, round_: int, wait_for_reader: bool = False) -> None:
         """As a subtask begins a batch: the table committed as dirty, then the changelog's begin (a boundary
         offered again to a reader process that missed it behind the tag's commit)."""
         self.table.put_meta("tag", b"dirty")
         self.table.commit()
         self.clog.begin(self.checkpoints)
-        if self.pad is not None and self.clog._running is not None:
+        if (self.pad is not None or wait_for_reader) and self.clog._running is not None:
             self._wait_for_the_reader()
         for k in range(KEYS):
             self.backend.set_current_key(k)
@@ -146,18 +149,11 @@ def _spanning_materialization(job: Job):
     return job.checkpoint()
 
 
-@pytest.mark.parametrize("table", ["lmdb", "heap", "lmdb-reader-process", "lmdb-native"])
+@pytest.mark.parametrize("table", ["lmdb", "heap", "lmdb-reader-process"])
 def test_a_materialization_spanning_batches_restores_every_change_once(tmp_path, table):
     job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb") if table != "heap" else None,
-              reader_process=table == "lmdb-reader-process", native=table == "lmdb-native")
+              reader_process=table == "lmdb-reader-process")
     meta = _spanning_materialization(job)
-    if table == "lmdb-native":  # one transaction: every key group at the materialization's position, none trimmed
-        assert job.stats["materialization_read_by"] == "native" and job.clog._positions == {}
-        log = meta.subtasks[0].changelog
-        assert log and all(h.offsets == job.clog.writer._uploaded[h.sqn].offsets for h in log)
-        assert job.restored(meta) == job.model
-        job.clog.close()
-        return
     assert job.stats["materialization_read_by"] == (
         "process" if table == "lmdb-reader-process" else "thread")
     later = job.clog._positions  # the key groups read after the pause, at the last advance's position
@@ -166,6 +162,34 @@ def test_a_materialization_spanning_batches_restores_every_change_once(tmp_path,
     assert any(len(h.offsets) < len(job.clog.writer._uploaded[h.sqn].offsets) for h in log), \
         "change sets the later key groups hold already are listed without them"
     assert job.restored(meta) == job.model
+    job.clog.close()
+
+
+def test_a_native_materialization_read_after_batches_holds_them_and_its_log_is_trimmed(tmp_path):
+    """The reader process writing a native snapshot is held (SIGSTOP: fault injection) from its start until two
+    batches and their checkpoints are done: it reads the key groups at a later boundary, the file holds those
+    batches, and the checkpoint lists no change set the file holds already."""
+    job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb"), native=True)
+    job.batch(1)
+    job.checkpoint()
+    job.clog.start_materialization(job.backend, job.clog.writer.next_sequence_number())
+    reader = job.clog._running.view._reader
+    os.kill(reader.pid, signal.SIGSTOP)
+    try:
+        job.batch(2)
+        job.checkpoint()
+    finally:
+        os.kill(reader.pid, signal.SIGCONT)
+    job.batch(3, wait_for_reader=True)
+    job.storage.resume.set()
+    job.clog.wait_for_materialization()
+    meta = job.checkpoint()
+    assert job.stats["materialization_read_by"] == "native"
+    later = job.clog._positions
+    assert later and min(later.values()) > job.clog.materialized_to, "read at a boundary after the start"
+    log = meta.subtasks[0].changelog
+    assert log and all(h.sqn >= min(later.values()) for h in log), "the change sets the file holds are not listed"
+    assert job.restored(meta) == job.model, "each change once (the list state's appends are not idempotent)"
     job.clog.close()
 
 
