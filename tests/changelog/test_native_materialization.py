@@ -8,11 +8,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers.counting import Count, batches, counts, expected_counts
+from helpers.faults import CrashOnce
 from spate import LocalRunner, load_checkpoint
 from spate.changelog.process_view import NATIVE_FILE_PREFIX, ProcessView
 from spate.changelog.restore import restore_keyed_state
@@ -182,6 +187,48 @@ def _run(root: str, local: str, parallelism: int, src, until: int) -> None:
             r.run_batch(n, src[n])
             for sub in r.subtasks:
                 sub.clog.wait_for_materialization()
+
+
+CRASH_STEPS = [None, "after_begin", "after_subtask_0", "after_acks", "after_complete"]
+EXAMPLES = max(1, int(os.environ.get("SPATE_MODEL_EXAMPLES", "40")) // 5)  # a reader process per materialization
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4), st.sampled_from(CRASH_STEPS)), min_size=1,
+                max_size=4), st.integers(5, 40), st.booleans())
+def test_counts_survive_crashes_and_rescales_with_native_materializations(segments, keys, merging):
+    """Property: runs at random parallelisms (1..4), each for a few batches with every materialization a native
+    snapshot waited for, some ending in a crash at a protocol step, and a last run at parallelism 2: the last
+    checkpoint's counts are the input's, whichever base each restore took (the file as the table's base, or read
+    key group by key group after a rescale)."""
+    src = batches(2 * len(segments) + 8, keys)
+    root, local = tempfile.mkdtemp(prefix="native-ckpt-"), tempfile.mkdtemp(prefix="native-local-")
+    try:
+        done, native = 0, 0
+        for parallelism, length, crash in [*segments, (2, len(src), None)]:
+            fault = CrashOnce(crash, min(done + length, len(src) - 1))
+            with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=parallelism, table="lmdb",
+                             local_dir=local, fault_injector=fault, file_merging=merging,
+                             changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2, **NATIVE)) as r:
+                for n in range(r.next_batch_id, min(done + length + (crash is not None), len(src))):
+                    try:
+                        r.run_batch(n, src[n])
+                    except RuntimeError as e:
+                        assert fault.crashed, e
+                        break
+                    for sub in r.subtasks:
+                        sub.clog.wait_for_materialization()
+                done = r.next_batch_id
+            if done:
+                last = load_checkpoint(CheckpointStorage(root))
+                native += sum(isinstance(h, NativeSnapshotHandle) for st in last.subtasks for h in st.keyed)
+        assert done == len(src) and native, "native snapshots were restored from"
+        assert counts(root) == expected_counts(src)
+        storage = CheckpointStorage(root)
+        assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(local, ignore_errors=True)
 
 
 @pytest.mark.parametrize(("link", "parallelism"), [(True, 2), (False, 2), (True, 3)])
