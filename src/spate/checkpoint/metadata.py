@@ -25,7 +25,8 @@ from spate.snapshot.outputs import OutputsHandle
 # log since the materialization partly in change-set lists (``changelog_lists``) an older reader would not read;
 # 5: a subtask's data file staged for a table sink (``sink_file``), which an older reader would not commit;
 # 6: staged outputs as a Parquet file of their own (serializer ``"parquet"``), which an older reader cannot read;
-# 7: key-group frames carry their key group's digest as a third field, which an older reader cannot unpack
+# 7: key-group frames carry their key group's digest as a third field, which an older reader cannot unpack;
+# 8: keyed handles may be native lmdb snapshots (``type: "lmdb_native"``), which an older reader takes for frames
 METADATA_FORMAT_VERSION = 8
 
 

@@ -9,8 +9,9 @@ is safe. :func:`recover` is its one entry point and tries the rungs in order:
 3. **rescaled**: at a new parallelism with the lmdb table, the old subtasks' local copies on this machine,
    reading checkpoint storage only for key groups no usable copy holds (:mod:`spate.runtime.recovery.local_rescale`
    over :mod:`spate.runtime.rescale`);
-4. **restored** by download: with the lmdb table, a native snapshot of the subtask's key groups (the changelog's
-   materialization) downloaded to become the table, its change sets replayed (:mod:`spate.runtime.recovery.download`);
+4. **restored** from a native snapshot: with the lmdb table, a native snapshot of the subtask's key groups (the
+   changelog's materialization), hard-linked or downloaded, taken as the table's read-only base, its change sets
+   replayed into the table (:mod:`spate.runtime.recovery.download`);
 5. **restored**: everything the plan names read from checkpoint storage (``new`` without a base:
    :mod:`spate.runtime.recovery.storage`).
 
