@@ -37,6 +37,7 @@ from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_digest import table_digest
 from spate.state.lmdb_readonly import ReadOnlyTable
 from spate.state.lmdb_table import LmdbTable
+from spate.state.overlay import OverlayTable
 
 NOW = UploadConfig(persist_delay_s=0.0, timeout_s=5.0)
 NATIVE = {"materialize_in_process_from_bytes": 0}  # these tables are small: the reader process reads them anyway
@@ -258,6 +259,33 @@ def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, 
     assert counts(root) == expected_counts(src)
     storage = CheckpointStorage(root)
     assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+
+
+def test_a_table_restored_over_a_native_base_is_materialized_by_the_reader_process(tmp_path):
+    """After a restore from a native snapshot the table is an overlay (the file as its base): the next
+    materialization still reads it in the reader process, the table's own entries over the base (its file kept
+    while the reader reads it), and writes a native snapshot a restore takes as its base again."""
+    root = str(tmp_path / "c")
+    src = [[{"k": f"user-{(b + i) % 4000}"} for i in range(0, 4000, 1 + b % 3)] for b in range(12)]  # > a batch's fold
+    _run(root, str(tmp_path / "l1"), 1, src, 4)
+    (restored_from,) = load_checkpoint(CheckpointStorage(root)).subtasks[0].keyed
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=1, table="lmdb", local_dir=str(tmp_path / "l2"),
+                     changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2, **NATIVE)) as r:
+        r.run_batch(4, src[4])
+        (sub,) = r.subtasks
+        overlay = sub.keyed.table.inner
+        assert isinstance(overlay, OverlayTable) and overlay.bases, "restored over the native file"
+        sub.clog.materialize_now(sub.keyed)
+        assert sub.clog.last_materialization["materialization_read_by"] == "native"
+        assert [type(h) for h in sub.clog.materialized] == [NativeSnapshotHandle]
+        assert overlay.bases, "not folded yet: the reader read the base"
+        for n in range(5, 8):
+            r.run_batch(n, src[n])
+    last = load_checkpoint(CheckpointStorage(root))
+    assert [type(h) for h in last.subtasks[0].keyed] == [NativeSnapshotHandle]
+    assert last.subtasks[0].keyed[0].path != restored_from.path
+    _run(root, str(tmp_path / "l3"), 1, src, 12)
+    assert counts(root) == expected_counts(src)
 
 
 def test_a_snapshot_file_this_process_reads_already_is_downloaded_as_the_base(tmp_path, monkeypatch):

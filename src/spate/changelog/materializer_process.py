@@ -40,11 +40,14 @@ from spate.snapshot.keyed import key_group_frame
 from spate.snapshot.native import NativeFileBuilder
 from spate.state.layout import META_PREFIX
 from spate.state.lmdb_read_ahead import KeyGroupReadAhead
+from spate.state.lmdb_readonly import ReadOnlyTable, ReadView
 from spate.state.lmdb_scan import flat_key_group
+from spate.state.overlay import BASES_META, OverlayView, listed_bases
 
 MIN_MAP_BYTES = 1 << 30
 LISTENER_GRACE_S = 30.0  # after the last key group, for the subtask to close the pipe
 STATES_KEY = META_PREFIX + b"states"  # the table's state registry (spate.state.keyed)
+BASES_KEY = META_PREFIX + BASES_META.encode()  # an overlay's read-only bases (spate.state.overlay)
 SEND_AHEAD = 1  # framed key groups waiting to be sent (one of a 10 GB state is about 80 MB)
 
 
@@ -156,12 +159,44 @@ class Sender:
                     self._error = e
 
 
+class KeyGroupSource:
+    """A key group as the reader's snapshot of the table holds it: the table's own entries, over the read-only
+    bases its ``bases`` metadata lists at that snapshot when it is an overlay (after a rescale, or a restore from a
+    native snapshot: :mod:`spate.state.overlay`). The subtask keeps every base file while the reader runs."""
+
+    def __init__(self, table_dir: str) -> None:
+        self._dir = table_dir
+        self._opened: dict[str, ReadOnlyTable] = {}
+        self._txn: lmdb.Transaction | None = None
+        self._overlay: OverlayView | None = None
+
+    def flat(self, txn: lmdb.Transaction, kg: int) -> list[bytes]:
+        if txn is not self._txn:
+            self._txn = txn
+            listing = cast("bytes | None", txn.get(BASES_KEY))  # buffers off: bytes
+            self._overlay = OverlayView.of_snapshot(ReadView(txn), listing, self._open(listing)) if listing else None
+        return flat_key_group(txn, kg) if self._overlay is None else self._overlay.key_group_flat(kg)
+
+    def _open(self, listing: bytes) -> dict[str, ReadOnlyTable]:
+        for name, *_range in listed_bases(listing):
+            if name not in self._opened:
+                self._opened[name] = ReadOnlyTable(os.path.join(self._dir, name), file=True)
+        return self._opened
+
+    def close(self) -> None:
+        self._overlay = self._txn = None
+        for table in self._opened.values():
+            table.close()
+        self._opened.clear()
+
+
 def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: KeyGroupReadAhead,
                     map_size: int = MIN_MAP_BYTES) -> None:
     """Read the key groups of ``start`` in order, each from the newest snapshot taken, and send them framed, or
     (``start.native``) put them into the native snapshot's file (an lmdb map of ``map_size``) and send their
     positions only."""
     sender = Sender(out)
+    source = KeyGroupSource(start.path)
     native = NativeFileBuilder(start.native, map_size) if start.native else None
     txn: lmdb.Transaction | None = None
     try:
@@ -173,7 +208,7 @@ def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: Ke
             txn, position = current
             ahead.reading(kg)
             began = time.perf_counter()
-            flat = flat_key_group(txn, kg)
+            flat = source.flat(txn, kg)
             elapsed = time.perf_counter() - began
             if native is not None:
                 size = native.add(kg, flat) if flat else 0
@@ -192,6 +227,7 @@ def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: Ke
     finally:
         if native is not None:
             native.abort()
+        source.close()
         sender.close()
 
 

@@ -42,6 +42,7 @@ from spate.snapshot.handles import KeyedHandle, KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
 from spate.snapshot.native import write_native_file
 from spate.state.lmdb_table import LmdbTable
+from spate.state.overlay import OverlayTable
 from spate.state.table import StateTable, TableView, WrappedTable
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,8 @@ class ThreadView:
 
 
 class ProcessView:
-    """An lmdb table's key groups read, hashed and framed by a reader process; this side writes the frames.
+    """An lmdb table's key groups (an overlay's over its bases) read, hashed and framed by a reader process (or put
+    into a native snapshot's file there); this side writes the frames (or the file).
 
     :meth:`advance` (the subtask's thread, at a boundary) commits the table and offers the reader that snapshot;
     :meth:`write` (the materialization's thread) writes the frames as they come; :meth:`close` (any thread)
@@ -93,7 +95,10 @@ class ProcessView:
 
     read_by = "process"
 
-    def __init__(self, table: LmdbTable, key_groups: range, position: int, native: bool = False) -> None:
+    def __init__(self, table: LmdbTable | OverlayTable, key_groups: range, position: int, native: bool = False) -> None:
+        # an overlay's base files stay while the reader reads them (let go in close())
+        self._kept = table.bases_kept() if isinstance(table, OverlayTable) else contextlib.nullcontext()
+        table = table.inner if isinstance(table, OverlayTable) else table
         self._table = table
         self._lock = threading.Lock()
         self._finished = False
@@ -102,9 +107,14 @@ class ProcessView:
         self._built: tuple[tuple[int, ...], int] | None = None  # a native snapshot's key groups and digest
         if native:
             self.read_by = NATIVE
-        table.commit()
-        self._reader = subprocess.Popen([sys.executable, "-m", READER_MODULE], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._kept.__enter__()
+        try:
+            table.commit()
+            self._reader = subprocess.Popen([sys.executable, "-m", READER_MODULE], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except BaseException:
+            self._kept.__exit__(None, None, None)
+            raise
         _widen(self._reader.stdout)
         self._offer(Start(table.path, key_groups.start, key_groups.stop - 1, position, self._committed_txn(),
                           self._native))
@@ -172,6 +182,7 @@ class ProcessView:
             reader.stderr.close()
         if self._native and not finished:
             _remove(self._native)
+        self._kept.__exit__(None, None, None)
 
     def _offer(self, message: Start | Advance) -> None:
         with self._lock:
@@ -240,8 +251,8 @@ class MaterializationReads:
     def open(self, table: StateTable, scope: SnapshotScope, position: int) -> MaterializationView:
         """A view of ``table`` at ``position`` (the caller is at a sequence-number boundary)."""
         inner = table.inner if isinstance(table, WrappedTable) else table
-        if type(inner) is LmdbTable and not scope.filters and not self.process_failed \
-                and inner.used_bytes() >= self.process_from_bytes:
+        if isinstance(inner, (LmdbTable, OverlayTable)) and not scope.filters and not self.process_failed \
+                and inner.approx_bytes() >= self.process_from_bytes:
             try:
                 return ProcessView(inner, scope.key_groups, position, self.native)
             except OSError as e:

@@ -208,11 +208,16 @@ class OverlayTable(StateTable):
         """The delta's read transaction over the bases as they are now (folding later does not change what the
         view reads: its transaction does not see the folded entries, so it keeps reading them from the bases,
         which stay open until it is closed)."""
+        with self.bases_kept(), self.inner.consistent_view() as view:
+            yield OverlayView(view, self.bases)
+
+    @contextlib.contextmanager
+    def bases_kept(self) -> Iterator[None]:
+        """While held, no folded base is dropped (its file stays): a view reads it, here or in another process."""
         with self._views_lock:
             self._views += 1
         try:
-            with self.inner.consistent_view() as view:
-                yield OverlayView(view, self.bases)
+            yield
         finally:
             with self._views_lock:
                 self._views -= 1
@@ -336,6 +341,13 @@ class OverlayView:
     """A consistent view of an overlay: a read transaction of the delta (or a :class:`ReadOnlyTable` of it) over
     the (immutable) bases."""
 
+    @staticmethod
+    def of_snapshot(view: object, listing: bytes | None, opened: dict[str, ReadOnlyTable]) -> OverlayView:
+        """The view of a delta snapshot ``view`` whose ``bases`` metadata is ``listing``, its bases among ``opened``
+        (by file name; a materialization's reader in another process opens them once)."""
+        return OverlayView(view, [Base(name, start, stop, opened[name], resume)
+                                  for name, start, stop, resume in listed_bases(listing)])
+
     def __init__(self, view: object, bases: list[Base]) -> None:
         self._view = view
         self._bases = [(b.start, b.stop, b.table) for b in bases]  # the ranges as they are now
@@ -347,7 +359,10 @@ class OverlayView:
             return view.key_group_flat(kg)  # type: ignore[attr-defined,no-any-return]
         prefix = U16.pack(kg)
         deleted = {k[2:] for k, _ in view.scan(TOMBSTONE_PREFIX + prefix)}  # type: ignore[attr-defined]
-        entries = merged(view.scan(prefix), base.scan(prefix), deleted)  # type: ignore[attr-defined]
+        mine = view.scan(prefix)  # type: ignore[attr-defined]
+        if not mine and not deleted:  # nothing of the key group written since: the base's, read in C loops
+            return base.key_group_flat(kg)  # type: ignore[no-any-return]
+        entries = merged(mine, base.scan(prefix), deleted)
         return [x for k, v in entries for x in (k[2:], v)]
 
 
