@@ -219,8 +219,10 @@ def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: Ke
             del flat  # only the frame waits in the queue
             ahead.read(size, elapsed)
             sender.send(KeyGroupRead(kg, position, frame))
+        metadata = _table_metadata(txn)
+        snapshots.close()  # every key group read: no snapshot of the table is held while the file is finished
         if native is not None:
-            native.finish(_table_metadata(txn))
+            native.finish(metadata)
             sender.send(NativeWritten(native.groups, native.digest))
             native = None
         sender.send(Finished())

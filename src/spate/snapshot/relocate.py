@@ -35,4 +35,3 @@ def relocate(storage: CheckpointStorage, handle: H, out: SegmentWriter, readers:
             yield data
 
     return handle.relocated(out.write_parts(parts()), offset)
-
