@@ -9,9 +9,12 @@ from helpers.counting import COUNT, Count, batches, expected_counts
 from helpers.s3 import s3_requests
 from spate import CheckpointStorage, LocalRunner, keyed_state_entries, load_checkpoint, verify_checkpoint
 from spate.changelog import restore
+from spate.changelog.state import ChangelogConfig
+from spate.changelog.upload import UploadConfig
 from spate.checkpoint.coordinator import list_complete_checkpoints
 from spate.errors import MissingFileError
 from spate.open_files import OpenFiles
+from spate.snapshot.handles import NativeSnapshotHandle
 from spate.snapshot.verify import VerifiedSpans, verify_handles
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
@@ -58,6 +61,41 @@ def test_file_merging_on_s3(s3_uri, mode):
     assert verify_checkpoint(storage, meta) == []
     assert {e.key: e.value for e in keyed_state_entries(storage, meta, "count")} == expected_counts(src)
     assert len(meta.files()) < len(meta.segments()), "segments share physical files"
+
+
+@pytest.mark.parametrize("mode", [False, "across"])
+def test_native_materializations_on_s3(s3_uri, tmp_path, mode):
+    """With an object store a native snapshot is downloaded to become a restored table's base (there is no file
+    to link), its CRC-32 checked as it comes; verify reads it, a restart at another parallelism reads it key group
+    by key group, and a savepoint re-writes it as key-group frames."""
+    root = s3_uri(f"native-{mode}")
+    src = batches(10)
+    config = ChangelogConfig(materialize_after_change_sets=2, materialize_in_process_from_bytes=0,
+                             upload=UploadConfig(persist_delay_s=0.0))
+
+    def run(parallelism: int, local: str, until: int) -> None:
+        with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=parallelism, table="lmdb",
+                         local_dir=str(tmp_path / local), file_merging=mode, changelog=config) as r:
+            for n in range(r.next_batch_id, until):
+                r.run_batch(n, src[n])
+                for sub in r.subtasks:
+                    sub.clog.wait_for_materialization()
+
+    run(2, "l1", 4)
+    storage = CheckpointStorage(root)
+    keyed = [h for st in load_checkpoint(storage).subtasks for h in st.keyed]
+    assert keyed and all(isinstance(h, NativeSnapshotHandle) for h in keyed)
+    run(2, "l2", 6)  # the same key groups: each file downloaded as a base
+    run(3, "l3", 8)  # a rescale
+    run(1, "l4", 10)
+    meta = load_checkpoint(storage)
+    assert verify_checkpoint(storage, meta) == []
+    assert main(["checkpoints", "verify", root]) == 0
+    assert {e.key: e.value for e in keyed_state_entries(storage, meta, "count")} == expected_counts(src)
+    with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=1) as r:
+        savepoint = r.savepoint()
+    saved = load_checkpoint(CheckpointStorage(savepoint))
+    assert all(not isinstance(h, NativeSnapshotHandle) for st in saved.subtasks for h in st.keyed)
 
 
 def test_a_restore_opens_each_file_it_reads_once_on_s3(s3_uri, monkeypatch):
