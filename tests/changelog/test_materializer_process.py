@@ -124,9 +124,12 @@ def test_a_reader_that_cannot_open_the_table_says_why(tmp_path):
 
 
 def test_a_killed_reader_leaves_no_reader_slot_pinning_the_table(tmp_path):
-    table = _filled(str(tmp_path / "t"), rounds=20)
+    table = LmdbTable(str(tmp_path / "t"))
+    for i in range(400):  # 16 MB of frames, beyond what the pipe holds: the reader is mid-table when it is killed
+        table.put(i % len(KGS), f"key-{i}".encode(), os.urandom(40_000))
+    table.commit()
     reader = ProcessView(table, KGS, 1)
-    first = next(reader._frames())  # the reader has a snapshot open now
+    first = next(reader._frames())  # the reader has a snapshot open now (it lets go once it read the last key group)
     assert first[0] == 0 and f" {reader._reader.pid} " in f" {table.env.readers()} ".replace("\n", " ")
     reader.close()  # not finished: killed
     assert reader._reader.returncode != 0

@@ -80,13 +80,15 @@ class Job:
         self.model: dict[str, dict] = {"v": {}, "l": {}, "m": {}}
         self.checkpoints = 0
 
-    def batch(self, round_: int, wait_for_reader: bool = False) -> None:
+    def batch(self, round_: int, materialization_first: bool = False) -> None:
         """As a subtask begins a batch: the table committed as dirty, then the changelog's begin (a boundary
         offered again to a reader process that missed it behind the tag's commit)."""
         self.table.put_meta("tag", b"dirty")
         self.table.commit()
         self.clog.begin(self.checkpoints)
-        if (self.pad is not None or wait_for_reader) and self.clog._running is not None:
+        if materialization_first:  # the materialization reads from the boundary just offered, and ends
+            self.clog.wait_for_materialization()
+        if self.pad is not None and self.clog._running is not None:
             self._wait_for_the_reader()
         for k in range(KEYS):
             self.backend.set_current_key(k)
@@ -180,9 +182,8 @@ def test_a_native_materialization_read_after_batches_holds_them_and_its_log_is_t
         job.checkpoint()
     finally:
         os.kill(reader.pid, signal.SIGCONT)
-    job.batch(3, wait_for_reader=True)
     job.storage.resume.set()
-    job.clog.wait_for_materialization()
+    job.batch(3, materialization_first=True)
     meta = job.checkpoint()
     assert job.stats["materialization_read_by"] == "native"
     later = job.clog._positions
