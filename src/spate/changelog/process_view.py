@@ -5,7 +5,8 @@
 Both give the same key groups, each read at a sequence-number boundary and reported with its position, so a
 restore replays the same change sets either way. The process is worth its start (a Python interpreter, a few
 hundred ms) only for a table that takes seconds to read; TTL'd state, whose expired entries are filtered while
-the snapshot is made, and the in-memory and overlay tables are read in process. With the native materialization
+the snapshot is made, and the in-memory table are read in process (an overlay's own entries and bases are read
+by the reader process as well). With the native materialization
 on, the reader process also writes the key groups it reads into an lmdb file of their own, a native snapshot, in
 place of their frames.
 """
@@ -129,7 +130,8 @@ class ProcessView:
         try:
             for _ in self._frames():
                 raise self._failure("it sent a frame for a native snapshot")
-            assert self._built is not None
+            if self._built is None:
+                raise self._failure("it finished without writing the native snapshot")
             return write_native_file(self._native, self._built, scope, out)
         finally:
             _remove(self._native)
