@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from helpers.counting import Count, batches, counts, expected_counts
 from helpers.faults import CrashOnce
 from spate import LocalRunner, load_checkpoint
+from spate.changelog.materializer_process import table_bytes
 from spate.changelog.process_view import NATIVE_FILE_PREFIX, ProcessView
 from spate.changelog.restore import restore_keyed_state
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
@@ -279,6 +280,8 @@ def test_a_table_restored_over_a_native_base_is_materialized_by_the_reader_proce
         assert sub.clog.last_materialization["materialization_read_by"] == "native"
         assert [type(h) for h in sub.clog.materialized] == [NativeSnapshotHandle]
         assert overlay.bases, "not folded yet: the reader read the base"
+        assert table_bytes(overlay.path) > os.path.getsize(os.path.join(overlay.path, "data.mdb")), \
+            "the native file's map is sized on the base too"
         for n in range(5, 8):
             r.run_batch(n, src[n])
     last = load_checkpoint(CheckpointStorage(root))

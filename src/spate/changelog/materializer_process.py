@@ -239,6 +239,12 @@ def _table_metadata(txn: lmdb.Transaction | None) -> dict[bytes, bytes]:
     return {STATES_KEY: states} if states is not None else {}
 
 
+def table_bytes(table_dir: str) -> int:
+    """The bytes of the lmdb table in ``table_dir`` with its overlay's read-only bases (``base-*.mdb``)."""
+    names = [n for n in os.listdir(table_dir) if n == "data.mdb" or n.startswith("base-") and n.endswith(".mdb")]
+    return sum(os.path.getsize(os.path.join(table_dir, n)) for n in names)
+
+
 def serve(source: BinaryIO, out: BinaryIO) -> int:
     """Serve one materialization over ``source`` and ``out``; the exit status."""
     start = receive(source)
@@ -246,11 +252,13 @@ def serve(source: BinaryIO, out: BinaryIO) -> int:
         send(out, Failed(f"expected a Start message, got {start!r}"))
         return 2
     try:
-        # a map with room to grow: a snapshot beyond it could only be taken while no other one is open
+        # a map with room to grow: a snapshot beyond it could only be taken while no other one is open; a native
+        # snapshot of an overlay holds its bases' entries too, so its map is sized on them as well
         used = os.path.getsize(os.path.join(start.path, "data.mdb"))
         map_size = max(4 * used, MIN_MAP_BYTES)
         env = lmdb.open(start.path, readonly=True, lock=True, subdir=True, max_dbs=0, readahead=False,
                         map_size=map_size)
+        native_map_size = max(4 * table_bytes(start.path), MIN_MAP_BYTES)
     except (lmdb.Error, OSError) as e:
         send(out, Failed(f"cannot open the lmdb table {start.path}: {e}"))
         return 1
@@ -268,7 +276,7 @@ def serve(source: BinaryIO, out: BinaryIO) -> int:
         # the read-ahead's threads are joined before env closes, and they never see the map resized under them:
         # they start after the first key group, and from then on the reader holds a snapshot (Snapshots._begin)
         with KeyGroupReadAhead(env, range(start.first, start.last + 1)) as ahead:
-            read_key_groups(start, snapshots, out, ahead, map_size)
+            read_key_groups(start, snapshots, out, ahead, native_map_size)
         return 0
     except (lmdb.Error, ProtocolError) as e:
         send(out, Failed(f"reading the lmdb table {start.path} failed: {e}"))
