@@ -15,6 +15,7 @@ outside the root. The frame format spate files are made of is :mod:`spate.frames
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -35,6 +36,8 @@ from spate.objectstore import put_if_absent
 from spate.write_behind import WriteBehindFile
 
 log = logging.getLogger(__name__)
+# a hard link cannot be made there (another file system; one without links): the file is copied instead
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP})
 
 
 def validate_relative_path(rel: str) -> str:
@@ -146,6 +149,18 @@ class CheckpointStorage(ABC):
 
     @abstractmethod
     def _open_new(self, rel: str, full: str) -> Any: ...
+
+    def link_in(self, rel: str, local_path: str) -> int | None:
+        """Make the finished local file ``local_path`` the new file ``rel`` without copying it (a hard link; the
+        caller never writes ``local_path`` again); returns its size, or None where the storage cannot (an object
+        store, another file system): the caller writes it with :meth:`write_parts` then."""
+        size = self._link_in(rel, self.path(rel), local_path)
+        if size is not None:
+            self.counts.add(rel, created=1, written=size)
+        return size
+
+    def _link_in(self, rel: str, full: str, local_path: str) -> int | None:
+        return None
 
     def create_exclusive(self, rel: str, data: bytes) -> None:
         """Atomically create ``rel`` with ``data``; raise ``FileExistsError`` if it exists (put-if-absent)."""
@@ -299,6 +314,17 @@ class LocalStorage(CheckpointStorage):
         self._refuse_writing_through_links(rel)
         os.makedirs(posixpath.dirname(full), exist_ok=True)
         return WriteBehindFile(open(full, "xb", buffering=0))  # noqa: SIM115 - the caller closes it
+
+    def _link_in(self, rel: str, full: str, local_path: str) -> int | None:
+        self._refuse_writing_through_links(rel)
+        os.makedirs(posixpath.dirname(full), exist_ok=True)
+        try:
+            os.link(local_path, full, follow_symlinks=False)
+        except OSError as e:
+            if e.errno in _NO_LINK:
+                return None
+            raise
+        return os.stat(full, follow_symlinks=False).st_size
 
     def _create_exclusive(self, rel: str, full: str, data: bytes) -> None:
         """Write a temporary file and hard-link it into place: atomic, never overwriting."""

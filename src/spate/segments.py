@@ -43,6 +43,10 @@ class SegmentWriter(Protocol):
 
     def write_parts(self, parts: Iterable[bytes]) -> FileRef: ...
 
+    def link_in(self, local_path: str) -> FileRef | None:
+        """The finished local file ``local_path`` as a logical file with a physical file of its own, linked into
+        place instead of copied; None where that cannot be done (then ``write_parts`` copies it)."""
+
     def discard(self, ref: FileRef) -> None: ...
 
 
@@ -73,6 +77,11 @@ class WholeFileWriter:
                 self.storage.delete(path)
             raise
         return FileRef(path, 0, size)
+
+    def link_in(self, local_path: str) -> FileRef | None:
+        path = data_file(self.directory, self.suffix)
+        size = self.storage.link_in(path, local_path)
+        return None if size is None else FileRef(path, 0, size)
 
     def discard(self, ref: FileRef) -> None:
         self.storage.delete(ref.path)

@@ -35,6 +35,13 @@ def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
 SYNC_FILE_RANGE = _sync_file_range()
 
 
+def start_write_back(fd: int) -> None:
+    """Ask the OS to start writing every dirty page of the file open as ``fd`` (any mode) back to disk, without
+    waiting for it: for a file written by someone else (lmdb)."""
+    if SYNC_FILE_RANGE is not None:
+        SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # length 0: to the end of the file
+
+
 class WriteBehindFile:
     """An unbuffered binary file being written from the start: after every :data:`WRITE_BEHIND_BYTES`, the OS is
     asked to start writing what was written since back to disk. Writes and closes like the file it wraps."""

@@ -5,6 +5,7 @@ and its log is the state a sequential replay gives."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -26,7 +27,7 @@ from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
 from spate.checkpoint.inspect import verify_checkpoint
 from spate.errors import CheckpointError, CorruptFileError
-from spate.fs import CheckpointStorage
+from spate.fs import CheckpointStorage, LocalStorage
 from spate.runtime.recovery import download
 from spate.segments import WholeFileWriter
 from spate.snapshot.handles import KeyGroupsHandle, NativeSnapshotHandle, keyed_handle
@@ -99,6 +100,40 @@ def test_a_native_snapshot_holds_the_tables_key_groups_and_digest(tmp_path):
     finally:
         native.close()
     backend.table.close()
+
+
+@pytest.mark.parametrize("other_file_system", [False, True])
+def test_a_native_snapshot_is_linked_into_a_local_root_and_copied_where_it_cannot_be(tmp_path, monkeypatch,
+                                                                                       other_file_system):
+    """On a local root the built file becomes the checkpoint's file (written to disk once); where no hard link can
+    be made (another file system: ``os.link`` fails with EXDEV, fault injection) it is copied. Either way the file
+    holds the table and its CRC-32 is the handle's."""
+    backend = _filled(str(tmp_path / "t"), range(300))
+    expected = _content(backend.table)
+    copied: list[str] = []
+    write_parts = LocalStorage.write_parts
+
+    def spied(self, rel, parts):
+        copied.append(rel)
+        return write_parts(self, rel, parts)
+
+    monkeypatch.setattr(LocalStorage, "write_parts", spied)
+    if other_file_system:
+        def cross_device(src, dst, **kwargs):
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), dst)
+
+        monkeypatch.setattr(os, "link", cross_device)
+    handle = _native(tmp_path, backend)
+    backend.table.close()
+    assert copied == ([handle.path] if other_file_system else [])
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    assert os.stat(storage.path(handle.path)).st_nlink == 1, "the built file's own name is gone"
+    verify_native(storage, handle)
+    source = NativeSource(storage, handle, "test", str(tmp_path))
+    try:
+        assert {kg: flat for kg, flat, _ in source.key_groups(list(range(128)))} == expected
+    finally:
+        source.close()
 
 
 def test_a_damaged_or_truncated_native_snapshot_is_refused_and_leaves_nothing(tmp_path):

@@ -37,8 +37,8 @@ KEYS = 300
 
 class PausingStorage(LocalStorage):
     """Fault injection: a materialized snapshot's write stops after its first ``after`` frames (the key groups
-    read so far; a native snapshot's before its first part) until ``resume`` is set, so that batches and
-    checkpoints run in the middle of it."""
+    read so far; a native snapshot's before its first part, or before it is linked in) until ``resume`` is set, so
+    that batches and checkpoints run in the middle of it."""
 
     after = 20
     paused: threading.Event
@@ -48,6 +48,12 @@ class PausingStorage(LocalStorage):
         if rel.endswith(".lmdb"):
             return super().write_parts(rel, self._pausing(parts, 0))
         return super().write_parts(rel, self._pausing(parts, self.after) if rel.endswith(".kg") else parts)
+
+    def link_in(self, rel: str, local_path: str) -> int | None:  # a native snapshot linked in, not copied
+        if rel.endswith(".lmdb"):
+            self.paused.set()
+            assert self.resume.wait(10)
+        return super().link_in(rel, local_path)
 
     def _pausing(self, parts: Iterable[bytes], after: int) -> Iterator[bytes]:
         for i, part in enumerate(parts):
@@ -307,7 +313,8 @@ def test_a_view_that_cannot_be_renewed_fails_the_materialization_instead_of_hang
 def test_close_stops_a_running_materialization_and_deletes_what_it_wrote(tmp_path, table):
     """A materialization no checkpoint can reference any more is not finished at close (a large state's takes
     minutes): it stops after the key group it is reading (a native copy at its next part), and the part of its
-    file written so far is deleted; the checkpoint before it still restores whole."""
+    file written so far is deleted (a native snapshot's, linked in or copied); the checkpoint before it still restores
+    whole."""
     job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb") if table != "heap" else None,
               native=table == "lmdb-native")
     job.batch(1)

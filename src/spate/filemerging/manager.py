@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Collection, Iterable
+from typing import Any
 
 from spate.errors import CheckpointError, naming_disk_full
 from spate.filemerging.config import FileMergingConfig
@@ -48,15 +49,15 @@ class PhysicalFile:
     (and survives a crash of this process) as soon as ``append`` returns; object-store files become readable
     when closed."""
 
-    def __init__(self, storage: CheckpointStorage, path: str, checkpoint_id: int) -> None:
+    def __init__(self, storage: CheckpointStorage, path: str, checkpoint_id: int, linked: int | None = None) -> None:
         self.path = path
         self.created_in = checkpoint_id
         self.created_epoch = 0  # the driver epoch whose plan was current when it was created
-        self.size = 0
-        self.closed = False
+        self.size = 0 if linked is None else linked
+        self.closed = linked is not None  # ``linked``: the size of a whole file linked in (closed, nothing to append)
         self.revoked = False  # the coordinator no longer grants it: appends must stop
         self.lock = threading.Lock()
-        self._out = storage.open_new(path)
+        self._out: Any = storage.open_new(path) if linked is None else None
         self._counts = storage.counts
         self.readable_while_open = storage.open_files_readable
         self.held: dict[int, int | None] = {}  # offset of an unsettled segment -> latest checkpoint including it
@@ -217,6 +218,13 @@ class PooledWriter:
             f.close()
         return FileRef(f.path, offset, size)
 
+    def link_in(self, local_path: str) -> FileRef | None:
+        """Writing each logical file alone: ``local_path`` linked in as a physical file of its own."""
+        if not self.alone:
+            return None
+        f = self.manager.link_file(self.directory, self.checkpoint_id, local_path)
+        return None if f is None else FileRef(f.path, 0, f.size)
+
     def discard(self, ref: FileRef) -> None:
         """No checkpoint will reference ``ref``: its bytes are waste until the coordinator deletes the file."""
         self.manager.settle([ref])
@@ -271,11 +279,26 @@ class FileMergingManager:
         path = data_file(directory, SEGMENT_FILE_SUFFIX)
         with naming_disk_full(self.storage.path(path), checkpoint_id):
             f = PhysicalFile(self.storage, path, checkpoint_id)
+        self._add(f)
+        return f
+
+    def link_file(self, directory: str, checkpoint_id: int, local_path: str) -> PhysicalFile | None:
+        """The finished local file ``local_path`` linked in as a closed physical file of ``directory`` holding one
+        segment (None: the storage cannot link it)."""
+        path = data_file(directory, SEGMENT_FILE_SUFFIX)
+        size = self.storage.link_in(path, local_path)
+        if size is None:
+            return None
+        f = PhysicalFile(self.storage, path, checkpoint_id, linked=size)
+        f.held[0] = None
+        self._add(f)
+        return f
+
+    def _add(self, f: PhysicalFile) -> None:
         with self.lock:
             f.created_epoch = self.current_epoch
             self._files[f.path] = f
             self._created.append(f.path)
-        return f
 
     # -- the checkpoint protocol ------------------------------------------------------------------------
     def begin(self, checkpoint_id: int, completed: int | None, granted: Collection[str] | None = None,

@@ -39,6 +39,12 @@ class RecordingWriter:
         self.written.append(ref)
         return ref
 
+    def link_in(self, local_path: str) -> FileRef | None:
+        ref = self.out.link_in(local_path)
+        if ref is not None:
+            self.written.append(ref)
+        return ref
+
     def discard(self, ref: FileRef) -> None:
         self.out.discard(ref)
 

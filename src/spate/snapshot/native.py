@@ -2,8 +2,9 @@
 
 A materialization of a large lmdb table (the changelog's base) is written as an lmdb data file of its own: the
 reader process that reads the table's key groups for the materialization puts them, in key order, into a new
-file in lmdb's append mode (:class:`NativeFileBuilder`), which the subtask then writes into checkpoint storage with
-its CRC-32 (:func:`write_native_file`). Why: a keyed snapshot in spate's key-group
+file in lmdb's append mode (:class:`NativeFileBuilder`), which the subtask then places in checkpoint storage with
+its CRC-32 (:func:`write_native_file`: hard-linked where the root is a local directory on the same file system,
+else copied). Why: a keyed snapshot in spate's key-group
 frames is restored entry by entry (decoded, then put into a new table), at about the cost of a full snapshot's
 restore; this file is taken as it is, as the read-only base of the restored table
 (:mod:`spate.runtime.recovery.download`: hard-linked from a local root, else downloaded, :func:`download_native`),
@@ -18,6 +19,7 @@ read key group by key group (:class:`NativeSource`: in place from a local root, 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -42,6 +44,7 @@ from spate.state.lmdb_digest import DIGEST_KEY, MASK64, key_group_digest
 from spate.state.lmdb_readonly import ReadOnlyTable
 from spate.state.lmdb_scan import KG_PREFIXES
 from spate.state.overlay import SharedReaders
+from spate.write_behind import start_write_back
 
 CHUNK_BYTES = 16 << 20  # a native snapshot is read from storage in ranged reads of this size
 READ_THREADS = 3
@@ -63,6 +66,7 @@ class NativeFileBuilder:
         self.path = path
         self.env = lmdb.open(path, subdir=False, lock=False, map_size=map_size, sync=False, metasync=False,
                              readahead=False, max_dbs=0)
+        self._fd = os.open(path, os.O_RDONLY)  # to start each commit's write-back (write_behind)
         self.groups: list[int] = []
         self._digest = 0
         self._txn: lmdb.Transaction | None = None
@@ -82,30 +86,36 @@ class NativeFileBuilder:
         if self._pending >= COMMIT_BYTES:
             self._txn.commit()
             self._txn, self._pending = None, 0
+            start_write_back(self._fd)
         self.groups.append(kg)
         return size
+
+    def _close(self) -> None:
+        self.env.close()
+        os.close(self._fd)
 
     @property
     def digest(self) -> int:
         return self._digest & MASK64
 
     def finish(self, metadata: dict[bytes, bytes]) -> None:
-        """Add the table ``metadata`` (full keys, which sort after every key group) and the digest, commit, and
-        write the file to disk."""
+        """Add the table ``metadata`` (full keys, which sort after every key group) and the digest, and commit.
+        The file is then whole for every process (as a checkpoint file written unbuffered is); the OS writes it
+        back to disk as it grew, so no checkpoint's ``fsync`` later waits behind gigabytes of it."""
         metadata = {**metadata, DIGEST_KEY: str(self.digest).encode()}
         txn = self._txn if self._txn is not None else self.env.begin(write=True)
         self._txn = None
         txn.cursor().putmulti(sorted(metadata.items()), append=True)
         txn.commit()
-        self.env.sync(True)
-        self.env.close()
+        start_write_back(self._fd)
+        self._close()
 
     def abort(self) -> None:
         """Drop what was built (the file deleted)."""
         if self._txn is not None:
             self._txn.abort()
             self._txn = None
-        self.env.close()
+        self._close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
@@ -113,8 +123,8 @@ class NativeFileBuilder:
 def write_native_file(path: str, built: tuple[tuple[int, ...], int], scope: SnapshotScope,
                       out: SegmentWriter) -> NativeSnapshotHandle | None:
     """The native snapshot file at ``path`` (``built``: the key groups it holds and its digest, from
-    :class:`NativeFileBuilder`) written as one logical file of ``out``, with its CRC-32 (None: no key group of
-    ``scope`` holds data)."""
+    :class:`NativeFileBuilder`) as one logical file of ``out``, with its CRC-32 (None: no key group of ``scope``
+    holds data): linked into place where ``out`` can (the file is then written to disk once), else copied."""
     groups, digest = built
     if not groups:
         return None
@@ -127,7 +137,15 @@ def write_native_file(path: str, built: tuple[tuple[int, ...], int], scope: Snap
                 crc = crc32(data, crc)
                 yield data
 
-    ref = out.write_parts(parts())
+    ref = out.link_in(path)  # a local root on the same disk: the file itself, written once
+    if ref is None:
+        ref = out.write_parts(parts())
+    else:
+        try:
+            collections.deque(parts(), maxlen=0)
+        except BaseException:
+            out.discard(ref)
+            raise
     kgs = scope.key_groups
     return NativeSnapshotHandle(ref.path, kgs.start, kgs.stop - 1, kgs.start, kgs.stop - 1, groups, ref.length,
                                 crc, digest, tuple(m.to_dict() for m in scope.metas), ref.offset)
