@@ -21,7 +21,6 @@ import logging
 import os
 import posixpath
 import stat
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,32 +30,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from spate.errors import RESTORE_ADVICE, CheckpointError, CorruptFileError, MissingFileError, SettingError
-from spate.layout import is_marker, is_spate_dir, is_spate_file, temporary_path
+from spate.file_counts import FileCounts
+from spate.layout import is_spate_dir, is_spate_file, temporary_path
 from spate.objectstore import put_if_absent
+from spate.storage_paths import join_uri, validate_relative_path
 from spate.write_behind import WriteBehindFile
 
 log = logging.getLogger(__name__)
 # a hard link cannot be made there (another file system; one without links): the file is copied instead
 _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP})
-
-
-def validate_relative_path(rel: str) -> str:
-    """Return ``rel`` normalised, or raise :class:`SettingError` (a ``ValueError``) if it could escape the
-    storage root (a path read from metadata is then a :class:`CorruptFileError`, see ``read_metadata``)."""
-    if not isinstance(rel, str) or not rel:
-        raise SettingError(f"invalid storage path {rel!r}: must be a non-empty relative path")
-    if rel.startswith("/") or "\\" in rel or "://" in rel:
-        raise SettingError(f"invalid storage path {rel!r}: must be relative to the checkpoint root")
-    norm = posixpath.normpath(rel)
-    if norm == "." or norm.startswith("../") or norm == ".." or "/../" in f"/{norm}/":
-        raise SettingError(f"invalid storage path {rel!r}: escapes the checkpoint root; name a file below it")
-    return norm
-
-
-def join_uri(uri: str, rel: str) -> str:
-    """``uri`` + ``/rel``, keeping a query string (``s3://b/p?endpoint_override=...``) at the end."""
-    base, sep, query = uri.partition("?")
-    return f"{base.rstrip('/')}/{validate_relative_path(rel)}{sep}{query}"
 
 
 class CheckpointStorage(ABC):
@@ -474,25 +456,6 @@ class FileStat:
     path: str
     size: int
     mtime_ns: int
-
-
-class FileCounts:
-    """Data files (not ``_``-prefixed markers such as ``_metadata``) created and deleted through a storage,
-    and the bytes written to them."""
-
-    def __init__(self) -> None:
-        self.created = 0
-        self.deleted = 0
-        self.bytes_written = 0
-        self._lock = threading.Lock()
-
-    def add(self, rel: str, created: int = 0, deleted: int = 0, written: int = 0) -> None:
-        if is_marker(rel):
-            return
-        with self._lock:
-            self.created += created
-            self.deleted += deleted
-            self.bytes_written += written
 
 
 @functools.lru_cache(maxsize=32)

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from helpers.counting import Count, batches, counts, expected_counts
 from helpers.faults import CrashOnce
 from spate import LocalRunner, load_checkpoint
-from spate.changelog.materializer_process import table_bytes
-from spate.changelog.process_view import NATIVE_FILE_PREFIX, ProcessView
+from spate.changelog.process_view import ProcessView
 from spate.changelog.restore import restore_keyed_state
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
@@ -33,6 +32,7 @@ from spate.segments import WholeFileWriter
 from spate.snapshot.handles import KeyGroupsHandle, NativeSnapshotHandle, keyed_handle
 from spate.snapshot.keyed import SnapshotScope
 from spate.snapshot.native import NativeSource, download_native, verify_native
+from spate.snapshot.native_write import BUILD_PREFIX, table_bytes
 from spate.state.descriptors import ValueStateDescriptor
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
@@ -69,7 +69,7 @@ def _native(tmp_path, backend: KeyedStateBackend) -> NativeSnapshotHandle:
         view.close()
     assert isinstance(handle, NativeSnapshotHandle)
     assert set(view.positions.values()) == {7}, "every key group read at the view's position"
-    assert not [n for n in os.listdir(backend.table.path) if n.startswith(NATIVE_FILE_PREFIX)], "built file removed"
+    assert not [n for n in os.listdir(backend.table.path) if n.startswith(BUILD_PREFIX)], "built file removed"
     return handle
 
 
@@ -163,14 +163,14 @@ def test_a_damaged_or_truncated_native_snapshot_is_refused_and_leaves_nothing(tm
 def test_a_native_materialization_stopped_early_leaves_no_file(tmp_path):
     backend = _filled(str(tmp_path / "t"), range(50))
     storage = CheckpointStorage(str(tmp_path / "root"))
-    stale = os.path.join(backend.table.path, f"{NATIVE_FILE_PREFIX}left-by-a-dead-process.mdb")
+    stale = os.path.join(backend.table.path, f"{BUILD_PREFIX}left-by-a-dead-process.mdb")
     open(stale, "wb").close()
     view = ProcessView(backend.table, backend.key_groups, 0, native=True)
     assert not os.path.exists(stale), "a file a process left is removed when the next one starts"
     view.close()
     with pytest.raises(CheckpointError, match="reader process"):
         view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
-    assert not [n for n in os.listdir(backend.table.path) if n.startswith(NATIVE_FILE_PREFIX)]
+    assert not [n for n in os.listdir(backend.table.path) if n.startswith(BUILD_PREFIX)]
     assert not storage.exists("sub") or storage.list_files("sub") == []
     backend.table.put(0, b"\x00\x00x", b"written after")  # nothing holds the table
     backend.table.commit()
@@ -237,7 +237,7 @@ def test_counts_survive_crashes_and_rescales_with_native_materializations(segmen
     """Property: runs at random parallelisms (1..4), each for a few batches with every materialization a native
     snapshot waited for, some ending in a crash at a protocol step, and a last run at parallelism 2: the last
     checkpoint's counts are the input's, whichever base each restore took (the file as the table's base, or read
-    key group by key group after a rescale)."""
+    key group by key group after a rescale), and so are its entry counts where the subtasks know them."""
     src = batches(2 * len(segments) + 8, keys)
     root, local = tempfile.mkdtemp(prefix="native-ckpt-"), tempfile.mkdtemp(prefix="native-local-")
     try:
@@ -259,6 +259,9 @@ def test_counts_survive_crashes_and_rescales_with_native_materializations(segmen
             if done:
                 last = load_checkpoint(CheckpointStorage(root))
                 native += sum(isinstance(h, NativeSnapshotHandle) for st in last.subtasks for h in st.keyed)
+                rows = [st.stats.get("state_rows") for st in last.subtasks]
+                if None not in rows:  # known over a base holding exactly the subtask's key groups
+                    assert sum(rows) == len(expected_counts(src[:done]))
         assert done == len(src) and native, "native snapshots were restored from"
         assert counts(root) == expected_counts(src)
         storage = CheckpointStorage(root)
@@ -289,12 +292,36 @@ def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, 
         monkeypatch.setattr(download, "local_file", lambda storage, handle: None)
     _run(root, str(tmp_path / "l2"), parallelism, src, 6)  # at 3: 0-42, 43-85, 86-127 of 0-63, 64-127
     assert sorted(placed) == sorted((h.path, link) for h in keyed), "each old subtask's file taken as a base once"
+    rows = [st.stats.get("state_rows") for st in load_checkpoint(CheckpointStorage(root)).subtasks]
+    assert None not in rows and sum(rows) == len(expected_counts(src[:6])), rows
     for h in keyed:
         assert os.path.exists(os.path.join(root, h.path)), "the checkpoint's file is left where it was"
     _run(root, str(tmp_path / "l3"), parallelism, src, 10)  # restored again: the tables' own snapshots now
     assert counts(root) == expected_counts(src)
     storage = CheckpointStorage(root)
     assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+
+
+def _keyed(root: str) -> list:
+    return [h for st in load_checkpoint(CheckpointStorage(root)).subtasks for h in st.keyed]
+
+
+def test_a_table_over_a_native_base_knows_its_entry_count_unless_the_file_holds_more(tmp_path):
+    """Over a native snapshot that is exactly its key groups a restored table counts its entries (the file's, less
+    those its own part replaced or deleted, plus its own); over a part of one (parallelism 1 to 2) not, until the
+    base is folded in (2,500 entries per batch)."""
+    root, keys = str(tmp_path / "c"), 6_000
+    src = [[{"k": f"user-{i}"} for i in range(keys)], *batches(7, keys)]
+    _run(root, str(tmp_path / "l1"), 1, src, 3)
+    assert [type(h) for h in _keyed(root)] == [NativeSnapshotHandle]
+    _run(root, str(tmp_path / "l2"), 1, src, 4)  # the file as the base of the one subtask's table
+    assert [st.stats.get("state_rows") for st in load_checkpoint(CheckpointStorage(root)).subtasks] == [keys]
+    _run(root, str(tmp_path / "l3"), 2, src, 5)  # each new subtask over half of it
+    assert [st.stats.get("state_rows") for st in load_checkpoint(CheckpointStorage(root)).subtasks] == [None, None]
+    _run(root, str(tmp_path / "l3"), 2, src, 8)  # folded in
+    rows = [st.stats.get("state_rows") for st in load_checkpoint(CheckpointStorage(root)).subtasks]
+    assert None not in rows and sum(rows) == keys
+    assert counts(root) == expected_counts(src)
 
 
 def test_a_table_restored_over_a_native_base_is_materialized_by_the_reader_process(tmp_path):

@@ -1,5 +1,6 @@
 """The overlay table (a subtask's own lmdb table over read-only bases, :mod:`spate.state.overlay`) against a dict:
-random writes, deletions (value and map entries), folds and consistent views, then a reopen from disk."""
+random writes, deletions (value and map entries), restored key groups, folds and consistent views, then a reopen
+from disk; its entry count is the dict's whenever its base holds only the key groups it serves."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ op = st.one_of(
     st.tuples(st.just("delete_primary"), entry, st.none()),
     st.tuples(st.just("fold"), st.integers(1, 6), st.none()),
     st.tuples(st.just("view"), st.none(), st.none()),
+    st.tuples(st.just("restore"), st.sampled_from(KGS),
+              st.dictionaries(st.tuples(st.integers(0, 1), st.integers(0, 5), st.sampled_from([b"", b"u1"])),
+                              st.binary(min_size=1, max_size=8), max_size=4)),
 )
 
 
@@ -40,9 +44,14 @@ def _flat_model(model: dict[tuple[int, bytes], bytes], kg: int) -> list[bytes]:
 
 
 @settings(max_examples=int(os.environ.get("SPATE_OVERLAY_EXAMPLES", "150")), deadline=None)
-@given(st.lists(st.tuples(entry, st.binary(min_size=1, max_size=8)), max_size=30), st.lists(op, max_size=40))
-def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops):
+@given(st.lists(st.tuples(entry, st.binary(min_size=1, max_size=8)), max_size=30), st.lists(op, max_size=40),
+       st.booleans())
+def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops, whole):
+    """``whole``: the base holds only the key groups it serves (a native snapshot's file; an old table taken over
+    whole), so the table knows its entry count; else it holds others too and the count is not known."""
     tmp = tmp_path_factory.mktemp("overlay")
+    if whole:
+        base_entries = [(e, v) for e, v in base_entries if e[0] in BASE_RANGE]
     old = LmdbTable(str(tmp / "old"))
     for e, value in base_entries:
         kg, key = _key(e)
@@ -54,11 +63,16 @@ def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops):
     os.link(tmp / "old" / "data.mdb", tmp / "new" / "base-0.mdb")
     readers = SharedReaders()
     table = OverlayTable(LmdbTable(str(tmp / "new")), [], readers)
-    table.add_base(Base("base-0.mdb", BASE_RANGE.start, BASE_RANGE.stop,
-                        readers.open(str(tmp / "new" / "base-0.mdb"), file=True)), b"\x90")
+    base = readers.open(str(tmp / "new" / "base-0.mdb"), file=True)
+    table.add_base(Base("base-0.mdb", BASE_RANGE.start, BASE_RANGE.stop, base,
+                        served=base.entry_count() if whole else None), b"\x90")
     views = []
     for name, arg, value in ops:
-        if name == "put":
+        if name == "put" and value[0] % 2:
+            kg, key = _key(arg)
+            assert table.put_existed(kg, key, value) == ((kg, key) in model)
+            model[(kg, key)] = value
+        elif name == "put":
             kg, key = _key(arg)
             table.put(kg, key, value)
             model[(kg, key)] = value
@@ -76,11 +90,16 @@ def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops):
                     del model[k]
         elif name == "fold":
             table.fold(arg)
+        elif name == "restore":
+            entries = {primary(sid, k) + uk: v for (sid, k, uk), v in value.items()}
+            table.restore_key_group(arg, [x for k, v in sorted(entries.items()) for x in (k, v)], frozenset())
+            model.update({(arg, k): v for k, v in entries.items()})
         else:
             opened = table.consistent_view()
             views.append(({kg: _flat_model(model, kg) for kg in KGS}, opened, opened.__enter__()))
         for kg in KGS:
             assert table.key_group_flat(kg) == _flat_model(model, kg)
+        assert table.entry_count() == (len(model) if whole or not table.bases else None)
     for e, _ in base_entries:
         kg, key = _key(e)
         assert table.get(kg, key) == model.get((kg, key))
@@ -92,10 +111,12 @@ def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops):
     again = open_local_table(str(tmp / "new"), readers)
     for kg in KGS:
         assert again.key_group_flat(kg) == _flat_model(model, kg)
+    assert again.entry_count() == (len(model) if whole or not isinstance(again, OverlayTable) else None)
     while isinstance(again, OverlayTable) and again.bases:
         again.fold(100)
     for kg in KGS:
         assert again.key_group_flat(kg) == _flat_model(model, kg)
+    assert again.entry_count() == len(model)
     plain = again.inner if isinstance(again, OverlayTable) else again
     assert not plain.scan(b"\xff\xfe"), "no tombstone outlives the last base"
     assert not os.path.exists(tmp / "new" / "base-0.mdb")

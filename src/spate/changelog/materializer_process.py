@@ -37,7 +37,7 @@ from spate.changelog.materializer_protocol import (
     send,
 )
 from spate.snapshot.keyed import key_group_frame
-from spate.snapshot.native import NativeFileBuilder
+from spate.snapshot.native_write import STATES_KEY, NativeFileBuilder, map_bytes
 from spate.state.layout import META_PREFIX
 from spate.state.lmdb_read_ahead import KeyGroupReadAhead
 from spate.state.lmdb_readonly import ReadOnlyTable, ReadView
@@ -46,7 +46,6 @@ from spate.state.overlay import BASES_META, OverlayView, listed_bases
 
 MIN_MAP_BYTES = 1 << 30
 LISTENER_GRACE_S = 30.0  # after the last key group, for the subtask to close the pipe
-STATES_KEY = META_PREFIX + b"states"  # the table's state registry (spate.state.keyed)
 BASES_KEY = META_PREFIX + BASES_META.encode()  # an overlay's read-only bases (spate.state.overlay)
 SEND_AHEAD = 1  # framed key groups waiting to be sent (one of a 10 GB state is about 80 MB)
 
@@ -239,12 +238,6 @@ def _table_metadata(txn: lmdb.Transaction | None) -> dict[bytes, bytes]:
     return {STATES_KEY: states} if states is not None else {}
 
 
-def table_bytes(table_dir: str) -> int:
-    """The bytes of the lmdb table in ``table_dir`` with its overlay's read-only bases (``base-*.mdb``)."""
-    names = [n for n in os.listdir(table_dir) if n == "data.mdb" or n.startswith("base-") and n.endswith(".mdb")]
-    return sum(os.path.getsize(os.path.join(table_dir, n)) for n in names)
-
-
 def serve(source: BinaryIO, out: BinaryIO) -> int:
     """Serve one materialization over ``source`` and ``out``; the exit status."""
     start = receive(source)
@@ -258,7 +251,7 @@ def serve(source: BinaryIO, out: BinaryIO) -> int:
         map_size = max(4 * used, MIN_MAP_BYTES)
         env = lmdb.open(start.path, readonly=True, lock=True, subdir=True, max_dbs=0, readahead=False,
                         map_size=map_size)
-        native_map_size = max(4 * table_bytes(start.path), MIN_MAP_BYTES)
+        native_map_size = map_bytes(start.path)
     except (lmdb.Error, OSError) as e:
         send(out, Failed(f"cannot open the lmdb table {start.path}: {e}"))
         return 1

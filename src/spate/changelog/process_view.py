@@ -37,11 +37,10 @@ from spate.changelog.materializer_protocol import (
 )
 from spate.changelog.rolling_view import RollingView
 from spate.errors import CheckpointError
-from spate.layout import random_name
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyedHandle, KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
-from spate.snapshot.native import write_native_file
+from spate.snapshot.native_write import build_path, write_native_file
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import OverlayTable
 from spate.state.table import StateTable, TableView, WrappedTable
@@ -51,7 +50,6 @@ EXIT_WAIT_S = 10.0  # for the reader to exit after its last key group, before it
 READER_MODULE = "spate.changelog.materializer_process"
 PIPE_BYTES = 4 << 20
 NATIVE = "native"  # a view's ``read_by`` when it writes a native snapshot
-NATIVE_FILE_PREFIX = "materialization-"  # a native snapshot being built, in the table's directory
 
 
 class MaterializationView(Protocol):
@@ -104,7 +102,7 @@ class ProcessView:
         self._lock = threading.Lock()
         self._finished = False
         self.positions: dict[int, int] = {}
-        self._native = native_file_path(table.path) if native else ""
+        self._native = build_path(table.path) if native else ""
         self._built: tuple[tuple[int, ...], int] | None = None  # a native snapshot's key groups and digest
         if native:
             self.read_by = NATIVE
@@ -206,16 +204,6 @@ class ProcessView:
                 err = self._reader.stderr.read()[-2000:]
         return CheckpointError(f"the materialization's reader process of {self._table.path} failed: {why} (exit "
                                f"status {self._reader.returncode}){': ' + err.decode(errors='replace') if err else ''}")
-
-
-def native_file_path(table_path: str) -> str:
-    """Where a materialization's reader builds a native snapshot of the lmdb table in ``table_path``: a file in the
-    table's directory (one materialization of a table runs at a time; a file a process left that died is removed
-    here, and with the directory)."""
-    for name in os.listdir(table_path):
-        if name.startswith(NATIVE_FILE_PREFIX):
-            _remove(os.path.join(table_path, name))
-    return os.path.join(table_path, f"{NATIVE_FILE_PREFIX}{random_name()[:12]}.mdb")
 
 
 def _remove(path: str) -> None:

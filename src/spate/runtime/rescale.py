@@ -171,7 +171,9 @@ class LocalRescale:
             table = LmdbTable(target)
         overlay = table if isinstance(table, OverlayTable) else OverlayTable(table, [], self.readers)
         wanted = _overlap(source.key_groups, self.plan.key_groups)
-        overlay.add_base(Base(name, wanted.start, wanted.stop, base),
+        # the entries it serves are known when it is all of the old table (else they would have to be counted)
+        served = base.entry_count() if wanted == source.key_groups else None
+        overlay.add_base(Base(name, wanted.start, wanted.stop, base, served=served),
                          _union(_registry(overlay.get_meta("states")), states))
         self.moved_bytes += base.data_bytes()
         return overlay
@@ -184,7 +186,7 @@ class LocalRescale:
                 bases: list[Base] = []
                 try:
                     bases = [Base(name, start, stop, self.readers.open(os.path.join(path, name), file=True))
-                             for name, start, stop, _ in listed_bases(reader.meta(BASES_META))]
+                             for name, start, stop, *_ in listed_bases(reader.meta(BASES_META))]
                     problem = self._problem(source, reader.meta(TAG_META), reader.meta(LINEAGE_META), path,
                                             lambda: reader.verify() or _first(b.table.verify() for b in bases))
                     if problem is not None:

@@ -10,6 +10,7 @@ from spate.filemerging.manager import FileMergingManager
 from spate.fs import CheckpointStorage
 from spate.layout import (
     KEY_GROUPS_SUFFIX,
+    NATIVE_SNAPSHOT_SUFFIX,
     OPERATOR_STATE_SUFFIX,
     STAGED_OUTPUTS_SUFFIX,
     STAGED_PARQUET_SUFFIX,
@@ -129,6 +130,14 @@ class SnapshotFiles:
         return (WholeFileWriter(storage, self.own_dir, KEY_GROUPS_SUFFIX, cp),
                 WholeFileWriter(storage, checkpoint_dir(cp), OPERATOR_STATE_SUFFIX, cp),
                 WholeFileWriter(storage, staged_dir(cp), STAGED_OUTPUTS_SUFFIX, cp))
+
+    def native_writer(self, plan: SubtaskPlan) -> SegmentWriter:
+        """Writer of a full snapshot's native lmdb file: a physical file of its own (with file merging too, so that
+        a local root takes the built file itself), in the subtask's directory."""
+        cp, manager = plan.checkpoint_id, self.merging
+        if manager is not None:
+            return RecordingWriter(manager.shared_writer(self.index, self.parallelism, cp, alone=True), self._unsynced)
+        return WholeFileWriter(self.services.storage, self.own_dir, NATIVE_SNAPSHOT_SUFFIX, cp)
 
     def staged_parquet_writer(self, plan: SubtaskPlan) -> WholeFileWriter:
         """Writer of staged outputs as Parquet files of their own (with or without file merging: Spark reads

@@ -32,7 +32,9 @@ from spate.runtime.subtask_config import TABLE_KINDS, SubtaskConfig, check_servi
 from spate.segments import FileRef, SegmentWriter
 from spate.serde import resolve_serializer
 from spate.sinks.table_sink import SinkFile
+from spate.snapshot.handles import KeyedHandle
 from spate.snapshot.keyed import write_keyed_snapshot
+from spate.snapshot.native_write import native_table, write_native_snapshot
 from spate.snapshot.operator import write_operator_snapshot
 from spate.snapshot.outputs import PARQUET, OutputsHandle, write_outputs, write_outputs_parquet
 from spate.state.keyed import KeyedStateBackend
@@ -282,7 +284,7 @@ class Subtask:
             reused = live.handles[1]  # type: ignore[index]
             snap.keyed_handles = reused if fix is None else [fix(h) for h in reused]
         else:
-            handle = write_keyed_snapshot(keyed, keyed_out, self.config.compress)
+            handle = self._full_snapshot(plan, keyed, keyed_out)
             snap.keyed_handles = [handle] if handle else []
             snap.written += [h.segment for h in snap.keyed_handles]
         snap.op_handle = write_operator_snapshot(operator, op_out)
@@ -291,6 +293,13 @@ class Subtask:
                          if h is not None and h.segment not in snap.own]
         snap.start_ms = (time.perf_counter() - started) * 1000
         return lambda: self._acknowledge(plan, batch, snap)
+
+    def _full_snapshot(self, plan: SubtaskPlan, keyed: KeyedStateBackend, out: SegmentWriter) -> KeyedHandle | None:
+        """A full snapshot of the keyed state: a large lmdb table's as a native file, else key-group frames."""
+        table = native_table(keyed, self.config.native_snapshots_from_bytes)
+        if table is None:
+            return write_keyed_snapshot(keyed, out, self.config.compress)
+        return write_native_snapshot(keyed, table, self._files.native_writer(plan))
 
     def _stage_outputs(self, plan: SubtaskPlan, out: Outputs, staged_out: SegmentWriter
                        ) -> tuple[OutputsHandle | None, list[FileRef], SinkFile | None]:

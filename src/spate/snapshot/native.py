@@ -1,15 +1,12 @@
 """Native snapshots of an lmdb table: the table's own file, as Flink's native RocksDB snapshots are its SST files.
 
-A materialization of a large lmdb table (the changelog's base) is written as an lmdb data file of its own: the
-reader process that reads the table's key groups for the materialization puts them, in key order, into a new
-file in lmdb's append mode (:class:`NativeFileBuilder`), which the subtask then places in checkpoint storage with
-its CRC-32 (:func:`write_native_file`: hard-linked where the root is a local directory on the same file system,
-else copied). Why: a keyed snapshot in spate's key-group
-frames is restored entry by entry (decoded, then put into a new table), at about the cost of a full snapshot's
-restore; this file is taken as it is, as the read-only base of the restored table
-(:mod:`spate.runtime.recovery.download`: hard-linked from a local root, else downloaded, :func:`download_native`),
-so that a restore from a materialization and its log costs getting the file plus the log. Its digest, the sum of
-its key groups', is stored in it and in the handle.
+A large lmdb table's keyed snapshot (the changelog's materialization, or a full snapshot) can be an lmdb data file
+of its own, built from the table's key groups in key order (:mod:`spate.snapshot.native_write`). Why: a keyed
+snapshot in spate's key-group frames is restored entry by entry (decoded, then put into a new table); this file is
+taken as it is, as the read-only base of the restored table (:mod:`spate.runtime.recovery.download`: hard-linked
+from a local root, else downloaded, :func:`download_native`), so that a restore costs getting the file (plus the
+log, with the changelog). Its digest, the sum of its key groups', is stored in it and in the handle; its bytes are
+checked against the handle's CRC-32 on every read.
 
 Where the file cannot be a table's base (key groups from several files; a heap table; reading state for
 inspection; a savepoint's or a rescaled subtask's re-write as key-group frames, :func:`write_as_key_groups`), it is
@@ -19,7 +16,6 @@ read key group by key group (:class:`NativeSource`: in place from a local root, 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import os
@@ -40,115 +36,13 @@ from spate.snapshot.handles import KeyedHandle, NativeSnapshotHandle
 from spate.snapshot.keyed import SnapshotScope, key_group_frame_parts, write_frames
 from spate.snapshot.read_ahead import read_ahead
 from spate.state.keyed import StateMeta
-from spate.state.lmdb_digest import DIGEST_KEY, MASK64, key_group_digest
 from spate.state.lmdb_readonly import ReadOnlyTable
-from spate.state.lmdb_scan import KG_PREFIXES
 from spate.state.overlay import SharedReaders
-from spate.write_behind import start_write_back
+from spate.write_behind import WriteBehindFile
 
 CHUNK_BYTES = 16 << 20  # a native snapshot is read from storage in ranged reads of this size
 READ_THREADS = 3
 READ_AHEAD_BYTES = 64 << 20
-COMMIT_BYTES = 64 << 20  # a native snapshot being built is committed every this many bytes of entries
-
-
-class NativeFileBuilder:
-    """A native snapshot's lmdb data file at ``path``, built from the table's key groups read in order (by a
-    materialization's reader process): each key group put in lmdb's append mode (pages filled, no search per
-    entry), committed every :data:`COMMIT_BYTES`; the table digest summed key group by key group.
-
-    Why not lmdb's own copy of the table: a consistent copy holds one read transaction for as long as it runs, and
-    lmdb reuses no page the batches free meanwhile; at 10 GB the live file grew to 3.3x the state. Built from the
-    key groups the materialization reads anyway, from a view moved forward at every boundary, the file pins no
-    more than the frames it replaces, and compacts as it goes."""
-
-    def __init__(self, path: str, map_size: int) -> None:
-        self.path = path
-        self.env = lmdb.open(path, subdir=False, lock=False, map_size=map_size, sync=False, metasync=False,
-                             readahead=False, max_dbs=0)
-        self._fd = os.open(path, os.O_RDONLY)  # to start each commit's write-back (write_behind)
-        self.groups: list[int] = []
-        self._digest = 0
-        self._txn: lmdb.Transaction | None = None
-        self._pending = 0
-
-    def add(self, kg: int, flat: list[bytes]) -> int:
-        """Append key group ``kg`` (``[key, value, ...]``, keys without the prefix; after every key group added
-        before it); returns the bytes of its keys and values."""
-        prefix = KG_PREFIXES[kg]
-        keys, values = flat[0::2], flat[1::2]
-        self._digest += key_group_digest(prefix, keys, values)
-        if self._txn is None:
-            self._txn = self.env.begin(write=True)
-        self._txn.cursor().putmulti(zip(map(prefix.__add__, keys), values, strict=True), append=True)
-        size = sum(map(len, flat))
-        self._pending += size
-        if self._pending >= COMMIT_BYTES:
-            self._txn.commit()
-            self._txn, self._pending = None, 0
-            start_write_back(self._fd)
-        self.groups.append(kg)
-        return size
-
-    def _close(self) -> None:
-        self.env.close()
-        os.close(self._fd)
-
-    @property
-    def digest(self) -> int:
-        return self._digest & MASK64
-
-    def finish(self, metadata: dict[bytes, bytes]) -> None:
-        """Add the table ``metadata`` (full keys, which sort after every key group) and the digest, and commit.
-        The file is then whole for every process (as a checkpoint file written unbuffered is); the OS writes it
-        back to disk as it grew, so no checkpoint's ``fsync`` later waits behind gigabytes of it."""
-        metadata = {**metadata, DIGEST_KEY: str(self.digest).encode()}
-        txn = self._txn if self._txn is not None else self.env.begin(write=True)
-        self._txn = None
-        txn.cursor().putmulti(sorted(metadata.items()), append=True)
-        txn.commit()
-        start_write_back(self._fd)
-        self._close()
-
-    def abort(self) -> None:
-        """Drop what was built (the file deleted)."""
-        if self._txn is not None:
-            self._txn.abort()
-            self._txn = None
-        self._close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-
-
-def write_native_file(path: str, built: tuple[tuple[int, ...], int], scope: SnapshotScope,
-                      out: SegmentWriter) -> NativeSnapshotHandle | None:
-    """The native snapshot file at ``path`` (``built``: the key groups it holds and its digest, from
-    :class:`NativeFileBuilder`) as one logical file of ``out``, with its CRC-32 (None: no key group of ``scope``
-    holds data): linked into place where ``out`` can (the file is then written to disk once), else copied."""
-    groups, digest = built
-    if not groups:
-        return None
-    crc = 0
-
-    def parts() -> Iterator[bytes]:
-        nonlocal crc
-        with open(path, "rb", buffering=0) as f:
-            while data := f.read(CHUNK_BYTES):
-                crc = crc32(data, crc)
-                yield data
-
-    ref = out.link_in(path)  # a local root on the same disk: the file itself, written once
-    if ref is None:
-        ref = out.write_parts(parts())
-    else:
-        try:
-            collections.deque(parts(), maxlen=0)
-        except BaseException:
-            out.discard(ref)
-            raise
-    kgs = scope.key_groups
-    return NativeSnapshotHandle(ref.path, kgs.start, kgs.stop - 1, kgs.start, kgs.stop - 1, groups, ref.length,
-                                crc, digest, tuple(m.to_dict() for m in scope.metas), ref.offset)
 
 
 # -- reading --------------------------------------------------------------------------------------------------
@@ -177,7 +71,7 @@ def download_native(storage: CheckpointStorage, handle: NativeSnapshotHandle, de
     """Write a native snapshot's file to the new local file ``dest`` (an lmdb data file), checked against its
     CRC-32; on any failure nothing is left at ``dest``."""
     try:
-        with open(dest, "xb", buffering=0) as f:
+        with WriteBehindFile(open(dest, "xb", buffering=0)) as f:  # noqa: SIM115 - closed by the wrapper
             for data in native_chunks(storage, handle, context):
                 view = memoryview(data)
                 while view:

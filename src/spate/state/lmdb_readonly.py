@@ -12,7 +12,7 @@ import lmdb
 
 from spate.state.layout import META_PREFIX
 from spate.state.lmdb_digest import digest_problem
-from spate.state.lmdb_scan import flat_key_group, scan_prefix
+from spate.state.lmdb_scan import count_entries, flat_key_group, scan_prefix
 
 
 class ReadView:
@@ -70,6 +70,14 @@ class ReadOnlyTable:
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         return list(scan_prefix(self._txn(), prefix))
+
+    def held(self, keys: list[bytes]) -> list[bytes]:
+        """Those of ``keys`` (whole table keys) the file holds (C loops)."""
+        return [cast("bytes", k) for k, _ in self._txn().cursor().getmulti(keys)]  # buffers off: bytes
+
+    def entry_count(self) -> int:
+        """The state entries of the file (not its metadata)."""
+        return count_entries(self._txn(), self.env)
 
     def scan_from(self, start: bytes, prefix: bytes, limit: int) -> list[tuple[bytes, bytes]]:
         """Up to ``limit`` entries with keys from ``start`` on that start with ``prefix``, in key order."""

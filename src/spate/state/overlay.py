@@ -21,6 +21,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import lmdb
 
@@ -41,6 +42,9 @@ class Base:
     stop: int
     table: ReadOnlyTable
     resume: bytes = b""  # folding key group ``start`` goes on from this key (b"": from its first)
+    # the entries the table still reads from it (in its key groups, from ``resume`` on, neither replaced nor deleted
+    # by the delta); None: not known (it holds more key groups than it owns)
+    served: int | None = None
 
     def owns(self, kg: int) -> bool:
         return self.start <= kg < self.stop
@@ -80,11 +84,12 @@ class SharedReaders:
                     return
 
 
-def listed_bases(raw: bytes | None) -> list[tuple[str, int, int, bytes]]:
+def listed_bases(raw: bytes | None) -> list[tuple[str, int, int, bytes, int | None]]:
     """The bases a table's ``bases`` metadata lists: (file name, first key group, stop, key to resume folding
-    the first key group from); empty: none."""
-    return [(name, start, stop, bytes.fromhex(resume)) for name, start, stop, resume in json.loads(raw)] if raw \
-        else []
+    the first key group from, entries served or None: not known, and in listings written before 2026-11-28);
+    empty: none."""
+    return [(name, start, stop, bytes.fromhex(resume), served[0] if served else None)
+            for name, start, stop, resume, *served in json.loads(raw)] if raw else []
 
 
 def open_local_table(path: str, readers: SharedReaders) -> LmdbTable | OverlayTable:
@@ -100,8 +105,9 @@ def open_local_table(path: str, readers: SharedReaders) -> LmdbTable | OverlayTa
         return delta
     overlay = OverlayTable(delta, [], readers)
     try:
-        for name, start, stop, resume in listed:
-            overlay.bases.append(Base(name, start, stop, readers.open(os.path.join(path, name), file=True), resume))
+        for name, start, stop, resume, served in listed:
+            overlay.bases.append(Base(name, start, stop, readers.open(os.path.join(path, name), file=True), resume,
+                                      served))
     except BaseException:
         overlay.close()
         raise
@@ -141,10 +147,18 @@ class OverlayTable(StateTable):
             return None
         return base.table.get_key(key)
 
-    def _put(self, kg: int, key: bytes, value: bytes) -> None:
-        self.inner.put_key(key, value)
-        if self._tombstones and self._base(kg) is not None:
-            self.inner.delete_key(TOMBSTONE_PREFIX + key)
+    def _put(self, kg: int, key: bytes, value: bytes) -> bool:
+        """Put ``key``; whether the table held it (the delta, or a base not deleted from)."""
+        if self.inner.put_key(key, value):
+            return True  # the delta's own replaced (a key the delta holds has no tombstone)
+        base = self._base(kg)
+        if base is None or self._tombstones and self.inner.delete_key(TOMBSTONE_PREFIX + key):
+            return False
+        if base.table.get_key(key) is None:
+            return False
+        if base.served is not None:
+            base.served -= 1  # the delta's entry shadows it now
+        return True
 
     def _delete(self, kg: int, key: bytes) -> bool:
         existed = self.inner.delete_key(key)
@@ -152,6 +166,8 @@ class OverlayTable(StateTable):
         if base is not None and (not self._tombstones or self.inner.get_key(TOMBSTONE_PREFIX + key) is None) and \
                 base.table.get_key(key) is not None:
             self.inner.put_key(TOMBSTONE_PREFIX + key, b"")
+            if not existed and base.served is not None:
+                base.served -= 1  # it was read from the base: now deleted there
             self._tombstones = existed = True
         return existed
 
@@ -161,9 +177,16 @@ class OverlayTable(StateTable):
     def put(self, kg: int, primary: bytes, value: bytes) -> None:
         self._put(kg, U16.pack(kg) + primary, value)
 
+    def put_existed(self, kg: int, primary: bytes, value: bytes) -> bool:
+        return self._put(kg, U16.pack(kg) + primary, value)
+
     def put_many(self, entries: Sequence[tuple[int, bytes, bytes]]) -> None:
         for kg, primary, value in entries:
             self._put(kg, U16.pack(kg) + primary, value)
+
+    def put_many_existed(self, entries: Sequence[tuple[int, bytes, bytes]]) -> list[bool]:
+        put = self._put
+        return [put(kg, U16.pack(kg) + primary, value) for kg, primary, value in entries]
 
     def delete(self, kg: int, primary: bytes) -> None:
         prefix = U16.pack(kg) + primary
@@ -176,6 +199,9 @@ class OverlayTable(StateTable):
 
     def map_put(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> None:
         self._put(kg, U16.pack(kg) + primary + user_key, value)
+
+    def map_put_existed(self, kg: int, primary: bytes, user_key: bytes, value: bytes) -> bool:
+        return self._put(kg, U16.pack(kg) + primary + user_key, value)
 
     def map_delete(self, kg: int, primary: bytes, user_key: bytes) -> None:
         self._delete(kg, U16.pack(kg) + primary + user_key)
@@ -224,11 +250,26 @@ class OverlayTable(StateTable):
 
     def restore_key_group(self, kg: int, flat: list[bytes], map_sids: frozenset[bytes],
                           digest: int | None = None) -> None:
+        base = self._base(kg)
+        if base is not None and base.served is not None:
+            base.served -= self._newly_shadowed(base, kg, flat[0::2])
         self.inner.restore_key_group(kg, flat, map_sids, digest)
-        if self._tombstones and self._base(kg) is not None:
+        if self._tombstones and base is not None:
             prefix = TOMBSTONE_PREFIX + U16.pack(kg)
             for key in flat[0::2]:
                 self.inner.delete_key(prefix + key)
+
+    def _newly_shadowed(self, base: Base, kg: int, keys: list[bytes]) -> int:
+        """How many of key group ``kg``'s ``keys`` (without the prefix) are read from ``base`` now: those the
+        delta neither holds nor deleted, which the base holds (looked up in C loops)."""
+        prefix = U16.pack(kg)
+        full = list(map(prefix.__add__, keys))
+        held = set(self.inner.held(full))
+        fresh = [k for k in full if k not in held] if held else full
+        served = len(base.table.held(fresh))
+        if self._tombstones:  # a tombstone is only ever written for a key its base holds
+            served -= len(self.inner.held(list(map(TOMBSTONE_PREFIX.__add__, fresh))))
+        return served
 
     def add_base(self, base: Base, states: bytes) -> None:
         """Read ``base``'s key groups from it from now on; ``states``: the registry of the delta and the base."""
@@ -267,6 +308,8 @@ class OverlayTable(StateTable):
                if get(k) is None and not (tombstones and get(TOMBSTONE_PREFIX + k) is not None)]
         if new:
             self.inner.add_new(new)
+            if base.served is not None:
+                base.served -= len(new)  # the delta holds them now
         if done:
             if self._tombstones:
                 for key, _ in self.inner.scan(TOMBSTONE_PREFIX + prefix):
@@ -289,8 +332,8 @@ class OverlayTable(StateTable):
         return True
 
     def _listing(self) -> bytes:
-        return json.dumps([[b.name, b.start, b.stop, b.resume.hex()] for b in self.bases]).encode() if self.bases \
-            else b""
+        return json.dumps([[b.name, b.start, b.stop, b.resume.hex(), b.served] for b in self.bases]).encode() \
+            if self.bases else b""
 
     # -- the rest is the delta's ----------------------------------------------------------------------------
     def get_meta(self, name: str) -> bytes | None:
@@ -303,10 +346,22 @@ class OverlayTable(StateTable):
         return self.inner.committed_meta(name)
 
     def commit(self) -> None:
+        """Commit the delta, with the bases' ``served`` counts where they changed (so a table reopened at a commit
+        knows its entry count)."""
+        listing = self._listing()
+        if self.bases and listing != self.inner.get_meta(BASES_META):
+            self.inner.put_meta(BASES_META, listing)
         self.inner.commit()
 
     def approx_bytes(self) -> int:
         return self.inner.approx_bytes() + sum(b.table.data_bytes() for b in self.bases)
+
+    def entry_count(self) -> int | None:
+        """The delta's entries and those the table reads from its bases; None while a base's are not known."""
+        served = [b.served for b in self.bases]
+        if None in served:
+            return None
+        return self.inner.entry_count() + sum(cast("list[int]", served))
 
     def verify(self) -> str | None:
         """The delta's and every base's entries against their digests."""
@@ -346,7 +401,7 @@ class OverlayView:
         """The view of a delta snapshot ``view`` whose ``bases`` metadata is ``listing``, its bases among ``opened``
         (by file name; a materialization's reader in another process opens them once)."""
         return OverlayView(view, [Base(name, start, stop, opened[name], resume)
-                                  for name, start, stop, resume in listed_bases(listing)])
+                                  for name, start, stop, resume, _ in listed_bases(listing)])
 
     def __init__(self, view: object, bases: list[Base]) -> None:
         self._view = view

@@ -1,14 +1,19 @@
 """The ladder's rung for a native snapshot: with the lmdb table, when the plan's keyed state is one native snapshot
-(:mod:`spate.snapshot.native`, a materialization) holding the subtask's key groups, its file becomes a read-only
-*base* of the subtask's table (:class:`~spate.state.overlay.OverlayTable`, as an online rescale takes over an old
-subtask's copy), owning the subtask's key groups of it, and the plan's change sets are replayed into the table's
-own, empty part (``restored``). No entry of the materialized state is decoded or put again: a restore costs getting
-the file and replaying the log, and the table folds the base into itself a bounded number of entries per batch.
+(:mod:`spate.snapshot.native`: a materialization, or a full snapshot) holding the subtask's key groups, it is
+restored by taking its file, not entry by entry.
 
-Getting the file: in a checkpoint root on this machine's file system, a hard link to the checkpoint's own file (a
-whole file, not a segment of a merged one) when the two are on one file system, its CRC-32 checked by reading
-it; else a download, checked as it is written. The base is only ever read (lmdb opens it read-only), so the
-checkpoint's file is never changed; unlinking the base when it is folded leaves the checkpoint's name alone.
+- With the changelog, the file becomes a read-only *base* of the subtask's table
+  (:class:`~spate.state.overlay.OverlayTable`, as an online rescale takes over an old subtask's copy), owning the
+  subtask's key groups of it, and the plan's change sets are replayed into the table's own, empty part
+  (``restored``): a restore costs getting the file and replaying the log, and the table folds the base into itself
+  a bounded number of entries per batch. Getting the file: in a checkpoint root on this machine's file system, a
+  hard link to the checkpoint's own file (a whole file, not a segment of a merged one) when the two are on one file
+  system, its CRC-32 checked by reading it; else a download, checked as it is written. The base is only ever read
+  (lmdb opens it read-only), so the checkpoint's file is never changed; unlinking the base when it is folded leaves
+  the checkpoint's name alone.
+- Without it, the file is copied, checked as it is written, to be the table's own data file (when it holds
+  exactly the subtask's key groups): the subtask's thread writes every full snapshot of the table, and would merge
+  an overlay's key groups with the base's in Python.
 
 Only for a base that is a checkpoint of this root; a savepoint, several snapshots (a rescale down) or the heap
 table read the snapshot key group by key group (:mod:`spate.runtime.recovery.storage`).
@@ -29,7 +34,7 @@ from spate.runtime.recovery.trust import full_restore
 from spate.snapshot.handles import NativeSnapshotHandle
 from spate.snapshot.native import download_native, local_file, verify_native
 from spate.state.lmdb_table import LmdbTable
-from spate.state.overlay import Base, OverlayTable
+from spate.state.overlay import Base, OverlayTable, SharedReaders
 
 BASE_NAME = "base-native.mdb"  # the native snapshot's file in the table directory (overlay bases are base-*.mdb)
 
@@ -38,7 +43,8 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     """The plan's base from its native snapshot and its log, or None if the plan's keyed state is not one native
     snapshot in this root."""
     handle = _native_base(plan)
-    if handle is None:
+    copied = owner.config.changelog is None
+    if handle is None or copied and not handle.whole:  # a copy would hold other subtasks' key groups
         return None
     assert plan.base_uri is not None
     started = time.perf_counter()
@@ -46,18 +52,49 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     path = owner.lmdb_dir(plan)
     shutil.rmtree(path, ignore_errors=True)  # untrusted by the rungs before, or none
     os.makedirs(path)
-    table = reader = None
-    readers, base = owner.services.readers, os.path.join(path, BASE_NAME)
+    if copied:
+        table: LmdbTable | OverlayTable = _copied(storage, handle, path, owner.context(plan))
+        linked = False
+    else:
+        table, linked = _over_base(storage, handle, path, owner.services.readers, owner.context(plan))
+    target, operator = owner.filled(plan, table, lambda t: replay_change_sets(plan, owner, t.table, plan.changelog))
+    info = full_restore(plan, ms_since(started))
+    return owner.recovered(plan, target, operator, info, stats=nonzero(
+        replayed_change_sets=len(plan.changelog), local_moved_bytes=handle.size if linked else 0))
+
+
+def _copied(storage: CheckpointStorage, handle: NativeSnapshotHandle, path: str, context: str) -> LmdbTable:
+    """Without the changelog: the snapshot's file copied (checked as it is written) into ``path`` as the table's own
+    data file. Not a base: the subtask's thread writes the table's full snapshots, and an overlay's key groups
+    written since the restore would be merged with the base's in Python at every checkpoint."""
     try:
-        linked = _place(storage, handle, base, owner.context(plan))
+        download_native(storage, handle, os.path.join(path, "data.mdb"), context)
+        return LmdbTable(path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _over_base(storage: CheckpointStorage, handle: NativeSnapshotHandle, path: str, readers: SharedReaders,
+               context: str) -> tuple[OverlayTable, bool]:
+    """With the changelog: an empty table in ``path`` over the snapshot's file as its read-only base (its
+    materializations are read by a process of their own, where an overlay's merges cost no batch), and whether the
+    file was linked."""
+    table = reader = None
+    base = os.path.join(path, BASE_NAME)
+    try:
+        linked = _place(storage, handle, base, context)
         try:
             reader = readers.open(base, file=True)
         except SpateError:  # this process reads the linked file already, as another restore's source: a copy
             os.unlink(base)
-            linked = _place(storage, handle, base, owner.context(plan), link=False)
+            linked = _place(storage, handle, base, context, link=False)
             reader = readers.open(base, file=True)
         table = OverlayTable(LmdbTable(path), [], readers)
-        table.add_base(Base(BASE_NAME, handle.start, handle.end + 1, reader), reader.meta("states") or b"")
+        # the entries it serves: all of the file's, unless it holds other subtasks' key groups too
+        served = reader.entry_count() if handle.whole else None
+        table.add_base(Base(BASE_NAME, handle.start, handle.end + 1, reader, served=served),
+                       reader.meta("states") or b"")
         table.commit()
     except BaseException:
         if table is not None:
@@ -66,10 +103,7 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
             readers.release(reader)
         shutil.rmtree(path, ignore_errors=True)
         raise
-    target, operator = owner.filled(plan, table, lambda t: replay_change_sets(plan, owner, t.table, plan.changelog))
-    info = full_restore(plan, ms_since(started))
-    return owner.recovered(plan, target, operator, info, stats=nonzero(
-        replayed_change_sets=len(plan.changelog), local_moved_bytes=handle.size if linked else 0))
+    return table, linked
 
 
 def _native_base(plan: SubtaskPlan) -> NativeSnapshotHandle | None:
