@@ -29,7 +29,7 @@ from spate.checkpoint.protocol import SubtaskPlan
 from spate.errors import SpateError
 from spate.fs import CheckpointStorage
 from spate.runtime.recovery.local_copy import replay_change_sets
-from spate.runtime.recovery.recovered import RecoveredState, StateOwner, ms_since, nonzero
+from spate.runtime.recovery.recovered import RecoveredState, StateOwner, ms_since, nonzero, restored_handles
 from spate.runtime.recovery.trust import full_restore
 from spate.snapshot.handles import NativeSnapshotHandle
 from spate.snapshot.native import download_native, local_file, verify_native
@@ -60,7 +60,8 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     target, operator = owner.filled(plan, table, lambda t: replay_change_sets(plan, owner, t.table, plan.changelog))
     info = full_restore(plan, ms_since(started))
     return owner.recovered(plan, target, operator, info, stats=nonzero(
-        replayed_change_sets=len(plan.changelog), local_moved_bytes=handle.size if linked else 0))
+        replayed_change_sets=len(plan.changelog), local_moved_bytes=handle.size if linked else 0),
+        handles=restored_handles(plan))
 
 
 def _copied(storage: CheckpointStorage, handle: NativeSnapshotHandle, path: str, context: str) -> LmdbTable:

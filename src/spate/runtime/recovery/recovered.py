@@ -199,3 +199,11 @@ def nonzero(**figures: int) -> dict[str, int]:
 
 def ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
+
+
+def restored_handles(plan: SubtaskPlan) -> tuple[int, list] | None:
+    """After a restore of the plan's base: its keyed handles, which a snapshot may name again while the state is
+    unchanged, if they describe the state (no changelog part to them; a checkpoint of this root, not a savepoint)."""
+    reusable = (plan.base_checkpoint_id is not None and not plan.base_is_savepoint and not plan.changelog
+                and plan.base_uri == plan.checkpoint_uri)  # handles of another root are never this root's
+    return (plan.base_checkpoint_id, list(plan.keyed)) if reusable else None  # type: ignore[return-value]

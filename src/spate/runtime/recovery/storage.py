@@ -9,7 +9,7 @@ import time
 
 from spate.changelog.restore import restore_keyed_state
 from spate.checkpoint.protocol import SubtaskPlan
-from spate.runtime.recovery.recovered import RecoveredState, StateOwner, Target, ms_since, nonzero
+from spate.runtime.recovery.recovered import RecoveredState, StateOwner, Target, ms_since, nonzero, restored_handles
 from spate.runtime.recovery.trust import full_restore
 
 
@@ -24,13 +24,8 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState:
     except BaseException:
         target.discard(destroy=True)
         raise
-    # the restored handles describe the state only if there is no changelog part to them
-    reusable = (plan.base_checkpoint_id is not None and not plan.base_is_savepoint and not plan.changelog
-                and plan.base_uri == plan.checkpoint_uri)  # handles of another root are never this root's
-    handles = (plan.base_checkpoint_id, list(plan.keyed)) if reusable else None
     return owner.recovered(plan, target, operator, full_restore(plan, ms_since(started)),
-                           stats=nonzero(replayed_change_sets=len(plan.changelog)),
-                           handles=handles)  # type: ignore[arg-type]
+                           stats=nonzero(replayed_change_sets=len(plan.changelog)), handles=restored_handles(plan))
 
 
 def _restore_keyed_state(plan: SubtaskPlan, owner: StateOwner, target: Target) -> None:
