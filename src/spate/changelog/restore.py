@@ -98,9 +98,12 @@ def restore_keyed_state(backend: KeyedStateBackend, storage: CheckpointStorage, 
                 reads.append((_span(offsets), read, (True, j)))
         for i, m in enumerate(materialized):
             if isinstance(m, NativeSnapshotHandle):
-                if kgs := [kg for kg in m.held if kg in part]:
-                    reads.append((m.size * len(kgs) // len(m.groups), functools.partial(natives[i].key_groups, kgs),
-                                  (False, i)))
+                # a few key groups per read, as for frames: the reads ahead stay within their bytes
+                kgs, per_kg = [kg for kg in m.held if kg in part], max(1, m.size // max(1, len(m.groups)))
+                step = max(1, CHUNK_BYTES // per_kg)
+                for at in range(0, len(kgs), step):
+                    reads.append((per_kg * len(kgs[at:at + step]),
+                                  functools.partial(natives[i].key_groups, kgs[at:at + step]), (False, i)))
                 continue
             for chunk in _chunks(_within(m.offsets, part)):
                 reads.append((_span(chunk), functools.partial(_key_groups, files, m, chunk, context), (False, i)))

@@ -17,7 +17,6 @@ from spate.serde import check_pickle_allowed
 from spate.sinks.table_sink import TableSink
 
 TABLE_KINDS = ("heap", "lmdb")
-NATIVE_SNAPSHOTS_FROM_BYTES = 64 << 20
 STAGED_FORMATS = ("arrow", "parquet")  # outputs staged framed (Arrow IPC or rows), or as Parquet files
 
 
@@ -47,9 +46,11 @@ class SubtaskConfig:
     output_schema: pa.Schema | None = None  # what the output rows must match (checked before each checkpoint)
     profile: bool = False  # time the state table's reads and writes (ack stats "profile": "table_ms")
     fold_per_batch: int = FOLD_PER_BATCH  # entries moved from a rescaled table's bases into it per batch
-    # an lmdb table this large (bytes in use) without TTL'd state is written, in full snapshots, as an lmdb file of
-    # its own (spate.snapshot.native): restored by taking the file, not entry by entry; None: always key-group frames
-    native_snapshots_from_bytes: int | None = NATIVE_SNAPSHOTS_FROM_BYTES
+    # opt-in: an lmdb table this large (bytes in use) without TTL'd state is written, in full snapshots, as an lmdb
+    # file of its own (spate.snapshot.native), restored at the same parallelism by copying the file; None (the
+    # default): key-group frames. Off by default: at 10 GB its checkpoints took 143 s against 125 s and its rescaled
+    # restores were slower, for a restore at the same parallelism of 14.5 s against 23.9 s (docs/benchmarks.md)
+    native_snapshots_from_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.table not in TABLE_KINDS:

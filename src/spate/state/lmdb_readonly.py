@@ -71,9 +71,6 @@ class ReadOnlyTable:
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         return list(scan_prefix(self._txn(), prefix))
 
-    def held(self, keys: list[bytes]) -> list[bytes]:
-        """Those of ``keys`` (whole table keys) the file holds (C loops)."""
-        return [cast("bytes", k) for k, _ in self._txn().cursor().getmulti(keys)]  # buffers off: bytes
 
     def entry_count(self) -> int:
         """The state entries of the file (not its metadata)."""

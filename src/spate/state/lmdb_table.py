@@ -208,9 +208,6 @@ class LmdbTable(LmdbWriter, StateTable):
         """Put a whole table key; True if the table held it."""
         return self._put(key, value)
 
-    def held(self, keys: list[bytes]) -> list[bytes]:
-        """Those of ``keys`` (whole table keys) the table holds, in the open transaction (C loops)."""
-        return [cast("bytes", k) for k, _ in (self._txn or self._begin()).cursor().getmulti(keys)]  # buffers off
 
     def add_new(self, items: list[tuple[bytes, bytes]]) -> None:
         """Put entries whose keys the table does not hold, in the open transaction, in one bulk write (the
