@@ -1,4 +1,4 @@
-"""Full snapshots of a large lmdb table as native snapshots (``spate.snapshot.native_write``, opt-in): without
+"""Full snapshots of a large lmdb table as native snapshots (``spate.snapshot.native_write``, opt-in): without the
 changelog, a checkpoint's keyed state is an lmdb file of the table's own, linked into a local root; a restore at the
 same parallelism copies it to be the table's own file, at another reads it key group by key group; crashes and
 rescales lose nothing; TTL'd state and small tables stay on key-group frames."""
