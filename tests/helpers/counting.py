@@ -5,6 +5,7 @@ saw), its input (``batches``), the counts a checkpoint holds (``counts``) and th
 from __future__ import annotations
 
 from spate import CheckpointStorage, Processor, ValueStateDescriptor, keyed_state_entries, load_checkpoint
+from spate.checkpoint.inspect import verify_checkpoint
 
 COUNT = ValueStateDescriptor("count", default=0)
 
@@ -37,3 +38,15 @@ def expected_counts(source: list[list[dict]]) -> dict:
         for r in rows:
             out[r["k"]] = out.get(r["k"], 0) + 1
     return out
+
+
+def check_checkpoint(root: str, source: list[list[dict]]) -> None:
+    """The last checkpoint of ``root`` holds the counts of ``source``; its entry counts, where every subtask knows
+    its own, are the keys counted; and its files verify."""
+    storage = CheckpointStorage(root)
+    last = load_checkpoint(storage)
+    rows = [st.stats.get("state_rows") for st in last.subtasks]
+    if None not in rows:
+        assert sum(rows) == len(expected_counts(source)), rows
+    assert counts(root) == expected_counts(source)
+    assert verify_checkpoint(storage, last) == []

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers.counting import Count, batches, counts, expected_counts
-from helpers.faults import CrashOnce
+from helpers.counting import Count, batches, check_checkpoint, counts, expected_counts
+from helpers.faults import CrashOnce, crash_segments
 from spate import LocalRunner, Processor, ValueStateDescriptor, load_checkpoint
 from spate.checkpoint.inspect import verify_checkpoint
 from spate.fs import CheckpointStorage
@@ -113,25 +113,15 @@ def test_counts_survive_crashes_and_rescales_with_native_full_snapshots(segments
     root, local = tempfile.mkdtemp(prefix="native-full-"), tempfile.mkdtemp(prefix="native-full-local-")
     try:
         done = 0
-        for parallelism, length, crash in [*segments, (2, len(src), None)]:
-            fault = CrashOnce(crash, min(done + length, len(src) - 1))
-            with _runner(root, local, parallelism, fault_injector=fault, file_merging=merging) as r:
-                for n in range(r.next_batch_id, min(done + length + (crash is not None), len(src))):
-                    try:
-                        r.run_batch(n, src[n])
-                    except RuntimeError as e:
-                        assert fault.crashed, e
-                        break
-                done = r.next_batch_id
+
+        def runner(parallelism: int, fault: CrashOnce) -> LocalRunner:
+            return _runner(root, local, parallelism, fault_injector=fault, file_merging=merging)
+
+        for done in crash_segments(runner, segments, src):
             if done:
                 assert all(isinstance(h, NativeSnapshotHandle) for h in _keyed(root))
-                rows = _state_rows(root)
-                if None not in rows:
-                    assert sum(rows) == len(expected_counts(src[:done]))
+                check_checkpoint(root, src[:done])
         assert done == len(src)
-        assert counts(root) == expected_counts(src)
-        storage = CheckpointStorage(root)
-        assert verify_checkpoint(storage, load_checkpoint(storage)) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(local, ignore_errors=True)
