@@ -43,7 +43,7 @@ class Base:
     table: ReadOnlyTable
     resume: bytes = b""  # folding key group ``start`` goes on from this key (b"": from its first)
     # the entries the table still reads from it (in its key groups, from ``resume`` on, neither replaced nor deleted
-    # by the delta); None: not known (it holds more key groups than it owns)
+    # by the delta); None: not known (it holds more key groups than it owns, or entries were restored into them)
     served: int | None = None
 
     def owns(self, kg: int) -> bool:
