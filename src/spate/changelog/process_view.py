@@ -97,6 +97,7 @@ class ProcessView:
     def __init__(self, table: LmdbTable | OverlayTable, key_groups: range, position: int, native: bool = False) -> None:
         # an overlay's base files stay while the reader reads them (let go in close())
         self._kept = table.bases_kept() if isinstance(table, OverlayTable) else contextlib.nullcontext()
+        self._commit = table.commit  # an overlay's commits its bases' counts too: none is left for right after
         table = table.inner if isinstance(table, OverlayTable) else table
         self._table = table
         self._lock = threading.Lock()
@@ -108,7 +109,7 @@ class ProcessView:
             self.read_by = NATIVE
         self._kept.__enter__()
         try:
-            table.commit()
+            self._commit()
             self._reader = subprocess.Popen([sys.executable, "-m", READER_MODULE], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except BaseException:
@@ -119,7 +120,7 @@ class ProcessView:
                           self._native))
 
     def advance(self, position: int) -> None:
-        self._table.commit()
+        self._commit()
         self._offer(Advance(position, self._committed_txn()))
 
     def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyedHandle | None:

@@ -348,6 +348,7 @@ class ChangelogKeyedState:
         """Materialize synchronously (after restoring from a savepoint that lives outside this root, or when the
         files the restored handles name are damaged), replacing what the state was restored from."""
         self.restored_changelog = []
+        self._stop_materialization()  # superseded: one still waiting for a boundary would wait for ever
         self.start_materialization(backend, self.writer.next_sequence_number(), referenced_by)
         run, self._running = self._running, None
         assert run is not None
