@@ -80,7 +80,8 @@ class WholeFileWriter:
 
     def link_in(self, local_path: str) -> FileRef | None:
         path = data_file(self.directory, self.suffix)
-        size = self.storage.link_in(path, local_path)
+        with naming_disk_full(self.storage.path(path), self.checkpoint_id):  # a new directory entry may not fit
+            size = self.storage.link_in(path, local_path)
         return None if size is None else FileRef(path, 0, size)
 
     def discard(self, ref: FileRef) -> None:

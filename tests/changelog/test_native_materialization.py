@@ -25,7 +25,7 @@ from spate.changelog.restore import restore_keyed_state
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
 from spate.checkpoint.inspect import verify_checkpoint
-from spate.errors import CheckpointError, CorruptFileError
+from spate.errors import CheckpointError, CorruptFileError, DiskFullError
 from spate.fs import CheckpointStorage, LocalStorage
 from spate.runtime.recovery import download
 from spate.segments import WholeFileWriter
@@ -134,6 +134,23 @@ def test_a_native_snapshot_is_linked_into_a_local_root_and_copied_where_it_canno
         assert {kg: flat for kg, flat, _ in source.key_groups(list(range(128)))} == expected
     finally:
         source.close()
+
+
+def test_a_full_disk_while_linking_a_native_snapshot_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    """A hard link needs no data blocks, but its directory may need one: ENOSPC (fault injection) is a
+    :class:`DiskFullError` naming the file, and neither the built file nor a checkpoint file is left."""
+    backend = _filled(str(tmp_path / "t"), range(300))
+
+    def no_space(src, dst, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), dst)
+
+    monkeypatch.setattr(os, "link", no_space)
+    with pytest.raises(DiskFullError, match=r"/root/sub/\S+native: no space left"):
+        _native(tmp_path, backend)
+    assert not [n for n in os.listdir(backend.table.path) if n.startswith(BUILD_PREFIX)], "built file removed"
+    root = tmp_path / "root"
+    assert not [f for _d, _s, files in os.walk(root) for f in files], "no checkpoint file left"
+    backend.table.close()
 
 
 def test_a_damaged_or_truncated_native_snapshot_is_refused_and_leaves_nothing(tmp_path):
@@ -299,10 +316,10 @@ def _keyed(root: str) -> list:
 
 
 def test_a_table_over_a_native_base_counts_its_entries_once_it_can(tmp_path):
-    """Over a native snapshot a restored table counts its entries while that is cheap to know: not after a log was
-    replayed into the base's key groups (which replayed entries replace the base's would take a read of the base per
-    entry), nor over a part of the file (parallelism 1 to 2); but exactly once the base is folded in (2,500 entries
-    per batch)."""
+    """Over a native snapshot a restored table counts its entries while that is cheap to know: not by itself after a
+    log was replayed into the base's key groups (which replayed entries replace the base's would take a read of the
+    base per entry), nor over a part of the file (parallelism 1 to 2), where the checkpoint's count is of other key
+    groups; but exactly once the base is folded in (2,500 entries per batch)."""
     root, keys = str(tmp_path / "c"), 6_000
     src = [[{"k": f"user-{i}"} for i in range(keys)], *batches(8, keys)]
     _run(root, str(tmp_path / "l1"), 1, src, 3)
@@ -312,6 +329,25 @@ def test_a_table_over_a_native_base_counts_its_entries_once_it_can(tmp_path):
     _run(root, str(tmp_path / "l2"), 2, src, 7)  # folded in
     assert None not in _rows(root) and sum(_rows(root)) == keys
     assert counts(root) == expected_counts(src[:7])
+
+
+def test_a_restore_at_the_same_parallelism_learns_its_entry_count_from_the_checkpoint(tmp_path):
+    """Restored over a native snapshot with a log replayed into its key groups, the table cannot count its entries by
+    itself; the checkpoint's subtask of the same key groups recorded them (``state_entries``), so it counts on from
+    that, and Spark's ``numRowsTotal`` is known from the first batch after the restore."""
+    root, keys = str(tmp_path / "c"), 6_000
+    src = [[{"k": f"user-{i}"} for i in range(keys)], *batches(8, keys)]
+    _run(root, str(tmp_path / "l1"), 1, src, 3)
+    (before,) = load_checkpoint(CheckpointStorage(root)).subtasks
+    assert [type(h) for h in before.keyed] == [NativeSnapshotHandle] and before.changelog, "a log to replay"
+    assert before.state_entries == len(expected_counts(src[:3]))
+    _run(root, str(tmp_path / "l2"), 1, src, 4)  # an empty local directory: restored from the checkpoint
+    meta = load_checkpoint(CheckpointStorage(root))
+    (after,) = meta.subtasks
+    assert after.recovery == "restored" and after.stats.get("replayed_change_sets")
+    assert after.state_entries == len(expected_counts(src[:4])) == _rows(root)[0]
+    assert counts(root) == expected_counts(src[:4])
+    assert verify_checkpoint(CheckpointStorage(root), meta) == []
 
 
 def _rows(root: str) -> list:

@@ -16,6 +16,7 @@ from spate import (
     ValueStateDescriptor,
 )
 from spate.checkpoint.ackinfo import CAUGHT_UP, RecoveryInfo
+from spate.checkpoint.metadata import CheckpointMetadata
 from spate.checkpoint.protocol import SubtaskAck
 from spate.keygroups import compile_key_hasher
 from spate.runtime.recovery import recovered
@@ -73,6 +74,29 @@ def test_an_ack_carries_how_the_state_was_recovered_as_its_typed_fields():
     assert RecoveryInfo(**again.recovery_info()) == info and (again.recovery, again.rows) == ("caught_up", 2)
     with pytest.raises(ValueError, match="recovery must be one of"):
         RecoveryInfo(recovery="teleported")
+
+
+def test_a_plan_carries_the_state_entries_of_the_base_subtask_of_its_key_groups(tmp_path):
+    """Each ack records the subtask's state entries; the next plan at the same parallelism hands subtask i the
+    count of the base's subtask i (the same key groups), at another parallelism none (other key groups). Metadata
+    written before the field existed reads as not known."""
+    root = str(tmp_path)
+    coord = Coordinator(root)
+    coord.start(2)
+    services = WorkerServices(root)
+    for plan in coord.begin(0, 2, 0):
+        rows = [r for r in _rows(coord, [f"k{i}" for i in range(20)]) if r[0] in plan.key_groups]
+        coord.acknowledge(Subtask(plan.index, 2, processor_factory(C), SubtaskConfig(), services).run(plan, rows).ack)
+    meta = coord.complete(0)
+    entries = [st.state_entries for st in meta.subtasks]
+    assert sum(entries) == 20 and all(entries)
+    assert [p.base_state_entries for p in coord.begin(1, 2, 0)] == entries
+    assert [p.base_state_entries for p in coord.begin(1, 3, 0)] == [None] * 3
+    written = meta.to_dict()
+    assert [st["state_entries"] for st in written["subtasks"]] == entries
+    for st in written["subtasks"]:
+        del st["state_entries"]
+    assert [st.state_entries for st in CheckpointMetadata.from_dict(written).subtasks] == [None, None]
 
 
 class _FailsToOpenOnce(C):

@@ -1,7 +1,8 @@
 """The overlay table (a subtask's own lmdb table over read-only bases, :mod:`spate.state.overlay`) against a dict:
 random writes, deletions (value and map entries), restored key groups, folds and consistent views, then a reopen
 from disk; its entry count is the dict's whenever its base holds only the key groups it serves and no key group of
-it was restored into the table (else unknown until the base is folded in)."""
+it was restored into the table, or since the table was told its count (as a restore learns it from the checkpoint);
+else unknown until the base is folded in."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ op = st.one_of(
     st.tuples(st.just("delete_primary"), entry, st.none()),
     st.tuples(st.just("fold"), st.integers(1, 6), st.none()),
     st.tuples(st.just("view"), st.none(), st.none()),
+    st.tuples(st.just("learn"), st.none(), st.none()),
     st.tuples(st.just("restore"), st.sampled_from(KGS),
               st.dictionaries(st.tuples(st.integers(0, 1), st.integers(0, 5), st.sampled_from([b"", b"u1"])),
                               st.binary(min_size=1, max_size=8), max_size=4)),
@@ -92,6 +94,9 @@ def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops, wh
                     del model[k]
         elif name == "fold":
             table.fold(arg)
+        elif name == "learn":  # told its count, as a restore is by the checkpoint's
+            table.learn_entry_count(len(model))
+            known = True
         elif name == "restore":
             entries = {primary(sid, k) + uk: v for (sid, k, uk), v in value.items()}
             known = known and not (entries and any(b.owns(arg) for b in table.bases))
@@ -124,3 +129,23 @@ def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops, wh
     assert not plain.scan(b"\xff\xfe"), "no tombstone outlives the last base"
     assert not os.path.exists(tmp / "new" / "base-0.mdb")
     again.close()
+
+
+def test_a_count_the_table_cannot_hold_is_not_learned(tmp_path):
+    """Told fewer entries than the delta holds (not this table's count): the base's stay unknown."""
+    old = LmdbTable(str(tmp_path / "old"))
+    old.put(2, primary(0, 1), b"v")
+    old.commit()
+    old.close()
+    os.makedirs(tmp_path / "new")
+    os.link(tmp_path / "old" / "data.mdb", tmp_path / "new" / "base-0.mdb")
+    readers = SharedReaders()
+    table = OverlayTable(LmdbTable(str(tmp_path / "new")), [], readers)
+    table.add_base(Base("base-0.mdb", 2, 6, readers.open(str(tmp_path / "new" / "base-0.mdb"), file=True)), b"\x90")
+    for k in range(3):
+        table.put(3, primary(0, k), b"w")
+    table.learn_entry_count(2)
+    assert table.entry_count() is None
+    table.learn_entry_count(4)
+    assert table.entry_count() == 4
+    table.close()

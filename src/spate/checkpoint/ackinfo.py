@@ -59,6 +59,9 @@ class AckInfo(RecoveryInfo):
         next_processing_timer_ms / next_event_timer_ms: the earliest timer of each time domain still registered
             after the batch (a lower bound: it may have been deleted since), None without one. The driver runs a
             batch without input when one is due (:mod:`spate.runtime.idle`).
+        state_entries: the state entries the subtask held after the batch (its table's entry count: values, map
+            entries, timers), None where that is not cheap to know. A restore of exactly these key groups learns
+            its count from it (:meth:`~spate.state.table.StateTable.learn_entry_count`).
     """
 
     rows: int = 0
@@ -66,6 +69,7 @@ class AckInfo(RecoveryInfo):
     executor: str | None = None
     next_processing_timer_ms: int | None = None
     next_event_timer_ms: int | None = None
+    state_entries: int | None = None
 
     def ack_info(self) -> dict[str, Any]:
         """The typed fields as a dict (their JSON form)."""

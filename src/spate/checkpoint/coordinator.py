@@ -209,7 +209,9 @@ class Coordinator:
             open_files=[f for f in open_files if in_grant_scope(f, subtask_dir(i, p))],
             non_reusable=_referenced(non_reusable, keyed[i] + changelog[i])
             + self._other_runs_files(keyed[i] + changelog[i], p),
-            base_parallelism=base.parallelism if base else None, rescale_sources=sources[i]) for i in range(p)]
+            base_parallelism=base.parallelism if base else None, rescale_sources=sources[i],
+            base_state_entries=base.subtasks[i].state_entries if base and base.parallelism == p else None)
+            for i in range(p)]
 
     def _other_runs_files(self, handles: list[Any], parallelism: int) -> list[str]:
         """After a rescale (the base has another parallelism): the files of ``handles`` in the private

@@ -72,7 +72,8 @@ class SubtaskPlan:
     ``non_reusable`` those whose live segments new checkpoints must re-write instead of referencing.
     When the base has another parallelism (``base_parallelism``), ``rescale_sources`` are the old subtasks
     whose key groups this subtask takes over, largest overlap first: local copies of their state may be used
-    instead of reading checkpoint storage (:mod:`spate.runtime.rescale`).
+    instead of reading checkpoint storage (:mod:`spate.runtime.rescale`). ``base_state_entries``: the state
+    entries the base's subtask of exactly these key groups reported (None: another parallelism, or not known).
     """
 
     checkpoint_id: int
@@ -96,6 +97,7 @@ class SubtaskPlan:
     base_parallelism: int | None = None
     rescale_sources: list[RescaleSource] = field(default_factory=list)
     changelog_ref: ChangelogRef | None = None  # the log named, ``changelog`` empty (:meth:`compacted`)
+    base_state_entries: int | None = None
 
     @property
     def key_groups(self) -> range:

@@ -286,7 +286,8 @@ class FileMergingManager:
         """The finished local file ``local_path`` linked in as a closed physical file of ``directory`` holding one
         segment (None: the storage cannot link it)."""
         path = data_file(directory, SEGMENT_FILE_SUFFIX)
-        size = self.storage.link_in(path, local_path)
+        with naming_disk_full(self.storage.path(path), checkpoint_id):  # a new directory entry may not fit
+            size = self.storage.link_in(path, local_path)
         if size is None:
             return None
         f = PhysicalFile(self.storage, path, checkpoint_id, linked=size)

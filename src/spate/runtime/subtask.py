@@ -347,7 +347,8 @@ class Subtask:
                           files, self._max_event_time(batch), stats, self._files.worker,
                           rows=batch.num_rows, staged=self.config.stage_outputs, **live.info.recovery_info(),
                           next_processing_timer_ms=timers.earliest(PROCESSING_TIME),
-                          next_event_timer_ms=timers.earliest(EVENT_TIME), sink_file=snap.sink_file)
+                          next_event_timer_ms=timers.earliest(EVENT_TIME), sink_file=snap.sink_file,
+                          state_entries=rows)
 
     def _max_event_time(self, batch: KeyedBatch) -> int | None:
         col = self.config.event_time_column

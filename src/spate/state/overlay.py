@@ -254,7 +254,8 @@ class OverlayTable(StateTable):
         base = self._base(kg)
         if base is not None and flat:
             # which of the entries replace the base's is not known without a read of the base per entry (15 s
-            # of a 10 GB restore's log replay): the count is known again once the base is folded in
+            # of a 10 GB restore's log replay): the count is known again from the checkpoint's
+            # (learn_entry_count), or once the base is folded in
             base.served = None
         self.inner.restore_key_group(kg, flat, map_sids, digest)
         if self._tombstones and base is not None:
@@ -353,6 +354,15 @@ class OverlayTable(StateTable):
         if None in served:
             return None
         return self.inner.entry_count() + sum(cast("list[int]", served))
+
+    def learn_entry_count(self, count: int) -> None:
+        """The one base whose entries are not known serves what ``count`` leaves (after a log was replayed into
+        its key groups at a restore, :meth:`restore_key_group`). Several unknown, or a ``count`` smaller than the
+        table's known entries (not this table's count): left unknown."""
+        unknown = [b for b in self.bases if b.served is None]
+        rest = count - self.inner.entry_count() - sum(b.served for b in self.bases if b.served is not None)
+        if len(unknown) == 1 and rest >= 0:
+            unknown[0].served = rest
 
     def verify(self) -> str | None:
         """The delta's and every base's entries against their digests."""

@@ -127,6 +127,10 @@ class StateTable(ABC):
         when that is not cheap to know (it is reported per batch)."""
         return None
 
+    def learn_entry_count(self, count: int) -> None:
+        """The table holds ``count`` entries, as the checkpoint it was restored to recorded for exactly its key
+        groups: a table that cannot count them cheaply counts on from it. The others count anyway."""
+
     @abstractmethod
     def close(self) -> None: ...
 
@@ -209,6 +213,9 @@ class WrappedTable(StateTable):
 
     def entry_count(self) -> int | None:
         return self.inner.entry_count()
+
+    def learn_entry_count(self, count: int) -> None:
+        self.inner.learn_entry_count(count)
 
     def close(self) -> None:
         self.inner.close()

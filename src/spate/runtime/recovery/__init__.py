@@ -41,8 +41,11 @@ def recover(plan: SubtaskPlan, current: LiveState) -> LiveState:
     owner = current.owner
     if plan.changelog_ref is not None:  # the rungs need the handles of the log the plan names
         plan = listed(plan, owner.services.storage_of(plan.base_uri))  # type: ignore[arg-type]
+    state = _climb(plan, owner)
+    if plan.base_state_entries is not None:
+        state.keyed.table.learn_entry_count(plan.base_state_entries)
     live = LiveState(owner)
-    live.install(plan, _climb(plan, owner))
+    live.install(plan, state)
     return live
 
 
