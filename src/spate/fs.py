@@ -295,7 +295,8 @@ class LocalStorage(CheckpointStorage):
     def _open_new(self, rel: str, full: str) -> Any:
         self._refuse_writing_through_links(rel)
         os.makedirs(posixpath.dirname(full), exist_ok=True)
-        return WriteBehindFile(open(full, "xb", buffering=0))  # noqa: SIM115 - the caller closes it
+        # read again only by a restore: out of the page cache once on disk, where the table's pages are wanted
+        return WriteBehindFile(open(full, "xb", buffering=0), drop_behind=True)  # noqa: SIM115 - the caller closes it
 
     def _link_in(self, rel: str, full: str, local_path: str) -> int | None:
         self._refuse_writing_through_links(rel)

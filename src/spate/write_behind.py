@@ -6,6 +6,9 @@ cache as dirty pages (1-2 GB measured) until the kernel writes them back in burs
 against ~35 ms, each with more than 1 GB dirty. Asking the OS to start writing each few megabytes back as soon as
 they are written (``sync_file_range(SYNC_FILE_RANGE_WRITE)``: the call does not wait for the disk) keeps the
 backlog small. Where the call does not exist (not Linux), files are written as before.
+
+A checkpoint file is also let go from the page cache once written back (``drop_behind``): see
+:mod:`spate.page_cache`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import ctypes
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from spate.page_cache import drop_cached
 
 WRITE_BEHIND_BYTES = 8 << 20
 _SYNC_FILE_RANGE_WRITE = 2  # from <fcntl.h>
@@ -44,13 +49,17 @@ def start_write_back(fd: int) -> None:
 
 class WriteBehindFile:
     """An unbuffered binary file being written from the start: after every :data:`WRITE_BEHIND_BYTES`, the OS is
-    asked to start writing what was written since back to disk. Writes and closes like the file it wraps."""
+    asked to start writing what was written since back to disk. With ``drop_behind`` (a checkpoint file, read again
+    only by a restore), the bytes whose write-back was asked for a step earlier then leave the page cache (those on
+    disk by then: nothing waits for the disk). Writes and closes like the file it wraps."""
 
-    def __init__(self, raw: Any, every: int = WRITE_BEHIND_BYTES) -> None:
+    def __init__(self, raw: Any, every: int = WRITE_BEHIND_BYTES, drop_behind: bool = False) -> None:
         self._raw = raw
         self._every = every
+        self._drop_behind = drop_behind and SYNC_FILE_RANGE is not None  # else its pages are dirty still
         self.written = 0
         self.started_up_to = 0  # bytes whose write-back was asked for
+        self.dropped_up_to = 0  # bytes let go from the page cache
 
     def write(self, data: Any) -> int | None:
         n = self._raw.write(data)
@@ -63,9 +72,15 @@ class WriteBehindFile:
         if SYNC_FILE_RANGE is not None:  # a failure only means the OS writes these back later, as it would anyway
             SYNC_FILE_RANGE(self._raw.fileno(), self.started_up_to, self.written - self.started_up_to,
                             _SYNC_FILE_RANGE_WRITE)
+        if self._drop_behind and self.started_up_to > self.dropped_up_to:
+            drop_cached(self._raw.fileno(), self.dropped_up_to, self.started_up_to - self.dropped_up_to)
+            self.dropped_up_to = self.started_up_to
         self.started_up_to = self.written
 
     def close(self) -> None:
+        if self._drop_behind and self.started_up_to and not self._raw.closed:
+            # again from the start: a range still being written back at its step was left in the cache then
+            drop_cached(self._raw.fileno(), 0, self.started_up_to)
         self._raw.close()
 
     @property

@@ -1,13 +1,15 @@
 """Local data files start their write-back as they grow: the bytes are the same, and the OS is asked to write
-back every few megabytes as they are written (Linux), not all at once later."""
+back every few megabytes as they are written (Linux), not all at once later. A checkpoint file leaves the page cache
+a step behind its write-back; a table's file is read into it ahead of a scan of the whole table."""
 
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
-from spate import write_behind
+from spate import page_cache, write_behind
 from spate.fs import LocalStorage
 from spate.write_behind import WriteBehindFile
 
@@ -29,4 +31,46 @@ def test_linux_has_the_call_and_local_storage_writes_through_it(tmp_path):
     size = storage.write_parts("d/x.kg", (b"y" * (5 << 20) for _ in range(3)))
     assert size == 15 << 20 and (tmp_path / "d" / "x.kg").read_bytes() == b"y" * (15 << 20)
     with storage.open_new("d/z.kg") as out:
-        assert isinstance(out, WriteBehindFile)
+        assert isinstance(out, WriteBehindFile) and out._drop_behind, "a checkpoint file leaves the page cache"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
+def test_a_checkpoint_file_leaves_the_page_cache_a_step_behind_its_write_back(tmp_path, monkeypatch):
+    """A range is let go a step after its write-back was asked for, and again at the close (the OS keeps what is
+    still being written back); what was never asked to be written back is not; without ``drop_behind`` (a table's
+    own file) nothing is let go."""
+    dropped: list[tuple[int, int]] = []
+    monkeypatch.setattr(write_behind, "drop_cached", lambda fd, offset, length: dropped.append((offset, length)))
+    for drop in (False, True):
+        with WriteBehindFile(open(tmp_path / f"f{drop}", "xb", buffering=0), every=1 << 20, drop_behind=drop) as out:
+            for _ in range(10):
+                out.write(b"z" * 300_000)
+        assert (tmp_path / f"f{drop}").read_bytes() == b"z" * 3_000_000
+    # write-back asked for at 1.2 MB and 2.4 MB; at 2.4 MB the first 1.2 MB (asked for a step earlier) let go, and at
+    # the close all whose write-back was asked for (a range still being written back at its step stayed then)
+    assert dropped == [(0, 1_200_000), (0, 2_400_000)]
+
+
+def test_a_file_is_read_ahead_into_the_page_cache_only_where_it_fits(tmp_path, monkeypatch):
+    path = tmp_path / "data.mdb"
+    path.write_bytes(b"q" * (page_cache.READ_AHEAD_CHUNK * 2 + 5))
+    reads: list[int] = []
+    preadv = page_cache.os.preadv
+
+    def counted(fd, buffers, offset):
+        n = preadv(fd, buffers, offset)
+        reads.append(n)
+        return n
+
+    monkeypatch.setattr(page_cache.os, "preadv", counted)
+    with page_cache.reading_ahead(str(path)) as reading:
+        assert reading
+        deadline = time.monotonic() + 30
+        while sum(reads) < path.stat().st_size and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert sum(reads) == path.stat().st_size, "read to its end, once"
+    monkeypatch.setattr(page_cache, "available_memory", lambda: path.stat().st_size - 1)
+    with page_cache.reading_ahead(str(path)) as reading:
+        assert not reading, "larger than the memory available: its first pages would be gone before the scan"
+    with page_cache.reading_ahead(str(tmp_path / "missing")) as reading:
+        assert not reading

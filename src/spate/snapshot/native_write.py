@@ -21,6 +21,7 @@ import lmdb
 from spate.crc import crc32
 from spate.heap import bulk_phase
 from spate.layout import random_name
+from spate.page_cache import drop_cached
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import NativeSnapshotHandle
 from spate.snapshot.keyed import SnapshotScope
@@ -144,9 +145,12 @@ def write_native_file(path: str, built: tuple[tuple[int, ...], int], scope: Snap
     def parts() -> Iterator[bytes]:
         nonlocal crc
         with open(path, "rb", buffering=0) as f:
+            at = 0
             while data := f.read(CHUNK_BYTES):
                 crc = crc32(data, crc)
                 yield data
+                drop_cached(f.fileno(), at, len(data))  # a checkpoint's file now: read again only by a restore
+                at += len(data)
 
     ref = out.link_in(path)  # a local root on the same disk: the file itself, written once
     if ref is None:

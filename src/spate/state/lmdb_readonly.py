@@ -10,6 +10,7 @@ from typing import cast
 
 import lmdb
 
+from spate.page_cache import reading_ahead
 from spate.state.layout import META_PREFIX
 from spate.state.lmdb_digest import digest_problem
 from spate.state.lmdb_scan import count_entries, flat_key_group, scan_prefix
@@ -46,6 +47,7 @@ class ReadOnlyTable:
         if file and not os.path.isfile(path):
             raise FileNotFoundError(path)
         self.env = lmdb.open(path, readonly=True, lock=False, subdir=not file, max_dbs=0, readahead=False)
+        self._file = file
         self.size = os.path.getsize(path if file else os.path.join(path, "data.mdb"))
         self._local = threading.local()
         self._txns: list[lmdb.Transaction] = []
@@ -90,7 +92,8 @@ class ReadOnlyTable:
     def verify(self) -> str | None:
         """As :meth:`LmdbTable.verify`."""
         try:
-            return digest_problem(self._txn())
+            with reading_ahead(self.path if self._file else os.path.join(self.path, "data.mdb")):
+                return digest_problem(self._txn())
         except lmdb.Error as e:
             return f"lmdb cannot read it ({e})"
 
