@@ -11,9 +11,9 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.overlay import table_over_base
 from spate.state.layout import U16, length_prefixed
-from spate.state.lmdb_table import LmdbTable
-from spate.state.overlay import Base, OverlayTable, SharedReaders, open_local_table
+from spate.state.overlay import OverlayTable, open_local_table
 
 BASE_RANGE = range(2, 6)  # the key groups the base is read for; it holds others too, never to be seen
 KGS = range(0, 8)
@@ -55,20 +55,8 @@ def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops, wh
     tmp = tmp_path_factory.mktemp("overlay")
     if whole:
         base_entries = [(e, v) for e, v in base_entries if e[0] in BASE_RANGE]
-    old = LmdbTable(str(tmp / "old"))
-    for e, value in base_entries:
-        kg, key = _key(e)
-        old.put(kg, key, value)
-    old.commit()
-    old.close()
+    table, readers = table_over_base(tmp, [(*_key(e), value) for e, value in base_entries], BASE_RANGE, whole)
     model = {_key(e): v for e, v in base_entries if e[0] in BASE_RANGE}
-    os.makedirs(tmp / "new")
-    os.link(tmp / "old" / "data.mdb", tmp / "new" / "base-0.mdb")
-    readers = SharedReaders()
-    table = OverlayTable(LmdbTable(str(tmp / "new")), [], readers)
-    base = readers.open(str(tmp / "new" / "base-0.mdb"), file=True)
-    table.add_base(Base("base-0.mdb", BASE_RANGE.start, BASE_RANGE.stop, base,
-                        served=base.entry_count() if whole else None), b"\x90")
     views = []
     known = whole  # restoring a key group of the base makes its count unknown (until it is folded in)
     for name, arg, value in ops:
@@ -133,15 +121,7 @@ def test_overlay_reads_what_a_dict_holds(tmp_path_factory, base_entries, ops, wh
 
 def test_a_count_the_table_cannot_hold_is_not_learned(tmp_path):
     """Told fewer entries than the delta holds (not this table's count): the base's stay unknown."""
-    old = LmdbTable(str(tmp_path / "old"))
-    old.put(2, primary(0, 1), b"v")
-    old.commit()
-    old.close()
-    os.makedirs(tmp_path / "new")
-    os.link(tmp_path / "old" / "data.mdb", tmp_path / "new" / "base-0.mdb")
-    readers = SharedReaders()
-    table = OverlayTable(LmdbTable(str(tmp_path / "new")), [], readers)
-    table.add_base(Base("base-0.mdb", 2, 6, readers.open(str(tmp_path / "new" / "base-0.mdb"), file=True)), b"\x90")
+    table, _readers = table_over_base(tmp_path, [(2, primary(0, 1), b"v")], range(2, 6))
     for k in range(3):
         table.put(3, primary(0, k), b"w")
     table.learn_entry_count(2)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.overlay import table_over_base
 from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import BatchingUploadScheduler, UploadConfig, change_files
 from spate.changelog.writer import ChangelogWriter
@@ -19,7 +20,7 @@ from spate.fs import CheckpointStorage
 from spate.state.heap import HeapTable
 from spate.state.layout import U16, length_prefixed
 from spate.state.lmdb_table import LmdbTable
-from spate.state.overlay import Base, OverlayTable, SharedReaders
+from spate.state.overlay import OverlayTable
 from spate.state.table import StateTable
 
 KGS = range(0, 4)
@@ -59,15 +60,7 @@ def _new_table(kind: str, tmp, closers: list[Callable[[], None]]) -> StateTable:
     if kind == "lmdb":
         return LmdbTable(str(tmp / "t"))
     if kind == "overlay":
-        old = LmdbTable(str(tmp / "old"))
-        old.commit()
-        old.close()
-        os.makedirs(tmp / "new")
-        os.link(tmp / "old" / "data.mdb", tmp / "new" / "base-0.mdb")
-        readers = SharedReaders()
-        table = OverlayTable(LmdbTable(str(tmp / "new")), [], readers)
-        table.add_base(Base("base-0.mdb", BASE_RANGE.start, BASE_RANGE.stop,
-                            readers.open(str(tmp / "new" / "base-0.mdb"), file=True)), b"\x90")
+        table, _readers = table_over_base(tmp, [], BASE_RANGE)
         return table
     storage = CheckpointStorage(str(tmp))
     scheduler = BatchingUploadScheduler(storage, UploadConfig(), change_files(storage))
