@@ -97,7 +97,7 @@ class ProcessView:
     def __init__(self, table: LmdbTable | OverlayTable, key_groups: range, position: int, native: bool = False) -> None:
         # an overlay's base files stay while the reader reads them (let go in close())
         self._kept = table.bases_kept() if isinstance(table, OverlayTable) else contextlib.nullcontext()
-        self._commit = table.commit  # an overlay's commits its bases' counts too: none is left for right after
+        self._commit = table.commit  # an overlay's commit writes its bases' counts too: none is left for right after
         table = table.inner if isinstance(table, OverlayTable) else table
         self._table = table
         self._lock = threading.Lock()
