@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -293,9 +294,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     elif args.name == "scale":  # writes its own chart (batch and checkpoint times over the run) beside the plot
         from functools import partial
 
-        from spate_tools.bench.scale import bench_scale
+        from spate_tools.bench.scale import bench_scale, rows_log
 
-        bench = partial(bench_scale, out_dir=args.out)
+        bench = partial(bench_scale, out_dir=args.out, on_row=rows_log(os.path.join(args.out, "scale-rows.jsonl")))
     return run_bench(args.name, quick=args.quick, as_json=args.json, out_dir=args.out, bench=bench)
 
 

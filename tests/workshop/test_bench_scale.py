@@ -13,7 +13,7 @@ import pytest
 
 from spate.errors import SpateError
 from spate_tools.bench import run_bench, scale_report, scale_watch, scale_workload
-from spate_tools.bench.scale import bench_scale
+from spate_tools.bench.scale import bench_scale, rows_log
 
 CONTRACT = ("state_gb", "variant", "keys", "batch_ms_p50", "batch_ms_p99", "checkpoint_ms_p50", "checkpoint_ms_p999",
             "materialization_s", "checkpoint_bytes", "recovery_s", "recovery_rescaled_s", "copy_s", "anon_rss_mb_max")
@@ -21,11 +21,16 @@ SIZES = (0.002, 0.004)  # 4,000 and 8,000 keys
 
 
 def test_bench_scale_tiny_json(tmp_path, capsys):
+    rows_file = tmp_path / "rows" / "scale-rows.jsonl"
+    rows_file.parent.mkdir()
+    rows_file.write_text("a row of an earlier run\n")
     bench = partial(bench_scale, out_dir=str(tmp_path), sizes_gb=SIZES, batches=4, updates=1_000, new_keys=100,
-                    max_batches=60, verify=True)
+                    max_batches=60, verify=True, on_row=rows_log(str(rows_file)))
     assert run_bench("scale", quick=True, as_json=True, out_dir=str(tmp_path), bench=bench) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["bench"] == "scale"
+    # each row was logged as its variant finished, in the order they ran; the earlier run's line is gone
+    assert [json.loads(line) for line in rows_file.read_text().splitlines()] == data["results"]
     by = {(r["state_gb"], r["variant"]): r for r in data["results"]}
     assert set(by) == {(gb, v) for gb in SIZES for v in ("changelog", "full")}
     for (gb, variant), r in by.items():

@@ -49,6 +49,7 @@ The modules beside this one hold the rest: :mod:`~spate_tools.bench.scale_worklo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -360,6 +361,19 @@ def summarize(run: Run, m: Measured, copy_s: float, rec: dict[str, Any], rescale
             "recovered": rec["how"], "recovered_rescaled": rescaled["how"],
             "recovered_entries": rec["entries"], "recovered_rescaled_entries": rescaled["entries"],
             "state_checked": bool(rec["ok"] and rescaled["ok"])}
+
+
+def rows_log(path: str) -> Callable[[dict[str, Any]], None]:
+    """An ``on_row`` that appends each finished row to ``path`` as one JSON line (the file starts empty), so a
+    run stopped in its last variant keeps the rows it measured."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    open(path, "w").close()
+
+    def append(row: dict[str, Any]) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    return append
 
 
 def _r(x: float | None) -> float | None:
