@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", choices=["state", "changelog", "filemerging", "bigstate", "spark", "first", "cluster",
                                         "blog", "rescale", "scale", "connect"],
                        help="which benchmark (cluster: starts a standalone Spark cluster on 127.0.0.1; scale: 1 GB "
-                            "and 10 GB of lmdb state, needs about 65 GB of free disk; connect: classic against Spark "
+                            "and 10 GB of lmdb state, needs about 70 GB of free disk; connect: classic against Spark "
                             "Connect sessions of a 2-executor cluster on 127.0.0.1)")
     bench.add_argument("--quick", action="store_true", help="reduced size, under a minute")
     bench.add_argument("--json", action="store_true", help='print {"bench": NAME, "results": [...]}')

@@ -15,7 +15,7 @@ from spate.errors import SpateError
 from spate_tools.bench.disk_floor import dir_bytes
 from spate_tools.bench.scale_workload import GB
 
-DISK_FACTOR = 6.5  # free disk needed, × the largest state size (one variant's files at a time; 6.0× measured at 1 GB)
+DISK_FACTOR = 7.0  # free disk needed, × the largest state size (one variant's files at a time; 6.9× measured at 10 GB)
 MEMORY_RESERVE = 2 * 1024**3  # bytes of the machine's available memory the memory guard leaves to others
 DISK_RESERVE = 8 * 1024**3  # free bytes a measured phase leaves on its disk (it stops the variant first)
 RSS_SAMPLE_S = 0.05
