@@ -43,7 +43,7 @@ from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
 from spate.snapshot.native_write import build_path, write_native_file
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import OverlayTable
-from spate.state.table import StateTable, TableView, WrappedTable
+from spate.state.table import StateTable, TableView, unwrapped
 
 log = logging.getLogger(__name__)
 EXIT_WAIT_S = 10.0  # for the reader to exit after its last key group, before it is killed
@@ -241,7 +241,7 @@ class MaterializationReads:
 
     def open(self, table: StateTable, scope: SnapshotScope, position: int) -> MaterializationView:
         """A view of ``table`` at ``position`` (the caller is at a sequence-number boundary)."""
-        inner = table.inner if isinstance(table, WrappedTable) else table
+        inner = unwrapped(table)  # under the changelog's wrapper, and the profiler's (``profile=True``)
         if isinstance(inner, (LmdbTable, OverlayTable)) and not scope.filters and not self.process_failed \
                 and inner.approx_bytes() >= self.process_from_bytes:
             try:

@@ -32,7 +32,7 @@ from spate.state.lmdb_digest import DIGEST_KEY, MASK64, key_group_digest
 from spate.state.lmdb_scan import KG_PREFIXES
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import OverlayTable
-from spate.state.table import WrappedTable
+from spate.state.table import unwrapped
 from spate.write_behind import start_write_back
 
 COMMIT_BYTES = 64 << 20  # a native snapshot being built is committed every this many bytes of entries
@@ -170,7 +170,7 @@ def native_table(backend: KeyedStateBackend, from_bytes: int | None) -> LmdbTabl
     """The lmdb table of ``backend`` if its full snapshots are native: at least ``from_bytes`` in use (None: never),
     no TTL'd state."""
     table = backend.table
-    inner = table.inner if isinstance(table, WrappedTable) else table
+    inner = unwrapped(table)  # under the changelog's wrapper, and the profiler's (``profile=True``)
     if from_bytes is None or not isinstance(inner, (LmdbTable, OverlayTable)):
         return None
     if any(backend.expiry_filter(m.sid) for m in backend.state_metas) or inner.approx_bytes() < from_bytes:

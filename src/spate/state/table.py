@@ -222,3 +222,11 @@ class WrappedTable(StateTable):
 
     def destroy(self) -> None:
         self.inner.destroy()
+
+
+def unwrapped(table: StateTable) -> StateTable:
+    """The table under every :class:`WrappedTable` around ``table`` (the changelog's, the profiler's): what holds
+    the entries."""
+    while isinstance(table, WrappedTable):
+        table = table.inner
+    return table
