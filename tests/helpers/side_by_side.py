@@ -14,6 +14,7 @@ import pandas as pd
 from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from helpers.spark_query import drain
 from helpers.spark_session import spark_conf
 from spate.spark.stream import transform_with_state
 
@@ -42,12 +43,8 @@ def run_spark(spark, source, checkpoint, processor, time_mode="None", flavour="p
             df = df.withWatermark("ts", "10 seconds")
         grouped = df.groupBy("user")
         apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
-        query = apply(processor, OUTPUT, "Update", time_mode).writeStream.foreachBatch(sink_into(outputs)).option(
-            "checkpointLocation", str(checkpoint)).start()
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
+        query = drain(lambda: apply(processor, OUTPUT, "Update", time_mode).writeStream.foreachBatch(
+            sink_into(outputs)).option("checkpointLocation", str(checkpoint)).start())
     if query.exception() is not None:
         raise RuntimeError(str(query.exception()))
     return outputs

@@ -27,6 +27,7 @@ from pyspark.sql.functions import col, from_unixtime, split, timestamp_millis
 from pyspark.sql.streaming import StatefulProcessor
 from pyspark.sql.types import IntegerType, StructField, StructType
 
+from helpers.spark_query import drain
 from helpers.spark_session import spark_conf
 from spate.spark.sessions import is_connect
 
@@ -158,12 +159,8 @@ def run_spark(spark, q: Query, source, checkpoint, conf=True):
         tws = apply(statefulProcessor=q.processor(), outputStructType=q.output, outputMode="Update",
                     timeMode=q.time_mode, initialState=q.initial(spark) if q.initial else None)
         spill = spill_dir(spark, checkpoint)
-        query = tws.writeStream.foreachBatch(collect_into(outputs, spill)).option("checkpointLocation",
-                                                                                  str(checkpoint)).start()
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
+        drain(lambda: tws.writeStream.foreachBatch(collect_into(outputs, spill)).option(
+            "checkpointLocation", str(checkpoint)).start())
     return gather(outputs, spill)
 
 

@@ -25,6 +25,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor
 
 from helpers.file_source import write_files
+from helpers.spark_query import drain
 from spate import LocalRunner
 from spate.errors import OutputError
 from spate.spark.adapter import StatefulProcessorAdapter
@@ -178,12 +179,8 @@ def run_spark(spark, source, tmp_path, cases, flavour, raw=None):
     grouped = spark.readStream.schema("k string").option("maxFilesPerTrigger", 1).json(source).groupBy("k")
     apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
     outputs: dict = {}
-    query = apply(Emit(cases, flavour, raw), ddl(cases), "Update", "None").writeStream.foreachBatch(
-        collect(outputs)).option("checkpointLocation", str(tmp_path / f"spark-{flavour}")).start()
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    drain(lambda: apply(Emit(cases, flavour, raw), ddl(cases), "Update", "None").writeStream.foreachBatch(
+        collect(outputs)).option("checkpointLocation", str(tmp_path / f"spark-{flavour}")).start())
     return outputs
 
 

@@ -14,6 +14,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from helpers.file_source import write_files
+from helpers.spark_query import drain
 from spate.spark.stream import transform_with_state
 
 pytestmark = pytest.mark.spark
@@ -142,11 +143,9 @@ def run_spark(spark, source, tmp_path, processor, time_mode, flavour):
     apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
     out = apply(processor, "user string, value long", "Update", time_mode)
     outputs: dict = {}
-    query = out.writeStream.foreachBatch(_collect(outputs)).option(
-        "checkpointLocation", str(tmp_path / "spark-ckpt")).start()
     # not availableNow: Spark's transformWithState in ProcessingTime mode does not finish with it (it hangs)
-    query.processAllAvailable()
-    query.stop()
+    drain(lambda: out.writeStream.foreachBatch(_collect(outputs)).option(
+        "checkpointLocation", str(tmp_path / "spark-ckpt")).start())
     return outputs
 
 

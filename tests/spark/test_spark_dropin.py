@@ -22,6 +22,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from helpers.file_source import write_files
 from helpers.side_by_side import LateRowsAndTimers, SilenceAlert, data_batches, late_batches, run_spark, run_spate
+from helpers.spark_query import drain
 from helpers.spark_session import spark_conf
 from spate.spark.ticks import AVAILABLE_NOW
 
@@ -119,12 +120,8 @@ def _run_spark(spark, source, checkpoint, processor, flavour, schema, output, si
     if flavour == "row" and not hasattr(grouped, "transformWithState"):
         pytest.skip("this Spark has no Row flavour of transformWithState (it came in 4.1) to compare with")
     apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
-    query = apply(processor, output, "Update", "None").writeStream.foreachBatch(sink).option(
-        "checkpointLocation", str(checkpoint)).start()
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    drain(lambda: apply(processor, output, "Update", "None").writeStream.foreachBatch(sink).option(
+        "checkpointLocation", str(checkpoint)).start())
 
 
 def _run_spate(spark, source, tmp_path, processor, flavour, schema, output, sink):

@@ -13,9 +13,9 @@ Each query runs on Spark (RocksDB, the session settings of Spark's suite: ``SUIT
 ``spate.spark.stream.transform_with_state`` over the same input files; each test compares its outputs batch by
 batch and checks the original test's expectations on both. To keep the time down, the tests that share a time
 mode and the presence of an initial state run as one query per flavour (``Scenarios``: the first key column names
-the Spark test, whose processor gets states of its own, named ``<scenario>_<state>``); the queries run once per
-module, two at a time in the background, each in a session of its own (``Runs``), and each Spark test is a test
-of its own here, reading its scenario's outputs and state:
+the Spark test, whose processor gets states of its own, named ``<scenario>_<state>``); each query runs once per
+test process, when a test first needs it, one pair (Spark's and spate's) at a time, each in a session of its own
+(``Runs``), and each Spark test is a test of its own here, reading its scenario's outputs and state:
 
 - ``none_mode``: test_transform_with_state_basic, ..._non_exist_value_state, ..._list_state_large_list,
   ..._map_state and the first query of ..._restart_with_multiple_rows_init_state (timeMode None);
@@ -72,6 +72,7 @@ from helpers.spark_ports import (
     struct_type,
     write_all,
 )
+from helpers.spark_query import drain
 from helpers.spark_session import spark_conf
 
 pytestmark = pytest.mark.spark
@@ -354,11 +355,7 @@ def _on_spark(spark, q, source, checkpoint, around):
     apply = grouped.transformWithStateInPandas if q.flavour == "pandas" else grouped.transformWithState
     tws = apply(statefulProcessor=q.processor(), outputStructType=q.output, outputMode="Update",
                 timeMode=q.time_mode, initialState=q.initial(spark) if q.initial else None)
-    query = around.post(tws).writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start()
-    try:
-        query.processAllAvailable()
-    finally:
-        query.stop()
+    drain(lambda: around.post(tws).writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start())
     return outputs
 
 
@@ -408,28 +405,18 @@ def _pace(batch_id, rows):
 
 class Runs:
     """The module's queries: each runs once per flavour and variant, in its own session (its settings are its
-    own), two at a time in the background, in the order ``plan`` submits them; a test waits for its query."""
+    own), when a test first asks for it (a query's dependencies are submitted before it), one at a time; a test
+    waits for its query. Not all at once in the background: the test processes (pytest-xdist) share this module's
+    tests, and each would run every query; and the first batch of each of Spark's queries starts a Python worker
+    on the driver that Spark gives a hard-coded 10 s to connect back, which eight of them started together on two
+    cores missed, every one (``helpers.spark_query``)."""
 
     def __init__(self, spark, factory) -> None:
         self.spark, self.factory = spark, factory
-        self.pool = ThreadPoolExecutor(2)
-        self.paced = ThreadPoolExecutor(2)  # the paced queries, mostly asleep, besides the others
+        self.pool = ThreadPoolExecutor(1)
+        self.paced = ThreadPoolExecutor(1)  # the paced queries: each waits for a query of the pool to warm up
         self.futures: dict = {}
         self.lock = threading.Lock()
-
-    def plan(self) -> None:
-        """All the queries, a query's dependencies before it; those whose timing matters (TTL) once the first
-        query warmed Spark and spate up."""
-        for flavour in ("pandas", "row"):
-            self.ttl_expiration(flavour, wait=False)
-        for flavour in ("pandas", "row"):
-            for partitions, version in ((2, 1), (2, 2), (1, 1)):
-                self.none_mode(flavour, partitions, version, wait=False)
-                self.initial_state(flavour, partitions, version, wait=False)
-                if (partitions, version) == (2, 1):
-                    self.processing_time(flavour, wait=False)
-            for partitions in (2, 1):
-                self.initial_state_timers(flavour, partitions, wait=False)
 
     def _once(self, key, compute, wait, pool=None):
         with self.lock:
@@ -480,9 +467,9 @@ class Runs:
         return self._once(("processing", flavour), compute, wait)
 
     def ttl_expiration(self, flavour, wait=True):
-        """test_value_state_ttl_expiration's query: paced, so mostly asleep, it runs besides the others (once the
-        first query warmed Spark and spate up). Its first batch only warms its own query up (a query's first
-        batch is slow: workers start, state stores open), Spark's test's three batches follow."""
+        """test_value_state_ttl_expiration's query, paced (``Pacer``), in a pool of its own: it waits for the first
+        query, in the other pool, to warm Spark and spate up. Its first batch only warms its own query up (a
+        query's first batch is slow: workers start, state stores open), Spark's test's three batches follow."""
         ttl = [(1, 0), (0, 0)]  # each of the test's three files
         warm = self.none_mode("pandas", wait=False)
 
@@ -554,7 +541,6 @@ class Runs:
 @pytest.fixture(scope="module")
 def runs(spark, tmp_path_factory):
     started = Runs(spark, tmp_path_factory)
-    started.plan()
     yield started
     started.pool.shutdown(wait=True, cancel_futures=True)
     started.paced.shutdown(wait=True, cancel_futures=True)

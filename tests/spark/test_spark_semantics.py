@@ -30,6 +30,7 @@ from helpers.side_by_side import (
     run_spate,
     sink_into,
 )
+from helpers.spark_query import drain
 from helpers.spark_session import spark_conf
 from spate import LocalRunner
 from spate.spark.adapter import StatefulProcessorAdapter
@@ -327,12 +328,8 @@ def _run_spark_initial(spark, source, checkpoint, processor, flavour, initial):
         df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
         grouped = df.groupBy("user")
         apply = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
-        query = apply(processor, OUTPUT, "Update", "None", initialState=initial).writeStream.foreachBatch(
-            sink_into(outputs)).option("checkpointLocation", str(checkpoint)).start()
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
+        drain(lambda: apply(processor, OUTPUT, "Update", "None", initialState=initial).writeStream.foreachBatch(
+            sink_into(outputs)).option("checkpointLocation", str(checkpoint)).start())
     return outputs
 
 
