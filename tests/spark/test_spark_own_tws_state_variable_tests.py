@@ -408,8 +408,8 @@ class Runs:
     own), when a test first asks for it (a query's dependencies are submitted before it), one at a time; a test
     waits for its query. Not all at once in the background: the test processes (pytest-xdist) share this module's
     tests, and each would run every query; and the first batch of each of Spark's queries starts a Python worker
-    on the driver that Spark gives a hard-coded 10 s to connect back, which eight of them started together on two
-    cores missed, every one (``helpers.spark_query``)."""
+    on the driver that Spark gives a hard-coded 10 s to connect back: when two test processes started eight of
+    them within seconds on two cores, every one missed it (``helpers.spark_query``)."""
 
     def __init__(self, spark, factory) -> None:
         self.spark, self.factory = spark, factory
