@@ -11,7 +11,7 @@ import shutil
 import tempfile
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from helpers.counting import Count, batches, check_checkpoint, counts, expected_counts
@@ -113,6 +113,7 @@ EXAMPLES = max(1, int(os.environ.get("SPATE_MODEL_EXAMPLES", "40")) // 5)
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4), st.sampled_from(CRASH_STEPS)), min_size=1,
                 max_size=4), st.integers(5, 40), st.booleans())
+@example([(1, 2, None), (4, 1, None)], 22, True)  # a subtask reuses its share of a native file after a rescale
 def test_counts_survive_crashes_and_rescales_with_native_full_snapshots(segments, keys, merging):
     """Property: runs at random parallelisms (1..4), each for a few batches, some ending in a crash at a protocol
     step, and a last run at parallelism 2, every full snapshot native: the last checkpoint's counts are the
