@@ -16,6 +16,7 @@ from pyspark import cloudpickle
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle, StreamingQueryListener
 
 from helpers.file_source import write_files
+from helpers.spark_query import drain
 from helpers.spark_session import spark_conf
 
 pytestmark = pytest.mark.spark
@@ -85,13 +86,9 @@ def _spark_state_rows(spark, tmp_path) -> dict[int, tuple[int, int]]:
     with spark_conf(spark, **ROCKSDB, **{"spark.sql.shuffle.partitions": "2"}):
         tws = _source(spark, tmp_path).groupBy("user").transformWithStateInPandas(
             CountsAndSeen(), "user string, count long", "Update", "None")
-        query = tws.writeStream.foreachBatch(lambda df, i: df.collect()).option(
-            "checkpointLocation", str(tmp_path / "spark")).start()
-        try:
-            query.processAllAvailable()
-            progress = {p["batchId"]: p for p in query.recentProgress if p["numInputRows"]}
-        finally:
-            query.stop()
+        query = drain(lambda: tws.writeStream.foreachBatch(lambda df, i: df.collect()).option(
+            "checkpointLocation", str(tmp_path / "spark")).start())
+        progress = {p["batchId"]: p for p in query.recentProgress if p["numInputRows"]}
     return {b: (p["stateOperators"][0]["numRowsTotal"], p["stateOperators"][0]["numRowsUpdated"])
             for b, p in progress.items()}
 

@@ -18,6 +18,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from helpers.file_source import write_files
 from helpers.readme_blocks import python_block, run_block
+from helpers.spark_query import drain
 from spate import ListStateDescriptor, LocalRunner, MapStateDescriptor, Processor, ValueStateDescriptor
 from spate.errors import CheckpointError
 from spate.spark.adapter import StatefulProcessorAdapter
@@ -88,9 +89,7 @@ def _run_spark(spark, source, location):
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).json(source)
     out = df.groupBy("user").transformWithStateInPandas(Tracker(), "user string, seen string", "Update", "None")
-    query = out.writeStream.format("noop").option("checkpointLocation", location).start()
-    query.processAllAvailable()
-    query.stop()
+    drain(lambda: out.writeStream.format("noop").option("checkpointLocation", location).start())
 
 
 def _run_spate(spark, source, root, local, **settings):
