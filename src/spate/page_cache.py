@@ -5,7 +5,8 @@ Why. At 10 GB of state the lmdb table's file (17 GB) and the page cache (23 GB o
 room. Every materialization wrote a 12 GB file, and the kernel kept those freshly written pages and evicted the
 table's, which the next batches read back one 4 KB page fault at a time (measured: 2.5 million pages evicted and
 read again in four minutes of batches). A checkpoint file is read again only by a restore, so its pages are let go
-as soon as they are on disk (:func:`drop_cached`, used by :class:`~spate.write_behind.WriteBehindFile`).
+as soon as they are on disk (:func:`drop_cached`, used by :class:`~spate.write_behind.WriteBehindFile`, and by
+:class:`~spate.snapshot.native_write.NativeFileBuilder` a commit behind as it builds a native snapshot).
 
 The other way round: lmdb maps its files with readahead off, right for the random keys of a batch, so a scan of
 the whole table (the integrity check of a local copy before it is trusted) read the file 4 KB at a time: 95 s for

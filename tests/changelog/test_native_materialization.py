@@ -29,10 +29,11 @@ from spate.errors import CheckpointError, CorruptFileError, DiskFullError
 from spate.fs import CheckpointStorage, LocalStorage
 from spate.runtime.recovery import download
 from spate.segments import WholeFileWriter
+from spate.snapshot import native_write
 from spate.snapshot.handles import KeyGroupsHandle, NativeSnapshotHandle, keyed_handle
 from spate.snapshot.keyed import SnapshotScope
 from spate.snapshot.native import NativeSource, download_native, verify_native
-from spate.snapshot.native_write import BUILD_PREFIX, table_bytes
+from spate.snapshot.native_write import BUILD_PREFIX, table_bytes, write_native_snapshot
 from spate.state.descriptors import ValueStateDescriptor
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
@@ -99,6 +100,32 @@ def test_a_native_snapshot_holds_the_tables_key_groups_and_digest(tmp_path):
             assert table_digest(txn) == digest
     finally:
         native.close()
+    backend.table.close()
+
+
+def test_a_native_snapshot_being_built_leaves_the_page_cache_a_commit_behind(tmp_path, monkeypatch):
+    """A native snapshot is as large as the state: kept in the page cache while it is built, it would push the
+    table's own pages out (the next batches read them back from disk). Each commit lets go of what the commits
+    before it wrote (asked to be written back a commit earlier); the snapshot holds every key group still."""
+    backend = _filled(str(tmp_path / "t"), range(6000))
+    expected = _content(backend.table)
+    dropped: list[tuple[int, int]] = []
+    monkeypatch.setattr(native_write, "COMMIT_BYTES", 16 << 10)
+    monkeypatch.setattr(native_write, "drop_cached", lambda fd, offset, length: dropped.append((offset, length)))
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    handle = write_native_snapshot(backend, backend.table, WholeFileWriter(storage, "sub", "native"))
+    assert handle is not None and handle.size < native_write.CHUNK_BYTES, "read back for its CRC in one chunk"
+    built, read_back = dropped[:-1], dropped[-1]
+    assert read_back == (0, handle.size), "the file read for its CRC leaves the page cache as it is read"
+    lengths = [length for _, length in built]
+    assert len(built) >= 5 and {offset for offset, _ in built} == {0}
+    assert lengths[0] == 0 and lengths == sorted(lengths) and 0 < lengths[-1] < handle.size, (
+        "each commit lets go of the file as it was at the commit before")
+    source = NativeSource(storage, handle, "test", str(tmp_path))
+    try:
+        assert {kg: flat for kg, flat, _ in source.key_groups(list(range(128)))} == expected
+    finally:
+        source.close()
     backend.table.close()
 
 

@@ -67,7 +67,8 @@ def map_bytes(table_dir: str) -> int:
 class NativeFileBuilder:
     """A native snapshot's lmdb data file at ``path``, built from the table's key groups read in order (by a
     materialization's reader process): each key group put in lmdb's append mode (pages filled, no search per
-    entry), committed every :data:`COMMIT_BYTES`; the table digest summed key group by key group.
+    entry), committed every :data:`COMMIT_BYTES`, each commit's write-back started and what the commits before it
+    wrote let go from the page cache; the table digest summed key group by key group.
 
     Why not lmdb's own copy of the table: a consistent copy holds one read transaction for as long as it runs, and
     lmdb reuses no page the batches free meanwhile; at 10 GB the live file grew to 3.3x the state. Built from the
@@ -83,6 +84,7 @@ class NativeFileBuilder:
         self._digest = 0
         self._txn: lmdb.Transaction | None = None
         self._pending = 0
+        self._started_up_to = 0  # the file's size when its write-back was last started
 
     def add(self, kg: int, flat: list[bytes]) -> int:
         """Append key group ``kg`` (``[key, value, ...]``, keys without the prefix; after every key group added
@@ -98,9 +100,17 @@ class NativeFileBuilder:
         if self._pending >= COMMIT_BYTES:
             self._txn.commit()
             self._txn, self._pending = None, 0
-            start_write_back(self._fd)
+            self._write_back()
         self.groups.append(kg)
         return size
+
+    def _write_back(self) -> None:
+        """Start the write-back of what was committed, and let go from the page cache what was written back a
+        commit earlier (clean by now, mostly): a file of the state's size would otherwise push the table's own
+        pages out while it is built. lmdb's own pages it still maps (the tree's right edge) stay cached."""
+        start_write_back(self._fd)
+        drop_cached(self._fd, 0, self._started_up_to)
+        self._started_up_to = os.fstat(self._fd).st_size
 
     def _close(self) -> None:
         self.env.close()
