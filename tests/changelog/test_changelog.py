@@ -393,12 +393,15 @@ class FirstWriteFails(LocalStorage):
 
 
 class GatedStorage(LocalStorage):
-    """Fault injection: writes of materialized snapshots wait for ``gate``."""
+    """Fault injection: writes of materialized snapshots wait for ``gate``; ``writing`` tells one began."""
 
-    gate: threading.Event
+    def _attach(self, uri, fs, root) -> None:
+        super()._attach(uri, fs, root)
+        self.gate, self.writing = threading.Event(), threading.Event()
 
     def write_parts(self, rel: str, parts: Iterable[bytes]) -> int:  # every write of a file goes through it
         if rel.endswith(".kg"):
+            self.writing.set()
             self.gate.wait(10)
         return super().write_parts(rel, parts)
 
@@ -406,7 +409,6 @@ class GatedStorage(LocalStorage):
 def test_seed_state_change_lifecycle(tmp_path):
     root = str(tmp_path)
     storage = GatedStorage(root)
-    storage.gate = threading.Event()
     coord = Coordinator(root, retained=1)
     coord.start(1)
     clog = ChangelogKeyedState(HeapTable(), storage, ChangelogConfig(upload=NOW), 0, 1)
@@ -432,6 +434,10 @@ def test_seed_state_change_lifecycle(tmp_path):
     file_a = cp1.subtasks[0].changelog[0].path
     lst.add("b")
     clog.start_materialization(backend, clog.writer.next_sequence_number())  # T2: materializes (a, b)
+    # the materialization reads the key group in the background, racing the boundary of CP2 below: read after it,
+    # the key group would hold c too, and CP3 would rightly list (T3:T4 = d) alone. As the figure shows, it reads
+    # (a, b) first: its file is being written once the only key group with state is read
+    assert storage.writing.wait(10)
     lst.add("c")
     cp2 = checkpoint(2)                            # CP2: (T0:T1 = a) + (T1:T3 = b, c)
     assert [h.sqn for h in cp2.subtasks[0].changelog] == [0, 1, 2] and not cp2.subtasks[0].keyed
@@ -596,7 +602,6 @@ def test_lmdb_map_growth_waits_for_a_running_materialization(tmp_path):
 
     root = str(tmp_path / "c")
     storage = GatedStorage(root)
-    storage.gate = threading.Event()
     table = LmdbTable(str(tmp_path / "lmdb"), map_size=1 << 20)
     table.env.set_mapsize(1 << 20)
     clog = ChangelogKeyedState(table, storage, ChangelogConfig(upload=NOW), 0, 1)
