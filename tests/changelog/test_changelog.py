@@ -727,11 +727,15 @@ def test_a_timer_firing_after_the_scheduler_closed_gives_up_quietly():
 
 def test_materialization_follows_the_log_length_not_only_the_timer(tmp_path):
     """With a timer that never fires, the change sets a checkpoint lists (and a restore replays) stay bounded:
-    a materialization starts once the log since the last one holds ``materialize_after_change_sets``."""
+    a materialization starts once the log since the last one holds ``materialize_after_change_sets``. Each batch
+    waits for a materialization it started: how many batches one spans in the background is the machine's speed."""
     root, src = str(tmp_path / "c"), batches(14)
     cfg = ChangelogConfig(materialization_interval_ms=10**12, materialize_after_change_sets=3, upload=NOW)
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=1, changelog=cfg) as r:
-        lengths = [len(res.checkpoint.subtasks[0].changelog) for res in r.run(src, until=12)]
+        lengths = []
+        for n in range(12):
+            lengths.append(len(r.run_batch(n, src[n]).checkpoint.subtasks[0].changelog))
+            r.subtasks[0].clog.wait_for_materialization()
     assert max(lengths) <= 3 + 2, f"change sets per checkpoint stay bounded: {lengths}"
     assert lengths[-1] < 12
     with LocalRunner(Count, key="k", checkpoint_root=root, parallelism=2, changelog=cfg) as r:
