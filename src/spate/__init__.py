@@ -81,8 +81,8 @@ if TYPE_CHECKING:
     from spate.windows import SessionWindows, SlidingWindows, TumblingWindows, Window, WindowedProcessor
 
 # The rest of the public API, by the module that defines it, imported on first use: a process that needs one part
-# (a materialization's reader, a Spark worker, the ticks source) does not import all of them. The names are the
-# imports above, which type checkers read (tests/test_public_api.py checks the two agree).
+# of the library (a materialization's reader process, started for each materialization) does not import the rest.
+# The names are the imports above, which type checkers read (tests/test_public_api.py checks the two agree).
 _LAZY: dict[str, tuple[str, ...]] = {
     "spate.changelog.state": ("ChangelogConfig",),
     "spate.checkpoint.coordinator": ("Coordinator",),
