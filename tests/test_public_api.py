@@ -5,6 +5,7 @@ checkers read (the imports under ``TYPE_CHECKING``) and what runs (``_LAZY``) mu
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,6 @@ def test_what_type_checkers_read_is_what_runs():
 
 
 def test_every_exported_name_is_its_modules_object():
-    import importlib
-
     for module, names in spate._LAZY.items():
         for name in names:
             assert getattr(spate, name) is getattr(importlib.import_module(module), name), name
