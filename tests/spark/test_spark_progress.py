@@ -110,6 +110,37 @@ def _started(df, tmp_path, parallelism=2):
     return stream, recorder
 
 
+def test_a_progress_event_reaches_the_stream_as_its_json_without_a_java_exception(spark, tmp_path, monkeypatch):
+    """spate's listener takes each progress event from the JVM as its JSON (one py4j call). pyspark's own bridge
+    reads it field by field, and every Java map it reads ends in a Java exception that pyspark converts by asking
+    the JVM about 15 exception classes (about 5 per event, most of a driver's listener cost)."""
+    import traceback
+
+    import pyspark.errors.exceptions.captured as captured
+
+    real, converted_in_listener = captured.convert_exception, []
+
+    def convert_exception(e):
+        if any(frame.name == "onQueryProgress" for frame in traceback.extract_stack()):
+            converted_in_listener.append(str(e).splitlines()[0])
+        return real(e)
+
+    monkeypatch.setattr(captured, "convert_exception", convert_exception)
+    stream, recorder = _started(_source(spark, tmp_path), tmp_path)
+    try:
+        progress = [recorder.progress(0), recorder.progress(1)]
+    finally:
+        stream.close()
+    assert converted_in_listener == []
+    spark_own = {p["batchId"]: p for p in stream.query.recentProgress}
+    for p in progress:  # the event as Spark has it, spate's figures added
+        own = spark_own[p.batchId]
+        assert (str(p.id), str(p.runId), p.numInputRows, p.sink.description) == (
+            str(own["id"]), str(own["runId"]), own["numInputRows"], own["sink"]["description"])
+        assert p.durationMs == own["durationMs"] and p.durationMs["triggerExecution"] >= 0
+        assert [s.description for s in p.sources] == [s["description"] for s in own["sources"]]
+
+
 def test_progress_carries_spates_figures_to_listeners_and_last_progress(spark, tmp_path):
     stream, recorder = _started(_source(spark, tmp_path), tmp_path)
     try:

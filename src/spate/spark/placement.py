@@ -29,6 +29,7 @@ from typing import Any
 
 from spate.checkpoint.assignment import overlapping_subtasks
 from spate.checkpoint.protocol import SubtaskAck
+from spate.spark.jvm_class import jvm_class
 from spate.spark.procfs import cmdline, parent
 
 _LOCATION_PREFIX = "executor_"  # Spark's TaskLocation tag for "this executor" (process-local)
@@ -152,15 +153,16 @@ def placed_batch(routed_df: Any, plans: list[bytes], locations: list[list[str]])
     sc = routed_df.sparkSession.sparkContext
     jvm = sc._jvm
     rows = _arrow_batches(routed_df)
-    scala = jvm.scala.jdk.javaapi.CollectionConverters
-    array_list, pair = jvm.java.util.ArrayList, jvm.scala.Tuple2  # each name resolved once: a call per lookup
+    scala, array_list, pair, class_tag, java_class = (jvm_class(jvm, name) for name in (
+        "scala.jdk.javaapi.CollectionConverters", "java.util.ArrayList", "scala.Tuple2", "scala.reflect.ClassTag",
+        "java.lang.Class"))
     items = array_list()
     for plan, where in zip(plans, locations, strict=True):
         prefs = array_list()
         for location in where:
             prefs.add(location)
         items.add(pair(bytearray(plan), scala.asScala(prefs).toList()))
-    byte_array = jvm.scala.reflect.ClassTag.apply(jvm.java.lang.Class.forName("[B"))
+    byte_array = class_tag.apply(java_class.forName("[B"))
     plan_rdd = sc._jsc.sc().makeRDD(scala.asScala(items).toList(), byte_array)
     return rows.toJavaRDD().zip(plan_rdd.toJavaRDD())
 

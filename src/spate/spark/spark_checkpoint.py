@@ -79,6 +79,7 @@ from urllib.parse import urlsplit
 from spate.checkpoint.coordinator import Coordinator
 from spate.errors import CheckpointError, SettingError
 from spate.fs import CheckpointStorage, join_uri, validate_relative_path
+from spate.spark.jvm_class import jvm_class
 from spate.spark.sessions import is_connect
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ def _hadoop_has_scheme(spark: Any, scheme: str) -> bool:
     if jvm is None:
         return True
     try:
-        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, sc._jsc.hadoopConfiguration())
+        jvm_class(jvm, "org.apache.hadoop.fs.FileSystem").getFileSystemClass(scheme, sc._jsc.hadoopConfiguration())
     except Exception:  # py4j's Py4JJavaError: UnsupportedFileSystemException
         return False
     return True

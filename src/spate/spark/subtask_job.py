@@ -18,6 +18,7 @@ from typing import Any
 
 from spate.checkpoint.protocol import SubtaskAck
 from spate.errors import SettingError
+from spate.spark.jvm_class import jvm_class
 from spate.spark.placement import Placement, alive_executors, placed_batch
 from spate.spark.python_worker import arrow_schema
 from spate.spark.routed_frame import RoutedFrames, key_group_expr, subtask_expr
@@ -177,7 +178,7 @@ class JobCounter:
         if not self.group:
             return set()
         ids = self.sc._jsc.statusTracker().getJobIdsForGroup(self.group)  # noqa: SLF001
-        text = self.sc._jvm.java.util.Arrays.toString(ids)  # noqa: SLF001 - "[3, 4, 5]"
+        text = jvm_class(self.sc._jvm, "java.util.Arrays").toString(ids)  # noqa: SLF001 - "[3, 4, 5]"
         return {int(i) for i in text.strip("[]").split(",") if i.strip()}
 
     def since(self) -> int:
