@@ -113,7 +113,7 @@ def _started(df, tmp_path, parallelism=2):
 def test_a_progress_event_reaches_the_stream_as_its_json_without_a_java_exception(spark, tmp_path, monkeypatch):
     """spate's listener takes each progress event from the JVM as its JSON (one py4j call). pyspark's own bridge
     reads it field by field, and every Java map it reads ends in a Java exception that pyspark converts by asking
-    the JVM about 15 exception classes (about 5 per event, most of a driver's listener cost)."""
+    the JVM about 15 exception classes: about 5 per event (docs/benchmarks.md)."""
     import traceback
 
     import pyspark.errors.exceptions.captured as captured

@@ -176,7 +176,7 @@ class _ProgressFromJson(JStreamingQueryListener):
     in one py4j call. pyspark's own reads it field by field, and each Java map it turns into a dict ends in a
     Java exception (py4j's iterators stop on ``NoSuchElementException``), which pyspark converts by asking the JVM
     whether it is one of 15 exception classes, each question resolving py4j's classes by failed class lookups
-    through every jar of Spark's class path: about 5 such exceptions per event, over a quarter of the driver JVM's
+    through every jar of Spark's class path: about 5 such exceptions per event, about a quarter of the driver JVM's
     CPU in a run of many short queries (profiled on Spark's own transformWithState tests, ported)."""
 
     def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
