@@ -38,15 +38,21 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def session_conf(jvm_options: str = "") -> dict[str, str]:
+    """:data:`CONF` with ``jvm_options`` added to the driver's and the executors' Java options."""
+    java = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+    return {**CONF, **{key: f"{CONF[key]} {jvm_options}".strip() for key in java}}
+
+
 def server_command(port: int, master: str, conf: dict[str, str]) -> list[str]:
-    """``spark-submit`` of the Connect server this pyspark ships, bound to loopback."""
+    """``spark-submit`` of the Connect server this pyspark ships, bound to loopback, with the settings ``conf``."""
     import pyspark
 
     home = os.path.dirname(pyspark.__file__)
     jars = glob.glob(os.path.join(home, "jars", "spark-connect_*.jar"))
     if not jars:
         raise ConnectServerError(f"pyspark {pyspark.__version__} ships no Connect server jar in {home}/jars")
-    settings = {**CONF, **conf, "spark.connect.grpc.binding.address": "127.0.0.1",
+    settings = {**conf, "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.connect.grpc.binding.port": str(port)}
     args = [os.path.join(home, "bin", "spark-submit"), "--master", master, "--class", SERVER_CLASS]
     for key, value in settings.items():
@@ -56,12 +62,15 @@ def server_command(port: int, master: str, conf: dict[str, str]) -> list[str]:
 
 class ConnectServer:
     """A Connect server process on 127.0.0.1 (``master``: local[2] by default), its log in ``log_path``;
-    :meth:`stop` ends its process group (the server, its executors and Python workers).
+    :meth:`stop` ends its process group (the server, its executors and Python workers). ``conf``: settings over
+    :data:`CONF`; ``jvm_options``: added to the server's and its executors' Java options (e.g.
+    :data:`~spate_tools.standalone.QUICK_JVM_OPTIONS` for the tests' servers).
 
     Raises:
         ConnectServerError: no Java, no Connect jar, or the server did not listen within the timeout."""
 
-    def __init__(self, log_path: str, master: str = "local[2]", conf: dict[str, str] | None = None) -> None:
+    def __init__(self, log_path: str, master: str = "local[2]", conf: dict[str, str] | None = None,
+                 jvm_options: str = "") -> None:
         java = ensure_java_home()
         if java is None:
             raise ConnectServerError("no Java runtime found: run `make test` (it installs Java when missing) or set "
@@ -69,9 +78,10 @@ class ConnectServer:
         self.port, self.log_path = free_port(), log_path
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
                "PYSPARK_DRIVER_PYTHON": sys.executable, "JAVA_HOME": java}
+        command = server_command(self.port, master, {**session_conf(jvm_options), **(conf or {})})
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(server_command(self.port, master, conf or {}), stdout=log,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _listening(self.port):
             if self.process.poll() is not None or time.monotonic() > deadline:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spate_tools.bench.connect import VARIANTS, bench_connect
+from spate_tools.standalone import QUICK_JVM_OPTIONS
 
 pytestmark = pytest.mark.spark
 KEYS = {"variant", "executors", "rounds", "batches", "batch_ms_p50", "batch_ms_p90", "local_reuse", "restored",
@@ -13,7 +14,7 @@ KEYS = {"variant", "executors", "rounds", "batches", "batch_ms_p50", "batch_ms_p
 
 
 def test_bench_connect_quick_shape():
-    rows, table = bench_connect(quick=True)
+    rows, table = bench_connect(quick=True, jvm_options=QUICK_JVM_OPTIONS)
     assert [r["variant"] for r in rows] == list(VARIANTS) == ["classic", "connect", "connect-local"]
     for row in rows:
         assert set(row) == KEYS, row

@@ -38,9 +38,9 @@ def _batches(n: int, per_batch: int, keys: int) -> list[list[dict[str, Any]]]:
     return [[{"k": f"k{(b * per_batch + i) * 7 % keys}", "v": i} for i in range(per_batch)] for b in range(n)]
 
 
-def _run_job(source: str, root: str, master: str, remote: str | None) -> dict[str, Any]:
+def _run_job(source: str, root: str, master: str, remote: str | None, jvm_options: str) -> dict[str, Any]:
     args = [sys.executable, "-m", "spate_tools.bench.connect_job", "--source", source, "--root", root,
-            "--master", master]
+            "--master", master, f"--jvm-options={jvm_options}"]
     if remote:
         args += ["--remote", remote]
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
@@ -50,16 +50,19 @@ def _run_job(source: str, root: str, master: str, remote: str | None) -> dict[st
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def _one(variant: str, source: str, workdir: str) -> dict[str, Any]:
+def _one(variant: str, source: str, workdir: str, jvm_options: str) -> dict[str, Any]:
     master, remote = VARIANTS[variant]
     root = os.path.join(workdir, f"{variant}-root")
     if not remote:
-        return _run_job(source, root, master, None)
-    with ConnectServer(os.path.join(workdir, f"{variant}-server.log"), master=master) as server:
-        return _run_job(source, root, master, server.url)
+        return _run_job(source, root, master, None, jvm_options)
+    log = os.path.join(workdir, f"{variant}-server.log")
+    with ConnectServer(log, master=master, jvm_options=jvm_options) as server:
+        return _run_job(source, root, master, server.url, jvm_options)
 
 
-def bench_connect(quick: bool = False) -> tuple[list[dict[str, Any]], str]:
+def bench_connect(quick: bool = False, jvm_options: str = "") -> tuple[list[dict[str, Any]], str]:
+    """The variants' rows and the table. ``jvm_options`` go to every variant's driver, server and executor JVMs
+    (the tests pass :data:`~spate_tools.standalone.QUICK_JVM_OPTIONS`; figures are measured without)."""
     n, per_batch, keys, rounds = (6, 2_000, 1_000, 1) if quick else (20, 20_000, 20_000, 2)
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     base = tempfile.mkdtemp(prefix="spate-bench-connect-")
@@ -71,7 +74,7 @@ def bench_connect(quick: bool = False) -> tuple[list[dict[str, Any]], str]:
                 workdir = os.path.join(base, f"round-{r}")
                 os.makedirs(workdir, exist_ok=True)
                 print(f"  round {r + 1}/{rounds}: {variant}", file=sys.stderr, flush=True)
-                runs[variant].append(_one(variant, source, workdir))
+                runs[variant].append(_one(variant, source, workdir, jvm_options))
                 shutil.rmtree(workdir, ignore_errors=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)

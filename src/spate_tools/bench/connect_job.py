@@ -25,10 +25,10 @@ def _session(args: argparse.Namespace) -> Any:
     if args.remote:
         return SparkSession.builder.remote(args.remote).getOrCreate()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from spate_tools.connect_server import CONF
+    from spate_tools.connect_server import session_conf
 
     builder = SparkSession.builder.master(args.master).appName("spate-bench-connect")
-    for key, value in CONF.items():
+    for key, value in session_conf(args.jvm_options).items():
         builder = builder.config(key, value)
     spark = builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallelism", type=int, default=4)
     p.add_argument("--master", default="local[2]")
     p.add_argument("--remote", default=None, help="a Spark Connect URL: run on that server instead")
+    p.add_argument("--jvm-options", default="", help="added to the driver's and the executors' Java options")
     print(json.dumps(run(p.parse_args(argv))))
     return 0
 
