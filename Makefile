@@ -18,8 +18,10 @@ SMOKE_VERSIONS ?= 4.0 4.1 4.2
 SMOKE_TESTS ?= tests/spark/test_spark_dropin.py tests/spark/test_spark_adapter.py tests/spark/test_spark_routing.py \
 	tests/spark/test_spark_progress.py \
 	tests/spark/test_spark_stream.py::test_counts_checkpoints_sink_and_rescale
-# and on Spark Connect (a pytest process of their own, as in `make connect`)
-SMOKE_CONNECT_TESTS ?= tests/connect/test_connect_stream.py tests/connect/test_connect_state.py tests/connect/test_connect_docs.py
+# and on Spark Connect (a pytest process of their own, as in `make connect`); the restarts at other parallelisms on
+# lmdb only (the heap table's run is the same transport, and `make connect` runs it)
+SMOKE_CONNECT_TESTS ?= tests/connect/test_connect_stream.py tests/connect/test_connect_state.py tests/connect/test_connect_docs.py \
+	--deselect "tests/connect/test_connect_stream.py::test_exactly_once_through_restarts_at_other_parallelisms[heap]"
 
 .PHONY: demo test fast connect smoke lint typecheck bench install java clean
 
