@@ -2,7 +2,7 @@
 ``--connect``): :class:`spate_tools.connect_server.ConnectServer` (the pip pyspark's ``SparkConnectServer`` on
 127.0.0.1, local[2], stopped by PID at the end of the test session), and ``connect``, a client session of it.
 The server's JVM runs the quick JIT options, as the other test JVMs (:data:`~spate_tools.standalone.QUICK_JVM_OPTIONS`:
-the 13 Connect tests of the smoke took about 150 CPU-s with them against 215-225 without, 2026-11-29).
+the 13 Connect tests of the smoke took 153 CPU-s with them against 214 and 223 without, 2026-11-29).
 
 A Connect client session switches pyspark into Connect mode for the whole process (``is_remote()`` reads an
 environment variable), so these tests run in pytest processes of their own (``make connect``), never beside the
