@@ -38,10 +38,11 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def session_conf(jvm_options: str = "") -> dict[str, str]:
-    """:data:`CONF` with ``jvm_options`` added to the driver's and the executors' Java options."""
+def session_conf(jvm_options: str = "", overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """:data:`CONF` with ``jvm_options`` added to the driver's and the executors' Java options, then
+    ``overrides`` over it."""
     java = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
-    return {**CONF, **{key: f"{CONF[key]} {jvm_options}".strip() for key in java}}
+    return {**CONF, **{key: f"{CONF[key]} {jvm_options}".strip() for key in java}, **(overrides or {})}
 
 
 def server_command(port: int, master: str, conf: dict[str, str]) -> list[str]:
@@ -78,7 +79,7 @@ class ConnectServer:
         self.port, self.log_path = free_port(), log_path
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
                "PYSPARK_DRIVER_PYTHON": sys.executable, "JAVA_HOME": java}
-        command = server_command(self.port, master, {**session_conf(jvm_options), **(conf or {})})
+        command = server_command(self.port, master, session_conf(jvm_options, conf))
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)

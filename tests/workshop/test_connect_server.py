@@ -23,6 +23,6 @@ def test_java_options_are_added_to_the_driver_and_the_executors():
 
 def test_without_java_options_the_defaults_stand():
     assert session_conf() == CONF
-    settings = _settings(server_command(15002, "local[2]", {**session_conf(), "spark.sql.shuffle.partitions": "4"}))
+    settings = _settings(server_command(15002, "local[2]", session_conf("", {"spark.sql.shuffle.partitions": "4"})))
     assert settings["spark.sql.shuffle.partitions"] == "4"
     assert settings["spark.driver.extraJavaOptions"] == "-Duser.timezone=UTC"
