@@ -23,7 +23,7 @@ SMOKE_TESTS ?= tests/spark/test_spark_dropin.py tests/spark/test_spark_adapter.p
 SMOKE_CONNECT_TESTS ?= tests/connect/test_connect_stream.py tests/connect/test_connect_state.py tests/connect/test_connect_docs.py \
 	--deselect "tests/connect/test_connect_stream.py::test_exactly_once_through_restarts_at_other_parallelisms[heap]"
 
-.PHONY: demo test fast connect smoke lint typecheck bench install java clean
+.PHONY: demo test fast connect smoke smoke-venvs lint typecheck bench install java clean
 
 install: $(STAMP)
 
@@ -67,13 +67,31 @@ fast: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) -m "not spark" --ignore=tests/spark --ignore=tests/cluster \
 	  --ignore=tests/workshop $(PYTEST_ARGS)
 
-smoke: $(STAMP) $(JAVA_HOME_FILE)
+# The smoke's venvs: first the third-party packages of all of them at once (pip unpacking pyspark is most of an
+# install, and one install leaves a core idle), then spate itself into each in turn (an editable install writes
+# src/*.egg-info, which installs side by side would share); the second install resolves the same requirements,
+# so a venv ends as one `pip install -e` alone would leave it.
+SMOKE_EXTRAS := spark,test,connect
+smoke-venvs: $(STAMP)
+	@pids=""; for v in $(SMOKE_VERSIONS); do \
+	  venv=.venv-pyspark-$$v; \
+	  if [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]; then \
+	    ( $(PYTHON) -m venv $$venv && $$venv/bin/pip install -q --upgrade pip && \
+	      $(PY) tools/requirements.py $(SMOKE_EXTRAS) > $$venv/requirements.txt && \
+	      $$venv/bin/pip install -q -r $$venv/requirements.txt "pyspark==$$v.*" ) & pids="$$pids $$!"; \
+	  fi; \
+	done; \
+	for p in $$pids; do wait $$p || exit 1; done
 	@for v in $(SMOKE_VERSIONS); do \
 	  venv=.venv-pyspark-$$v; \
 	  if [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]; then \
-	    $(PYTHON) -m venv $$venv && $$venv/bin/pip install -q --upgrade pip && \
-	    $$venv/bin/pip install -q -e ".[spark,test,connect]" "pyspark==$$v.*" && touch $$venv/.installed-stamp || exit 1; \
+	    $$venv/bin/pip install -q -e ".[$(SMOKE_EXTRAS)]" "pyspark==$$v.*" && touch $$venv/.installed-stamp || exit 1; \
 	  fi; \
+	done
+
+smoke: smoke-venvs $(JAVA_HOME_FILE)
+	@for v in $(SMOKE_VERSIONS); do \
+	  venv=.venv-pyspark-$$v; \
 	  cp $(JAVA_HOME_FILE) $$venv/java-home; \
 	  echo "== smoke: pyspark $$($$venv/bin/python -c 'import pyspark; print(pyspark.__version__)')"; \
 	  JAVA_HOME="$$(cat $(JAVA_HOME_FILE))" $$venv/bin/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) \

@@ -2,7 +2,8 @@
 ``--connect``): :class:`spate_tools.connect_server.ConnectServer` (the pip pyspark's ``SparkConnectServer`` on
 127.0.0.1, local[2], stopped by PID at the end of the test session), and ``connect``, a client session of it.
 The server's JVM runs the quick JIT options, as the other test JVMs (:data:`~spate_tools.standalone.QUICK_JVM_OPTIONS`:
-the 13 Connect tests of the smoke took 153 CPU-s with them against 214 and 223 without, 2026-11-29).
+the 13 Connect tests of the smoke took 153 CPU-s with them against 214 and 223 without, 2026-11-29), and writes
+Spark's checkpoints through the file-system API (:func:`~spate_tools.standalone.quick_checkpoint_conf`).
 
 A Connect client session switches pyspark into Connect mode for the whole process (``is_remote()`` reads an
 environment variable), so these tests run in pytest processes of their own (``make connect``), never beside the
@@ -17,13 +18,14 @@ from typing import Any
 import pytest
 
 from spate_tools.connect_server import ConnectServer, ConnectServerError
-from spate_tools.standalone import QUICK_JVM_OPTIONS
+from spate_tools.standalone import QUICK_JVM_OPTIONS, quick_checkpoint_conf
 
 
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory) -> Iterator[ConnectServer]:
     try:
-        server = ConnectServer(str(tmp_path_factory.mktemp("connect") / "server.log"), jvm_options=QUICK_JVM_OPTIONS)
+        server = ConnectServer(str(tmp_path_factory.mktemp("connect") / "server.log"), conf=quick_checkpoint_conf(),
+                               jvm_options=QUICK_JVM_OPTIONS)
     except ConnectServerError as e:
         pytest.fail(str(e))
     try:

@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 from spate.spark.java import ensure_java_home
+from spate_tools.standalone import quick_checkpoint_conf
 
 
 @pytest.fixture(scope="session")
 def spark(request) -> Iterator[Any]:
-    """A small local[2] SparkSession (UTC session time zone), stopped at the end of the test session; with
+    """A small local[2] SparkSession (UTC session time zone; Spark's checkpoints written through the file-system
+    API, :func:`~spate_tools.standalone.quick_checkpoint_conf`), stopped at the end of the test session; with
     ``--connect``, a Spark Connect session of such a server instead (:mod:`helpers.spark_connect`), so the tests
     that work on both kinds run on Connect unchanged."""
     if request.config.getoption("connect"):
@@ -45,6 +47,7 @@ def spark(request) -> Iterator[Any]:
         .config("spark.driver.memory", "1g")
         .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
         .config("spark.executor.extraJavaOptions", "-Duser.timezone=UTC")
+        .config(map=quick_checkpoint_conf())
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
