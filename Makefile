@@ -13,9 +13,10 @@ PYTEST_WORKERS ?= 2
 PYTEST_DIST ?= worksteal
 
 # Every pyspark minor version pyproject.toml allows, besides the newest (which `make test` runs on): a virtual
-# environment each, and the Spark tests of the transport, placement and the transformWithState drop-in.
+# environment each, and the Spark tests of the transport, placement and the transformWithState drop-in (and that
+# the tests' Spark settings name this version's classes).
 SMOKE_VERSIONS ?= 4.0 4.1 4.2
-SMOKE_TESTS ?= tests/spark/test_spark_dropin.py tests/spark/test_spark_adapter.py tests/spark/test_spark_routing.py \
+SMOKE_TESTS ?= tests/workshop/test_quick_settings.py tests/spark/test_spark_dropin.py tests/spark/test_spark_adapter.py tests/spark/test_spark_routing.py \
 	tests/spark/test_spark_progress.py \
 	tests/spark/test_spark_stream.py::test_counts_checkpoints_sink_and_rescale
 # and on Spark Connect (a pytest process of their own, as in `make connect`); the restarts at other parallelisms on
