@@ -82,7 +82,7 @@ smoke-venvs: $(STAMP)
 	      $$venv/bin/pip install -q -r $$venv/requirements.txt "pyspark==$$v.*" ) & pids="$$pids $$!"; \
 	  fi; \
 	done; \
-	for p in $$pids; do wait $$p || exit 1; done
+	failed=0; for p in $$pids; do wait $$p || failed=1; done; exit $$failed
 	@for v in $(SMOKE_VERSIONS); do \
 	  venv=.venv-pyspark-$$v; \
 	  if [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]; then \
