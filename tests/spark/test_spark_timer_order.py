@@ -88,7 +88,7 @@ def test_spark_handles_the_input_before_the_due_timers(spark, tmp_path):
     rows: list[dict] = []
 
     def sink(out, batch_id):
-        rows.extend({**r.asDict(), "batch": batch_id} for r in out.collect())
+        rows.extend([{**r.asDict(), "batch": batch_id} for r in out.collect()])  # a batch's rows at once
         if batch_id == 0:
             _write(source, 1, ["ann"])
 
