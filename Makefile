@@ -73,10 +73,11 @@ fast: $(STAMP)
 # src/*.egg-info, which installs side by side would share); the second install resolves the same requirements,
 # so a venv ends as one `pip install -e` alone would leave it.
 SMOKE_EXTRAS := spark,test,connect
+SMOKE_VENV_STALE = [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]
 smoke-venvs: $(STAMP)
 	@pids=""; for v in $(SMOKE_VERSIONS); do \
 	  venv=.venv-pyspark-$$v; \
-	  if [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]; then \
+	  if $(SMOKE_VENV_STALE); then \
 	    ( $(PYTHON) -m venv $$venv && $$venv/bin/pip install -q --upgrade pip && \
 	      $(PY) tools/requirements.py $(SMOKE_EXTRAS) > $$venv/requirements.txt && \
 	      $$venv/bin/pip install -q -r $$venv/requirements.txt "pyspark==$$v.*" ) & pids="$$pids $$!"; \
@@ -85,7 +86,7 @@ smoke-venvs: $(STAMP)
 	failed=0; for p in $$pids; do wait $$p || failed=1; done; exit $$failed
 	@for v in $(SMOKE_VERSIONS); do \
 	  venv=.venv-pyspark-$$v; \
-	  if [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]; then \
+	  if $(SMOKE_VENV_STALE); then \
 	    $$venv/bin/pip install -q -e ".[$(SMOKE_EXTRAS)]" "pyspark==$$v.*" && touch $$venv/.installed-stamp || exit 1; \
 	  fi; \
 	done
