@@ -31,7 +31,8 @@ import pyarrow.fs as pafs
 
 from spate.errors import RESTORE_ADVICE, CheckpointError, CorruptFileError, MissingFileError, SettingError
 from spate.file_counts import FileCounts
-from spate.layout import is_spate_dir, is_spate_file, temporary_path
+from spate.layout import is_spate_dir, is_spate_file
+from spate.local_file_io import read_once, write_synced_temp
 from spate.objectstore import put_if_absent
 from spate.storage_paths import join_uri, validate_relative_path
 from spate.write_behind import WriteBehindFile
@@ -181,14 +182,17 @@ class CheckpointStorage(ABC):
     def read_range(self, rel: str, offset: int, length: int, context: str = "") -> bytes:
         self._refuse_links(rel, context)
         try:
-            with self.fs.open_input_file(self.path(rel)) as f:
-                data = f.read_at(length, offset)
+            data = self._read_at(self.path(rel), offset, length)
         except FileNotFoundError as e:
             raise self._missing(rel, context) from e
         if len(data) != length:
             raise CorruptFileError(f"{self.path(rel)}{_ctx(context)}: truncated, wanted {length} bytes at "
                                    f"offset {offset}, got {len(data)}")
         return data
+
+    def _read_at(self, full: str, offset: int, length: int) -> bytes:
+        with self.fs.open_input_file(full) as f:
+            return f.read_at(length, offset)
 
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
@@ -298,6 +302,9 @@ class LocalStorage(CheckpointStorage):
         # read again only by a restore: out of the page cache once on disk, where the table's pages are wanted
         return WriteBehindFile(open(full, "xb", buffering=0), drop_behind=True)  # noqa: SIM115 - the caller closes it
 
+    def _read_at(self, full: str, offset: int, length: int) -> bytes:
+        return read_once(full, offset, length)  # its pages out of the page cache after: a checkpoint file is read once
+
     def _link_in(self, rel: str, full: str, local_path: str) -> int | None:
         self._refuse_writing_through_links(rel)
         os.makedirs(posixpath.dirname(full), exist_ok=True)
@@ -312,7 +319,7 @@ class LocalStorage(CheckpointStorage):
     def _create_exclusive(self, rel: str, full: str, data: bytes) -> None:
         """Write a temporary file and hard-link it into place: atomic, never overwriting."""
         self._refuse_writing_through_links(rel)
-        tmp = _write_synced_temp(full, data)
+        tmp = write_synced_temp(full, data)
         try:
             os.link(tmp, full)
         finally:
@@ -321,7 +328,7 @@ class LocalStorage(CheckpointStorage):
     def _replace(self, rel: str, full: str, data: bytes) -> None:
         """An fsynced temporary file renamed into place."""
         self._refuse_writing_through_links(rel)
-        os.replace(_write_synced_temp(full, data), full)
+        os.replace(write_synced_temp(full, data), full)
 
     def _move(self, full: str, to_full: str) -> None:
         os.makedirs(posixpath.dirname(to_full), exist_ok=True)
@@ -471,17 +478,6 @@ def _warn_no_conditional_write(uri: str) -> None:
     log.warning("%s: this store has no conditional write that spate can send, so creating a file only if it "
                 "does not exist is best effort there; two drivers started at the same moment on this root may "
                 "not be told apart. Use a local file system or S3 for exclusive take-over", uri)
-
-
-def _write_synced_temp(full: str, data: bytes) -> str:
-    """Write ``data`` to a fresh temporary file next to ``full``, fsynced; return its path."""
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    tmp = temporary_path(full)
-    with open(tmp, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    return tmp
 
 
 def _ctx(context: str) -> str:

@@ -74,3 +74,25 @@ def test_a_file_is_read_ahead_into_the_page_cache_only_where_it_fits(tmp_path, m
         assert not reading, "larger than the memory available: its first pages would be gone before the scan"
     with page_cache.reading_ahead(str(tmp_path / "missing")) as reading:
         assert not reading
+
+
+def test_a_ranged_read_of_a_local_checkpoint_file_lets_go_of_the_pages_it_read(tmp_path, monkeypatch):
+    """A checkpoint file is read once (a restore, a verification, the check of the state a restart carries on
+    from): the range read leaves the page cache, where the table's pages are wanted; the bytes are the file's, and a
+    read past the end or of a missing file fails as before."""
+    from spate import local_file_io
+    from spate.errors import CorruptFileError, MissingFileError
+
+    dropped: list[tuple[int, int]] = []
+    monkeypatch.setattr(local_file_io, "drop_cached", lambda fd, offset, length: dropped.append((offset, length)))
+    storage = LocalStorage(str(tmp_path))
+    data = bytes(range(256)) * 40_000
+    storage.write("d/x.kg", data)
+    assert storage.read_range("d/x.kg", 4096, 1_000_000) == data[4096:1_004_096]
+    assert storage.read_range("d/x.kg", 0, 0) == b""
+    assert dropped == [(4096, 1_000_000), (0, 0)]
+    with pytest.raises(CorruptFileError, match="truncated"):
+        storage.read_range("d/x.kg", len(data) - 10, 20)
+    with pytest.raises(MissingFileError):
+        storage.read_range("d/y.kg", 0, 10)
+    assert storage.read("d/x.kg") == data
