@@ -319,8 +319,8 @@ def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, 
     placed: list[tuple[str, bool]] = []
     place = download._place
 
-    def counted(storage, handle, dest, context, **link):
-        placed.append((handle.path, place(storage, handle, dest, context, **link)))
+    def counted(storage, handle, *rest, **link):
+        placed.append((handle.path, place(storage, handle, *rest, **link)))
         return placed[-1][1]
 
     monkeypatch.setattr(download, "_place", counted)
@@ -429,7 +429,27 @@ def test_a_snapshot_file_this_process_reads_already_is_downloaded_as_the_base(tm
     assert counts(root) == expected_counts(src)
 
 
-def test_a_damaged_native_materialization_fails_the_restore_and_deletes_nothing(tmp_path):
+def test_the_subtasks_of_a_rescaled_restart_check_their_one_native_base_once(tmp_path, monkeypatch):
+    """Restored at twice the parallelism, both subtasks take the one native snapshot as their base: the file is
+    linked for each, and its CRC-32 read once in the process (each read a whole file as large as the state)."""
+    from spate.snapshot import native
+
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, str(tmp_path / "l1"), 1, src, 4)
+    (handle,) = _keyed(root)
+    checked: list[str] = []
+    chunks = native.native_chunks
+    monkeypatch.setattr(native, "native_chunks", lambda storage, h, *a: checked.append(h.path) or chunks(storage, h, *a))
+    placed: list[bool] = []
+    place = download._place
+    monkeypatch.setattr(download, "_place", lambda *args, **kw: placed.append(place(*args, **kw)) or placed[-1])
+    _run(root, str(tmp_path / "l2"), 2, src, 6)
+    assert placed == [True, True] and checked == [handle.path]
+    assert counts(root) == expected_counts(src)
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_a_damaged_native_materialization_fails_the_restore_and_deletes_nothing(tmp_path, parallelism):
     root, src = str(tmp_path / "c"), batches(6)
     _run(root, str(tmp_path / "l1"), 1, src, 4)
     storage = CheckpointStorage(root)
@@ -441,7 +461,7 @@ def test_a_damaged_native_materialization_fails_the_restore_and_deletes_nothing(
         f.seek(handle.file_offset + handle.size // 2)
         f.write(bytes([byte[0] ^ 0x01]))
     with pytest.raises(CorruptFileError, match=rf"{handle.path}.*CRC-32"):
-        _run(root, str(tmp_path / "l2"), 1, src, 6)
+        _run(root, str(tmp_path / "l2"), parallelism, src, 6)
     assert os.path.exists(full) and load_checkpoint(storage).checkpoint_id == 3
 
 

@@ -54,6 +54,23 @@ class VerifiedSpans:
                 self._spans.popitem(last=False)
 
 
+def span_of(handle: KeyedHandle | ChangeSetHandle) -> Span:
+    """What :class:`VerifiedSpans` remembers of a handle: its file, and where in it the handle's bytes lie."""
+    return (handle.path, handle.file_offset, *handle.span())
+
+
+def verify_native_once(storage: CheckpointStorage, handle: NativeSnapshotHandle, verified: VerifiedSpans,
+                       context: str = "") -> None:
+    """:func:`~spate.snapshot.native.verify_native`, unless this worker checked the same file already: the
+    subtasks of a rescaled restart on one machine take one native snapshot as their base, and each read the whole
+    file for its CRC-32 (raises what ``verify_native`` raises)."""
+    span = span_of(handle)
+    if span in verified:
+        return
+    verify_native(storage, handle, context)
+    verified.add(span)
+
+
 def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyedHandle | ChangeSetHandle],
                    verified: VerifiedSpans, context: str = "") -> list[str]:
     """Read every frame of each handle's span not in ``verified`` (the spans of ``storage`` checked before, kept
@@ -65,7 +82,7 @@ def verify_handles(storage: CheckpointStorage, handles: Iterable[KeyedHandle | C
         for handle in handles:
             if not handle.state_bytes:
                 continue
-            span: Span = (handle.path, handle.file_offset, *handle.span())
+            span = span_of(handle)
             if span in verified:
                 continue
             problem = _check(files, handle, context)

@@ -32,7 +32,8 @@ from spate.runtime.recovery.local_copy import replay_change_sets
 from spate.runtime.recovery.recovered import RecoveredState, StateOwner, ms_since, nonzero, restored_handles
 from spate.runtime.recovery.trust import full_restore
 from spate.snapshot.handles import NativeSnapshotHandle
-from spate.snapshot.native import download_native, local_file, verify_native
+from spate.snapshot.native import download_native, local_file
+from spate.snapshot.verify import VerifiedSpans, verify_native_once
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import Base, OverlayTable, SharedReaders
 
@@ -56,7 +57,8 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
         table: LmdbTable | OverlayTable = _copied(storage, handle, path, owner.context(plan))
         linked = False
     else:
-        table, linked = _over_base(storage, handle, path, owner.services.readers, owner.context(plan))
+        checked = owner.services.verified_spans(plan.base_uri)
+        table, linked = _over_base(storage, handle, path, owner.services.readers, owner.context(plan), checked)
     target, operator = owner.filled(plan, table, lambda t: replay_change_sets(plan, owner, t.table, plan.changelog))
     info = full_restore(plan, ms_since(started))
     return owner.recovered(plan, target, operator, info, stats=nonzero(
@@ -77,19 +79,19 @@ def _copied(storage: CheckpointStorage, handle: NativeSnapshotHandle, path: str,
 
 
 def _over_base(storage: CheckpointStorage, handle: NativeSnapshotHandle, path: str, readers: SharedReaders,
-               context: str) -> tuple[OverlayTable, bool]:
+               context: str, checked: VerifiedSpans) -> tuple[OverlayTable, bool]:
     """With the changelog: an empty table in ``path`` over the snapshot's file as its read-only base (its
     materializations are read by a process of their own, where an overlay's merges cost no batch), and whether the
     file was linked."""
     table = reader = None
     base = os.path.join(path, BASE_NAME)
     try:
-        linked = _place(storage, handle, base, context)
+        linked = _place(storage, handle, base, context, checked)
         try:
             reader = readers.open(base, file=True)
         except SpateError:  # this process reads the linked file already, as another restore's source: a copy
             os.unlink(base)
-            linked = _place(storage, handle, base, context, link=False)
+            linked = _place(storage, handle, base, context, checked, link=False)
             reader = readers.open(base, file=True)
         table = OverlayTable(LmdbTable(path), [], readers)
         # the entries it serves: all of the file's, unless it holds other subtasks' key groups too
@@ -117,9 +119,9 @@ def _native_base(plan: SubtaskPlan) -> NativeSnapshotHandle | None:
 
 
 def _place(storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, context: str,
-           link: bool = True) -> bool:
-    """Put the snapshot's file at ``dest``: hard-linked if it can be and ``link`` (True), else downloaded; checked
-    either way."""
+           checked: VerifiedSpans, link: bool = True) -> bool:
+    """Put the snapshot's file at ``dest``: hard-linked if it can be and ``link`` (True), its CRC-32 checked unless
+    this worker checked the same file already (``checked``); else downloaded, checked as it is written."""
     source = local_file(storage, handle) if link else None
     if source is not None:
         try:
@@ -128,7 +130,7 @@ def _place(storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, 
             pass
         else:
             try:
-                verify_native(storage, handle, context)
+                verify_native_once(storage, handle, checked, context)
             except BaseException:
                 os.unlink(dest)
                 raise
