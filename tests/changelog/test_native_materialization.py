@@ -439,7 +439,7 @@ def test_the_subtasks_of_a_rescaled_restart_check_their_one_native_base_once(tmp
     (handle,) = _keyed(root)
     checked: list[str] = []
     chunks = native.native_chunks
-    monkeypatch.setattr(native, "native_chunks", lambda storage, h, *a: checked.append(h.path) or chunks(storage, h, *a))
+    monkeypatch.setattr(native, "native_chunks", lambda st, h, *a: checked.append(h.path) or chunks(st, h, *a))
     placed: list[bool] = []
     place = download._place
     monkeypatch.setattr(download, "_place", lambda *args, **kw: placed.append(place(*args, **kw)) or placed[-1])
