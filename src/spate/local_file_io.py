@@ -4,8 +4,8 @@ renamed into place), and a range of a data file read once.
 
 A checkpoint file is read once: by a restore, by a verification, by the check of the state a restart carries on
 from. Kept in the page cache, its pages would push out the table's, which the batches after it read (measured at
-10 GB of state: the 10 GB snapshot a restart checked evicted 3.4 GB of the table's 17 GB file, read back one page
-fault at a time by the next minutes of batches). :func:`read_once` lets go of what it read, as
+10 GB of state: the 9.9 GiB snapshot a restart checked evicted 3.4 GiB of the table's 14.6 GiB file, read back one
+page fault at a time by the next minutes of batches). :func:`read_once` lets go of what it read, as
 :class:`~spate.write_behind.WriteBehindFile` lets go of what it wrote.
 """
 
