@@ -1,6 +1,7 @@
 """Local data files start their write-back as they grow: the bytes are the same, and the OS is asked to write
 back every few megabytes as they are written (Linux), not all at once later. A checkpoint file leaves the page cache
-a step behind its write-back; a table's file is read into it ahead of a scan of the whole table."""
+a step behind its write-back, and a range read of one leaves it after the read; a table's file is read into it
+ahead of a scan of the whole table."""
 
 from __future__ import annotations
 
