@@ -448,6 +448,23 @@ def test_the_subtasks_of_a_rescaled_restart_check_their_one_native_base_once(tmp
     assert counts(root) == expected_counts(src)
 
 
+def test_a_native_base_is_checked_through_its_link_and_stays_in_the_page_cache(tmp_path, monkeypatch):
+    """The table reads its base right after the restore: its CRC-32 check reads the file through the link in the
+    table's directory and leaves its pages cached, while the log's change sets, read once, leave the cache."""
+    from spate import local_file_io
+
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, str(tmp_path / "l1"), 1, src, 4)
+    (handle,) = _keyed(root)
+    dropped: list[str] = []
+    monkeypatch.setattr(local_file_io, "drop_cached", lambda fd, offset, length: dropped.append(os.readlink(
+        f"/proc/self/fd/{fd}")))
+    _run(root, str(tmp_path / "l2"), 1, src, 6)
+    assert counts(root) == expected_counts(src)
+    assert dropped, "the log's change sets were read through the storage"
+    assert os.path.realpath(CheckpointStorage(root).path(handle.path)) not in dropped
+
+
 @pytest.mark.parametrize("parallelism", [1, 2])
 def test_a_damaged_native_materialization_fails_the_restore_and_deletes_nothing(tmp_path, parallelism):
     root, src = str(tmp_path / "c"), batches(6)

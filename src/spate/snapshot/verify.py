@@ -59,7 +59,7 @@ def span_of(handle: KeyedHandle | ChangeSetHandle) -> Span:
     return (handle.path, handle.file_offset, *handle.span())
 
 
-def verify_native_once(storage: CheckpointStorage, handle: NativeSnapshotHandle, verified: VerifiedSpans,
+def verify_native_once(storage: RangeReader, handle: NativeSnapshotHandle, verified: VerifiedSpans,
                        context: str = "") -> None:
     """:func:`~spate.snapshot.native.verify_native`, unless this worker checked the same file already: the
     subtasks of a rescaled restart on one machine take one native snapshot as their base, and each read the whole

@@ -26,7 +26,7 @@ import shutil
 import time
 
 from spate.checkpoint.protocol import SubtaskPlan
-from spate.errors import SpateError
+from spate.errors import CorruptFileError, SpateError
 from spate.fs import CheckpointStorage
 from spate.runtime.recovery.local_copy import replay_change_sets
 from spate.runtime.recovery.recovered import RecoveredState, StateOwner, ms_since, nonzero, restored_handles
@@ -130,10 +130,31 @@ def _place(storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, 
             pass
         else:
             try:
-                verify_native_once(storage, handle, checked, context)
+                verify_native_once(_LinkedBase(storage, dest), handle, checked, context)
             except BaseException:
                 os.unlink(dest)
                 raise
             return True
     download_native(storage, handle, dest, context)
     return False
+
+
+class _LinkedBase:
+    """Ranged reads of a native snapshot through the hard link just made in the table's directory: the checkpoint's
+    own file, read where the table reads it, so that its pages stay in the page cache for the batches after the
+    restore (a checkpoint file read through the storage leaves it: :mod:`spate.local_file_io`). Errors name the
+    checkpoint's file."""
+
+    def __init__(self, storage: CheckpointStorage, linked: str) -> None:
+        self._storage, self._linked = storage, linked
+
+    def path(self, rel: str) -> str:
+        return self._storage.path(rel)
+
+    def read_range(self, rel: str, offset: int, length: int, context: str = "") -> bytes:
+        with open(self._linked, "rb", buffering=0) as f:
+            data = os.pread(f.fileno(), length, offset)
+        if len(data) != length:
+            raise CorruptFileError(f"{self.path(rel)}{f' ({context})' if context else ''}: truncated, wanted "
+                                   f"{length} bytes at offset {offset}, got {len(data)}")
+        return data
