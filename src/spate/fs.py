@@ -185,10 +185,7 @@ class CheckpointStorage(ABC):
             data = self._read_at(self.path(rel), offset, length)
         except FileNotFoundError as e:
             raise self._missing(rel, context) from e
-        if len(data) != length:
-            raise CorruptFileError(f"{self.path(rel)}{_ctx(context)}: truncated, wanted {length} bytes at "
-                                   f"offset {offset}, got {len(data)}")
-        return data
+        return whole_range(self.path(rel), context, offset, length, data)
 
     def _read_at(self, full: str, offset: int, length: int) -> bytes:
         with self.fs.open_input_file(full) as f:
@@ -478,6 +475,18 @@ def _warn_no_conditional_write(uri: str) -> None:
     log.warning("%s: this store has no conditional write that spate can send, so creating a file only if it "
                 "does not exist is best effort there; two drivers started at the same moment on this root may "
                 "not be told apart. Use a local file system or S3 for exclusive take-over", uri)
+
+
+def whole_range(path: str, context: str, offset: int, length: int, data: bytes) -> bytes:
+    """``data``, read as ``length`` bytes at ``offset`` of ``path``, if all of them came.
+
+    Raises:
+        CorruptFileError: fewer came: the file is truncated.
+    """
+    if len(data) != length:
+        raise CorruptFileError(f"{path}{_ctx(context)}: truncated, wanted {length} bytes at offset {offset}, "
+                               f"got {len(data)}")
+    return data
 
 
 def _ctx(context: str) -> str:

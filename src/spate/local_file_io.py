@@ -31,10 +31,21 @@ def write_synced_temp(full: str, data: bytes) -> str:
 def read_once(full: str, offset: int, length: int) -> bytes:
     """``length`` bytes at ``offset`` of the file ``full`` (fewer only past its end), its pages let go of after.
     Raises ``FileNotFoundError`` when there is no such file."""
+    return _read(full, offset, length, let_go=True)
+
+
+def read_kept(full: str, offset: int, length: int) -> bytes:
+    """As :func:`read_once`, its pages left in the page cache: for a file read again soon (a restored table's
+    base, hard-linked from the checkpoint)."""
+    return _read(full, offset, length, let_go=False)
+
+
+def _read(full: str, offset: int, length: int, let_go: bool) -> bytes:
     fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
     try:
         data = _pread_fully(fd, length, offset)
-        drop_cached(fd, offset, len(data))
+        if let_go:
+            drop_cached(fd, offset, len(data))
     finally:
         os.close(fd)
     return data

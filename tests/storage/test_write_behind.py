@@ -97,3 +97,6 @@ def test_a_ranged_read_of_a_local_checkpoint_file_lets_go_of_the_pages_it_read(t
     with pytest.raises(MissingFileError):
         storage.read_range("d/y.kg", 0, 10)
     assert storage.read("d/x.kg") == data
+    dropped.clear()
+    assert local_file_io.read_kept(storage.path("d/x.kg"), 4096, 1_000) == data[4096:5096]
+    assert dropped == [], "a file read again soon (a restored table's base) keeps its pages"

@@ -26,8 +26,9 @@ import shutil
 import time
 
 from spate.checkpoint.protocol import SubtaskPlan
-from spate.errors import CorruptFileError, SpateError
-from spate.fs import CheckpointStorage
+from spate.errors import SpateError
+from spate.fs import CheckpointStorage, whole_range
+from spate.local_file_io import read_kept
 from spate.runtime.recovery.local_copy import replay_change_sets
 from spate.runtime.recovery.recovered import RecoveredState, StateOwner, ms_since, nonzero, restored_handles
 from spate.runtime.recovery.trust import full_restore
@@ -152,9 +153,4 @@ class _LinkedBase:
         return self._storage.path(rel)
 
     def read_range(self, rel: str, offset: int, length: int, context: str = "") -> bytes:
-        with open(self._linked, "rb", buffering=0) as f:
-            data = os.pread(f.fileno(), length, offset)
-        if len(data) != length:
-            raise CorruptFileError(f"{self.path(rel)}{f' ({context})' if context else ''}: truncated, wanted "
-                                   f"{length} bytes at offset {offset}, got {len(data)}")
-        return data
+        return whole_range(self.path(rel), context, offset, length, read_kept(self._linked, offset, length))
