@@ -250,6 +250,23 @@ def test_lmdb_map_grows_under_bulk_writes_too(tmp_path):
     table.close()
 
 
+def test_a_bulk_write_larger_than_the_transactions_room_commits_at_each_boundary(tmp_path):
+    """``put_many_existed`` of more entries than ``commit_every`` leaves room: written in runs, committed every
+    ``commit_every`` writes (what is committed is visible to a reader), each entry's ``existed`` right, and the
+    digest kept through every run."""
+    table = LmdbTable(str(tmp_path / "runs"), commit_every=100)
+    table.put_many([(i % MAXP, b"old-%03d" % i, b"o") for i in range(30)])
+    table.commit()
+    committed = table.env.stat()["entries"]
+    entries = [(i % MAXP, b"old-%03d" % i if i < 30 else b"new-%03d" % i, b"v%d" % i) for i in range(250)]
+    assert table.put_many_existed(entries) == [i < 30 for i in range(250)]
+    assert table.env.stat()["entries"] - committed == 200 - 30, "two runs of 100 committed, the last 50 open"
+    table.commit()
+    assert table.get_many([e[0] for e in entries], [e[1] for e in entries]) == [e[2] for e in entries]
+    assert table.verify() is None
+    table.close()
+
+
 def test_lmdb_is_locked_while_open_and_reopens_from_another_process(tmp_path):
     path = str(tmp_path / "shared")
     table = LmdbTable(path)

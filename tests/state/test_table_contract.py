@@ -1,7 +1,8 @@
 """The state-table contract (:class:`spate.state.table.StateTable`), run against a dict model over every kind of
-table a subtask uses: heap, lmdb, the overlay (an lmdb table over a read-only base of another subtask's state)
-and a table wrapped by the changelog. Every kind must read what the model holds after any sequence of writes,
-and its key groups must round-trip through a snapshot's flat form into another table."""
+table a subtask uses: heap, lmdb (also one that commits every 3 writes, so bulk writes straddle transactions), the
+overlay (an lmdb table over a read-only base of another subtask's state) and a table wrapped by the changelog. Every
+kind must read what the model holds after any sequence of writes, and its key groups must round-trip through a
+snapshot's flat form into another table."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ BASE_RANGE = range(2, 4)  # the overlay's base owns these key groups (it starts 
 VALUE_SIDS, MAP_SIDS = (0, 1), (2, 3)
 KEYS = range(3)  # few keys: operations meet the same entries often
 MAP_SID_PREFIXES = frozenset(U16.pack(sid) for sid in MAP_SIDS)
-KINDS = ("heap", "lmdb", "overlay", "changelog", "changelog-lmdb")
+KINDS = ("heap", "lmdb", "lmdb-small-transactions", "overlay", "changelog", "changelog-lmdb")
 
 
 def primary(sid: int, key: int) -> bytes:
@@ -59,6 +60,8 @@ def _new_table(kind: str, tmp, closers: list[Callable[[], None]]) -> StateTable:
         return HeapTable()
     if kind == "lmdb":
         return LmdbTable(str(tmp / "t"))
+    if kind == "lmdb-small-transactions":  # commits every 3 writes: bulk writes straddle transactions
+        return LmdbTable(str(tmp / "t"), commit_every=3)
     if kind == "overlay":
         table, _readers = table_over_base(tmp, [], BASE_RANGE)
         return table

@@ -63,13 +63,27 @@ class LmdbTable(LmdbWriter, StateTable):
 
     def put_many_existed(self, entries: Sequence[tuple[int, bytes, bytes]]) -> list[bool]:
         """``put`` of each entry, with the digest kept in one pass, and whether each existed: lmdb's replace
-        returns the old value, so nothing is looked up (map growth and large batches go through :meth:`_put`,
-        entry by entry)."""
+        returns the old value, so nothing is looked up. A batch larger than the transaction's room is written in
+        runs, committed every ``commit_every`` writes as :meth:`_put` would; map growth and a table whose digest
+        is unknown go through :meth:`_put`, entry by entry."""
         keys = [KG_PREFIXES[kg] + primary for kg, primary, _value in entries]
         warm(self.env, keys)
-        if len(self._ops) + len(entries) >= self._commit_every or self._digest is None:
+        if self._digest is None:
             return [self._put(key, value) for key, (_kg, _primary, value) in zip(keys, entries, strict=True)]
+        existed: list[bool] = []
+        start = 0
+        while start < len(entries):
+            end = min(len(entries), start + max(1, self._commit_every - len(self._ops)))
+            existed += self._replace_run(keys[start:end], entries[start:end])
+            if len(self._ops) >= self._commit_every:
+                self.commit()
+            start = end
+        return existed
+
+    def _replace_run(self, keys: list[bytes], entries: Sequence[tuple[int, bytes, bytes]]) -> list[bool]:
+        """Replace ``entries`` (at ``keys``) in the open transaction, keeping the digest; whether each existed."""
         txn, crc, digest = self._txn or self._begin(), crc32, self._digest
+        assert digest is not None
         done: list[tuple[bytes, bytes | None]] = []
         existed: list[bool] = []
         try:
