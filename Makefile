@@ -32,6 +32,7 @@ install: $(STAMP)
 # took 25 s against pip's 85 s (2026-11-30), most of it pyspark's source package unpacked and built. The venv keeps
 # its pip for the user.
 UV := $(VENV)/bin/uv
+comma := ,
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11+ is required (python3.11 or python3 on PATH)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
@@ -72,15 +73,23 @@ fast: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist $(PYTEST_DIST) -m "not spark" --ignore=tests/spark --ignore=tests/cluster \
 	  --ignore=tests/workshop $(PYTEST_ARGS)
 
-# The smoke's venvs, one after another with the main venv's uv (its cache serves what they share; pyspark's source
-# package of each version is built in each).
+# The smoke's venvs, with the main venv's uv (its cache serves what they share): first the third-party packages of all
+# of them at once (pyspark's source package is built in each, and one build leaves a core idle), then spate itself
+# into each in turn (an editable install writes src/*.egg-info, which installs side by side would share).
 SMOKE_EXTRAS := spark,test,connect
 SMOKE_VENV_STALE = [ ! -f $$venv/.installed-stamp ] || [ pyproject.toml -nt $$venv/.installed-stamp ]
 smoke-venvs: $(STAMP)
+	@pids=""; for v in $(SMOKE_VERSIONS); do \
+	  venv=.venv-pyspark-$$v; \
+	  if $(SMOKE_VENV_STALE); then \
+	    ( $(PYTHON) -m venv $$venv && $(UV) pip install -q --python $$venv/bin/python -r pyproject.toml \
+	      $(foreach e,$(subst $(comma), ,$(SMOKE_EXTRAS)),--extra $(e)) "pyspark==$$v.*" ) & pids="$$pids $$!"; \
+	  fi; \
+	done; \
+	failed=0; for p in $$pids; do wait $$p || failed=1; done; exit $$failed
 	@for v in $(SMOKE_VERSIONS); do \
 	  venv=.venv-pyspark-$$v; \
 	  if $(SMOKE_VENV_STALE); then \
-	    $(PYTHON) -m venv $$venv && \
 	    $(UV) pip install -q --python $$venv/bin/python -e ".[$(SMOKE_EXTRAS)]" "pyspark==$$v.*" && \
 	    touch $$venv/.installed-stamp || exit 1; \
 	  fi; \
