@@ -29,8 +29,8 @@ SMOKE_CONNECT_TESTS ?= tests/connect/test_connect_stream.py tests/connect/test_c
 install: $(STAMP)
 
 # The packages install with uv (itself from pip, into the venv): in a clean clone on the 2-core machine, with empty
-# caches, the venv took 38 s against pip's 85 s (2026-11-30), and the smoke's three 48 s against 71 s. The venv keeps
-# its pip for the user.
+# caches, the venv took 38 s against pip's 85 s (2026-11-30), and the smoke's three 48 s (pip: 71 s, a session
+# earlier). The venv keeps its pip for the user.
 UV := $(VENV)/bin/uv
 comma := ,
 $(STAMP): pyproject.toml
