@@ -42,6 +42,7 @@ from spate import (
     key_group_range,
     subtask_for_key_group,
 )
+from spate.pacing import Pace
 from spate.runtime.batch import BatchProcessor
 from spate.runtime.settings import SpateSettings
 
@@ -273,6 +274,10 @@ MISTAKES = [
      r"file_merging must be a bool, 'off', 'within', 'across' or a FileMergingConfig, got 3"),
     ("changelog interval 0", lambda t, m: ChangelogConfig(materialization_interval_ms=0), errors.SettingError,
      ValueError, r"materialization_interval_ms must be > 0, got 0: pass a positive number of milliseconds"),
+    ("materialization pace 0", lambda t, m: ChangelogConfig(materialization_write_mb_per_s=0), errors.SettingError,
+     ValueError, r"materialization_write_mb_per_s must be > 0 or None, got 0: pass a positive number of MB a second"),
+    ("pace of -1 B/s", lambda t, m: Pace(-1), errors.SettingError, ValueError,
+     r"a pace must be a positive number of bytes a second, got -1: pass a positive rate, or None"),
     ("retained 0", lambda t, m: Coordinator(str(t / "root"), retained=0), errors.SettingError, ValueError,
      r"retained must be >= 1, got 0: keep at least one complete checkpoint"),
     ("key types of a list of lists", lambda t, m: _runner(t, key_types=[["string"]]), errors.SettingError,

@@ -16,11 +16,12 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # layer table of docs/architecture.md, in its order (the doc names every entry); a comment says why where the
 # place is not obvious.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "layout", "storage_paths", "file_counts", "objectstore", "report", "crc", "page_cache", "write_behind",
-     "local_file_io", "heap"),
+    ("errors", "layout", "storage_paths", "file_counts", "objectstore", "report", "crc", "page_cache", "pacing",
+     "write_behind", "local_file_io", "heap"),
     # basic: errors, paths (under a root, relative ones), file counts, S3 calls, tables, CRC-32, the page cache
-    # (files out of it once written, into it ahead of a scan), local files written back as they grow, a local
-    # checkpoint file's synced small writes and its ranges read once, the heap around bulk phases
+    # (files out of it once written, into it ahead of a scan), a background job's bytes kept to a rate, local
+    # files written back as they grow, a local checkpoint file's synced small writes and its ranges read once, the
+    # heap around bulk phases
     ("frames",),  # the checksummed frame of every spate file: below fs, which re-exports part of it
     ("fs", "open_files"),  # a restore's ranged reads, each object-store file opened once
     ("segments",),  # logical files and their writers: used by snapshot/, changelog/, filemerging/, checkpoint/

@@ -20,13 +20,16 @@ from hypothesis import strategies as st
 from helpers.counting import Count, batches, check_checkpoint, counts, expected_counts
 from helpers.faults import CrashOnce, crash_segments
 from spate import LocalRunner, load_checkpoint
-from spate.changelog.process_view import ProcessView
+from spate.changelog import process_view
+from spate.changelog.materializer_protocol import Start, send
+from spate.changelog.process_view import MaterializationReads, NativePace, ProcessView
 from spate.changelog.restore import restore_keyed_state
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
 from spate.checkpoint.inspect import verify_checkpoint
 from spate.errors import CheckpointError, CorruptFileError, DiskFullError
 from spate.fs import CheckpointStorage, LocalStorage
+from spate.pacing import Pace
 from spate.runtime.recovery import download
 from spate.segments import WholeFileWriter
 from spate.snapshot import native_write
@@ -63,7 +66,7 @@ def _content(table) -> dict[int, list[bytes]]:
 
 def _native(tmp_path, backend: KeyedStateBackend) -> NativeSnapshotHandle:
     storage = CheckpointStorage(str(tmp_path / "root"))
-    view = ProcessView(backend.table, backend.key_groups, 7, native=True)
+    view = ProcessView(backend.table, backend.key_groups, 7, native=NativePace())
     try:
         handle = view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
     finally:
@@ -209,7 +212,7 @@ def test_a_native_materialization_stopped_early_leaves_no_file(tmp_path):
     storage = CheckpointStorage(str(tmp_path / "root"))
     stale = os.path.join(backend.table.path, f"{BUILD_PREFIX}left-by-a-dead-process.mdb")
     open(stale, "wb").close()
-    view = ProcessView(backend.table, backend.key_groups, 0, native=True)
+    view = ProcessView(backend.table, backend.key_groups, 0, native=NativePace())
     assert not os.path.exists(stale), "a file a process left is removed when the next one starts"
     view.close()
     with pytest.raises(CheckpointError, match="reader process"):
@@ -515,3 +518,67 @@ def test_a_savepoint_rewrites_native_snapshots_as_key_group_files(tmp_path):
     with LocalRunner(Count, key="k", checkpoint_root=new_root, parallelism=3, restore_from=sp) as r:
         r.run(src)
     assert counts(new_root) == expected_counts(src)
+
+
+class _Clock:
+    """A clock that moves only when the pace sleeps (tests assert no timing, only what the pace asked)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept = 0.0
+
+    def sleep(self, s: float) -> None:
+        self.slept += s
+        self.now += s
+
+    def pace(self, rate: float) -> Pace:
+        return Pace(rate, clock=lambda: self.now, sleep=self.sleep)
+
+
+def test_a_native_file_is_built_and_read_back_at_its_pace(tmp_path):
+    """The entries put into the file, then the file read back for its CRC-32, each at its own rate: what keeps a
+    materialization from taking the disk the batches write to."""
+    backend = _filled(str(tmp_path / "t"), range(3000))
+    path = native_write.build_path(backend.table.path)
+    written, read = _Clock(), _Clock()
+    builder = native_write.NativeFileBuilder(path, native_write.map_bytes(backend.table.path), written.pace(1e5))
+    entries = sum(builder.add(kg, flat) for kg in range(128) if (flat := backend.table.key_group_flat(kg)))
+    builder.finish({})
+    size = os.path.getsize(path)
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    handle = native_write.write_native_file(path, (tuple(builder.groups), builder.digest),
+                                            SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"),
+                                            read.pace(1e6))
+    assert handle is not None and handle.size == size
+    verify_native(storage, handle)
+    assert written.slept == pytest.approx(entries / 1e5) and entries > 0
+    assert read.slept == pytest.approx(size / 1e6)
+    backend.table.close()
+
+
+def test_the_changelogs_pace_reaches_the_reader_process(tmp_path, monkeypatch):
+    """ChangelogConfig's MB a second, as bytes, in the reader's start (the reader builds the file at it), and the
+    native materialization off means no pace at all."""
+    config = ChangelogConfig(materialization_write_mb_per_s=3, materialization_read_mb_per_s=None)
+    assert config.native_pace() == NativePace(3 * 2 ** 20, None)
+    assert ChangelogConfig(native_materialization=False).native_pace() is None
+    assert ChangelogConfig().native_pace() == NativePace(50 * 2 ** 20, 200 * 2 ** 20)
+    started = []
+
+    def recording_send(stream, message):
+        if isinstance(message, Start):
+            started.append(message)
+        return send(stream, message)
+
+    monkeypatch.setattr(process_view, "send", recording_send)
+    backend = _filled(str(tmp_path / "t"), range(300))
+    view = MaterializationReads(0, config.native_pace()).open(backend.table, SnapshotScope.of(backend), 1)
+    try:
+        assert view.read_by == "native"
+        storage = CheckpointStorage(str(tmp_path / "root"))
+        assert isinstance(view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native")),
+                          NativeSnapshotHandle)
+    finally:
+        view.close()
+    assert [s.bytes_per_s for s in started] == [3 * 2 ** 20]
+    backend.table.close()

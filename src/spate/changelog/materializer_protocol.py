@@ -26,7 +26,8 @@ _LENGTH = struct.Struct(">I")
 class Start:
     """Read key groups ``first``..``last`` of the lmdb environment in ``path``, starting from the snapshot of
     ``txn_id``: the table committed at sequence number ``position``. With ``native`` (a file path), write them
-    into a new lmdb data file there, a native snapshot (:mod:`spate.snapshot.native`), instead of framing them."""
+    into a new lmdb data file there, a native snapshot (:mod:`spate.snapshot.native`), instead of framing them, at
+    most ``bytes_per_s`` of entries a second (None: as fast as the disk goes)."""
 
     path: str
     first: int
@@ -34,6 +35,7 @@ class Start:
     position: int
     txn_id: int
     native: str = ""
+    bytes_per_s: float | None = None
 
 
 @dataclass(frozen=True)

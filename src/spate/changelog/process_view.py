@@ -22,6 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import IO, Protocol
 
 from spate.changelog.materializer_protocol import (
@@ -37,6 +38,7 @@ from spate.changelog.materializer_protocol import (
 )
 from spate.changelog.rolling_view import RollingView
 from spate.errors import CheckpointError
+from spate.pacing import Pace
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyedHandle, KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
@@ -94,7 +96,8 @@ class ProcessView:
 
     read_by = "process"
 
-    def __init__(self, table: LmdbTable | OverlayTable, key_groups: range, position: int, native: bool = False) -> None:
+    def __init__(self, table: LmdbTable | OverlayTable, key_groups: range, position: int,
+                 native: NativePace | None = None) -> None:
         # an overlay's base files stay while the reader reads them (let go in close())
         self._kept = table.bases_kept() if isinstance(table, OverlayTable) else contextlib.nullcontext()
         self._commit = table.commit  # an overlay's commit writes its bases' counts too: none is left for right after
@@ -104,6 +107,7 @@ class ProcessView:
         self._finished = False
         self.positions: dict[int, int] = {}
         self._native = build_path(table.path) if native else ""
+        self._read_pace = native.read_bytes_per_s if native else None
         self._built: tuple[tuple[int, ...], int] | None = None  # a native snapshot's key groups and digest
         if native:
             self.read_by = NATIVE
@@ -117,7 +121,7 @@ class ProcessView:
             raise
         _widen(self._reader.stdout)
         self._offer(Start(table.path, key_groups.start, key_groups.stop - 1, position, self._committed_txn(),
-                          self._native))
+                          self._native, native.write_bytes_per_s if native else None))
 
     def advance(self, position: int) -> None:
         self._commit()
@@ -131,7 +135,7 @@ class ProcessView:
                 raise self._failure("it sent a frame for a native snapshot")
             if self._built is None:
                 raise self._failure("it finished without writing the native snapshot")
-            return write_native_file(self._native, self._built, scope, out)
+            return write_native_file(self._native, self._built, scope, out, Pace(self._read_pace))
         finally:
             _remove(self._native)
 
@@ -228,13 +232,22 @@ def _widen(pipe: IO[bytes] | None) -> None:
         fcntl.fcntl(pipe.fileno(), setter, size)
 
 
+@dataclass(frozen=True)
+class NativePace:
+    """How fast a native materialization's file is written (its entries, by the reader process) and read back for
+    its CRC-32 (by the subtask), in bytes a second; None: as fast as the disk goes."""
+
+    write_bytes_per_s: float | None = None
+    read_bytes_per_s: float | None = None
+
+
 class MaterializationReads:
     """How one subtask's materializations read its table: a large lmdb table (at least ``process_from_bytes``
     in use) without TTL'd state in a reader process, which with ``native`` writes a native snapshot
-    (:mod:`spate.snapshot.native`) instead of key-group frames; anything else in a thread. After a reader process
-    fails, this subtask's materializations read in a thread."""
+    (:mod:`spate.snapshot.native`) at its pace instead of key-group frames; anything else in a thread. After a
+    reader process fails, this subtask's materializations read in a thread."""
 
-    def __init__(self, process_from_bytes: int, native: bool = False) -> None:
+    def __init__(self, process_from_bytes: int, native: NativePace | None = None) -> None:
         self.process_from_bytes = process_from_bytes
         self.native = native
         self.process_failed = False

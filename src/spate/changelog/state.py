@@ -13,7 +13,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spate.changelog.process_view import NATIVE, MaterializationReads, MaterializationView
+from spate.changelog.process_view import NATIVE, MaterializationReads, MaterializationView, NativePace
 from spate.changelog.rolling_view import trimmed
 from spate.changelog.table import ChangelogTable
 from spate.changelog.upload import MB, BatchingUploadScheduler, UploadConfig
@@ -37,7 +37,7 @@ class ChangelogConfig:
     """Changelog settings (Flink defaults where Flink has one).
 
     Raises:
-        SettingError: a materialization interval or threshold that is not positive.
+        SettingError: a materialization interval, threshold or pace that is not positive.
     """
 
     materialization_interval_ms: int = 600_000
@@ -53,6 +53,12 @@ class ChangelogConfig:
     # restored by taking the file, not entry by entry, so that a restore from it and its log costs less than a
     # full snapshot's
     native_materialization: bool = True
+    # beyond Flink (as RocksDB's rate limiter paces its compactions): a native materialization puts its entries
+    # into its file at most this many MB a second, and reads the file back for its CRC-32 at most that many, so
+    # that the batches keep the disk (at 10 GB a materialization unpaced doubled the batches' p99;
+    # docs/benchmarks.md). None: as fast as the disk goes
+    materialization_write_mb_per_s: float | None = 50.0
+    materialization_read_mb_per_s: float | None = 200.0
     preemptive_threshold: int = 5 * MB
     coalesce: bool = True  # log an entry changed many times between uploads once (beyond Flink)
     persist_timeout_s: float = 60.0
@@ -66,6 +72,18 @@ class ChangelogConfig:
             raise SettingError("materialize_after_change_sets and materialize_after_bytes must be > 0, got "
                                f"{self.materialize_after_change_sets} and {self.materialize_after_bytes}: pass "
                                "positive limits (defaults: 50 change sets, 64 MB)")
+        for name in ("materialization_write_mb_per_s", "materialization_read_mb_per_s"):
+            rate = getattr(self, name)
+            if rate is not None and not rate > 0:
+                raise SettingError(f"{name} must be > 0 or None, got {rate}: pass a positive number of MB a second, "
+                                   "or None for as fast as the disk goes")
+
+    def native_pace(self) -> NativePace | None:
+        """The native materialization's pace in bytes a second (None: the native materialization is off)."""
+        if not self.native_materialization:
+            return None
+        w, r = self.materialization_write_mb_per_s, self.materialization_read_mb_per_s
+        return NativePace(None if w is None else w * MB, None if r is None else r * MB)
 
 
 def _log_length(change_sets: list[ChangeSetHandle]) -> tuple[int, int]:
@@ -111,7 +129,7 @@ class ChangelogKeyedState:
             services = ChangelogServices(BatchingUploadScheduler(storage, config.upload),
                                          ThreadPoolExecutor(1, thread_name_prefix="spate-materialize"))
         self._materializers = services.materializers
-        self._reads = MaterializationReads(config.materialize_in_process_from_bytes, config.native_materialization)
+        self._reads = MaterializationReads(config.materialize_in_process_from_bytes, config.native_pace())
         self.writer = ChangelogWriter(f"{index}-{parallelism}-{random_name()[:12]}", services.scheduler,
                                       config.preemptive_threshold, config.coalesce)
         self._merged_materializations = services.materialized

@@ -21,6 +21,7 @@ import lmdb
 from spate.crc import crc32
 from spate.heap import bulk_phase
 from spate.layout import random_name
+from spate.pacing import Pace
 from spate.page_cache import drop_cached
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import NativeSnapshotHandle
@@ -68,15 +69,17 @@ class NativeFileBuilder:
     """A native snapshot's lmdb data file at ``path``, built from the table's key groups read in order (by a
     materialization's reader process): each key group put in lmdb's append mode (pages filled, no search per
     entry), committed every :data:`COMMIT_BYTES`, each commit's write-back started and what the commits before it
-    wrote let go from the page cache; the table digest summed key group by key group.
+    wrote let go from the page cache; the table digest summed key group by key group. ``pace`` keeps the entries
+    put to its rate (a materialization's, so that the batches keep the disk; None: as fast as the disk goes).
 
     Why not lmdb's own copy of the table: a consistent copy holds one read transaction for as long as it runs, and
     lmdb reuses no page the batches free meanwhile; at 10 GB the live file grew to 3.3x the state. Built from the
     key groups the materialization reads anyway, from a view moved forward at every boundary, the file pins no
     more than the frames it replaces, and compacts as it goes."""
 
-    def __init__(self, path: str, map_size: int) -> None:
+    def __init__(self, path: str, map_size: int, pace: Pace | None = None) -> None:
         self.path = path
+        self._pace = pace
         self.env = lmdb.open(path, subdir=False, lock=False, map_size=map_size, sync=False, metasync=False,
                              readahead=False, max_dbs=0)
         self._fd = os.open(path, os.O_RDONLY)  # to start each commit's write-back (write_behind)
@@ -102,6 +105,8 @@ class NativeFileBuilder:
             self._txn, self._pending = None, 0
             self._write_back()
         self.groups.append(kg)
+        if self._pace is not None:
+            self._pace.moved(size)
         return size
 
     def _write_back(self) -> None:
@@ -143,10 +148,11 @@ class NativeFileBuilder:
 
 
 def write_native_file(path: str, built: tuple[tuple[int, ...], int], scope: SnapshotScope,
-                      out: SegmentWriter) -> NativeSnapshotHandle | None:
+                      out: SegmentWriter, pace: Pace | None = None) -> NativeSnapshotHandle | None:
     """The native snapshot file at ``path`` (``built``: the key groups it holds and its digest, from
     :class:`NativeFileBuilder`) as one logical file of ``out``, with its CRC-32 (None: no key group of ``scope``
-    holds data): linked into place where ``out`` can (the file is then written to disk once), else copied."""
+    holds data): linked into place where ``out`` can (the file is then written to disk once), else copied. The file
+    is read at ``pace`` (None: as fast as the disk goes)."""
     groups, digest = built
     if not groups:
         return None
@@ -161,6 +167,8 @@ def write_native_file(path: str, built: tuple[tuple[int, ...], int], scope: Snap
                 yield data
                 drop_cached(f.fileno(), at, len(data))  # a checkpoint's file now: read again only by a restore
                 at += len(data)
+                if pace is not None:
+                    pace.moved(len(data))
 
     ref = out.link_in(path)  # a local root on the same disk: the file itself, written once
     if ref is None:
