@@ -36,7 +36,7 @@ from spate.changelog.materializer_protocol import (
     receive,
     send,
 )
-from spate.pacing import Pace
+from spate.pacing import Pace, write_back_behind
 from spate.snapshot.keyed import key_group_frame
 from spate.snapshot.native_write import STATES_KEY, NativeFileBuilder, map_bytes
 from spate.state.layout import META_PREFIX
@@ -197,7 +197,8 @@ def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: Ke
     positions only."""
     sender = Sender(out)
     source = KeyGroupSource(start.path)
-    native = NativeFileBuilder(start.native, map_size, Pace(start.bytes_per_s)) if start.native else None
+    pace = Pace(start.bytes_per_s, busy=write_back_behind)
+    native = NativeFileBuilder(start.native, map_size, pace) if start.native else None
     txn: lmdb.Transaction | None = None
     try:
         for kg in range(start.first, start.last + 1):

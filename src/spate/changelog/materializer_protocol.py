@@ -27,7 +27,8 @@ class Start:
     """Read key groups ``first``..``last`` of the lmdb environment in ``path``, starting from the snapshot of
     ``txn_id``: the table committed at sequence number ``position``. With ``native`` (a file path), write them
     into a new lmdb data file there, a native snapshot (:mod:`spate.snapshot.native`), instead of framing them, at
-    most ``bytes_per_s`` of entries a second (None: as fast as the disk goes)."""
+    most ``bytes_per_s`` of entries a second while the disk's write-back is behind (None: as fast as the disk
+    goes)."""
 
     path: str
     first: int

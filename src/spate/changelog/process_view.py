@@ -38,7 +38,7 @@ from spate.changelog.materializer_protocol import (
 )
 from spate.changelog.rolling_view import RollingView
 from spate.errors import CheckpointError
-from spate.pacing import Pace
+from spate.pacing import Pace, write_back_behind
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyedHandle, KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
@@ -135,7 +135,8 @@ class ProcessView:
                 raise self._failure("it sent a frame for a native snapshot")
             if self._built is None:
                 raise self._failure("it finished without writing the native snapshot")
-            return write_native_file(self._native, self._built, scope, out, Pace(self._read_pace))
+            pace = Pace(self._read_pace, busy=write_back_behind)
+            return write_native_file(self._native, self._built, scope, out, pace)
         finally:
             _remove(self._native)
 
