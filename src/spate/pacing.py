@@ -47,7 +47,6 @@ class Pace:
             self._sleep(self._free_at - now)
 
 
-
 def write_back_behind(proc: str = "/proc") -> bool:
     """Whether the kernel's write-back is behind: more bytes dirty or being written back than its background
     threshold (``vm.dirty_background_bytes``, else ``vm.dirty_background_ratio`` percent of the available
