@@ -582,3 +582,24 @@ def test_the_changelogs_pace_reaches_the_reader_process(tmp_path, monkeypatch):
         view.close()
     assert [s.bytes_per_s for s in started] == [3 * 2 ** 20]
     backend.table.close()
+
+
+def test_a_view_closed_during_the_read_back_stops_it_and_keeps_nothing(tmp_path, monkeypatch):
+    """Paced, the read-back of a 10 GB file takes about a minute: a subtask closing meanwhile (its materialization
+    stopped) must not wait for it. The read stops at its next chunk, and neither the built file nor its copy in the
+    checkpoint storage is left."""
+    backend = _filled(str(tmp_path / "t"), range(300))
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    view = ProcessView(backend.table, backend.key_groups, 1, native=NativePace(None, 1e12))
+    real = process_view.write_native_file
+
+    def closing_first(*args):
+        view.close()  # as _stop_materialization does from the subtask's thread
+        return real(*args)
+
+    monkeypatch.setattr(process_view, "write_native_file", closing_first)
+    with pytest.raises(CheckpointError, match="stopped while its native file was read back"):
+        view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
+    assert not [n for n in os.listdir(backend.table.path) if n.startswith(BUILD_PREFIX)], "built file removed"
+    assert not [f for _d, _s, fs in os.walk(tmp_path / "root") for f in fs], "nothing kept in the storage"
+    backend.table.close()

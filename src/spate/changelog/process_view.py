@@ -92,7 +92,7 @@ class ProcessView:
 
     :meth:`advance` (the subtask's thread, at a boundary) commits the table and offers the reader that snapshot;
     :meth:`write` (the materialization's thread) writes the frames as they come; :meth:`close` (any thread)
-    ends the reader, killing it if it has not finished."""
+    ends the reader, killing it if it has not finished, and the file's read-back at its next chunk."""
 
     read_by = "process"
 
@@ -105,6 +105,7 @@ class ProcessView:
         self._table = table
         self._lock = threading.Lock()
         self._finished = False
+        self._closed = threading.Event()  # a read-back of the native file still going stops at its next chunk
         self.positions: dict[int, int] = {}
         self._native = build_path(table.path) if native else ""
         self._read_pace = native.read_bytes_per_s if native else None
@@ -135,7 +136,7 @@ class ProcessView:
                 raise self._failure("it sent a frame for a native snapshot")
             if self._built is None:
                 raise self._failure("it finished without writing the native snapshot")
-            pace = Pace(self._read_pace, busy=write_back_behind)
+            pace = _ReadBackPace(self._read_pace, self._closed)
             return write_native_file(self._native, self._built, scope, out, pace)
         finally:
             _remove(self._native)
@@ -165,6 +166,7 @@ class ProcessView:
     def close(self) -> None:
         """End the reader (idempotent): let it exit after it finished, else kill it; then clear the lmdb reader
         slots a killed reader leaves, which would keep the table from reusing pages."""
+        self._closed.set()
         with self._lock:
             reader, finished = self._reader, self._finished
             stdin = reader.stdin
@@ -210,6 +212,20 @@ class ProcessView:
                 err = self._reader.stderr.read()[-2000:]
         return CheckpointError(f"the materialization's reader process of {self._table.path} failed: {why} (exit "
                                f"status {self._reader.returncode}){': ' + err.decode(errors='replace') if err else ''}")
+
+
+class _ReadBackPace(Pace):
+    """The native file's read-back for its CRC-32, at its pace while the write-back is behind, stopped once the
+    view is closed: paced, it takes about a minute at 10 GB, which a closing subtask would otherwise wait for."""
+
+    def __init__(self, bytes_per_s: float | None, closed: threading.Event) -> None:
+        super().__init__(bytes_per_s, busy=write_back_behind)
+        self._view_closed = closed
+
+    def moved(self, n: int) -> None:
+        if self._view_closed.is_set():
+            raise CheckpointError("the materialization was stopped while its native file was read back")
+        super().moved(n)
 
 
 def _remove(path: str) -> None:
