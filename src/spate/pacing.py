@@ -1,5 +1,6 @@
 """How fast a background job may move bytes through the disk: RocksDB's rate limiter, for a materialization's
-native file (written, then read back for its CRC-32), so that it leaves the disk to the batches.
+native file (written, and copied where the checkpoint storage is not its file system), so that it leaves the
+disk to the batches.
 
 A pace is a rate with a burst: bytes moved after an idle spell go at once up to :data:`BURST_S` seconds' worth,
 then each call waits until the rate allows what it moved. The wait is a sleep of the calling thread. A pace may

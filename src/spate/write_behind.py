@@ -22,6 +22,7 @@ from spate.page_cache import drop_cached
 
 WRITE_BEHIND_BYTES = 8 << 20
 _SYNC_FILE_RANGE_WRITE = 2  # from <fcntl.h>
+_SYNC_FILE_RANGE_WAIT = 1 | 2 | 4  # WAIT_BEFORE | WRITE | WAIT_AFTER: the range written back, waited for
 
 
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
@@ -45,6 +46,14 @@ def start_write_back(fd: int) -> None:
     waiting for it: for a file written by someone else (lmdb)."""
     if SYNC_FILE_RANGE is not None:
         SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # length 0: to the end of the file
+
+
+def wait_written_back(fd: int, length: int) -> None:
+    """Write the first ``length`` bytes of the file open as ``fd`` back to disk and wait until they are (the pages
+    of it, not the file's metadata: not an ``fsync``). A background writer calling it a step behind goes no faster
+    than the disk takes its file, and keeps no more than a step of it in the page cache."""
+    if SYNC_FILE_RANGE is not None and length > 0:
+        SYNC_FILE_RANGE(fd, 0, length, _SYNC_FILE_RANGE_WAIT)
 
 
 class WriteBehindFile:

@@ -5,12 +5,14 @@ and its log is the state a sequential replay gives."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
 import re
 import shutil
 import tempfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -117,18 +119,40 @@ def test_a_native_snapshot_being_built_leaves_the_page_cache_a_commit_behind(tmp
     monkeypatch.setattr(native_write, "drop_cached", lambda fd, offset, length: dropped.append((offset, length)))
     storage = CheckpointStorage(str(tmp_path / "root"))
     handle = write_native_snapshot(backend, backend.table, WholeFileWriter(storage, "sub", "native"))
-    assert handle is not None and handle.size < native_write.CHUNK_BYTES, "read back for its CRC in one chunk"
-    built, read_back = dropped[:-1], dropped[-1]
-    assert read_back == (0, handle.size), "the file read for its CRC leaves the page cache as it is read"
-    lengths = [length for _, length in built]
-    assert len(built) >= 5 and {offset for offset, _ in built} == {0}
+    assert handle is not None
+    lengths = [length for _, length in dropped]
+    assert len(dropped) >= 5 and {offset for offset, _ in dropped} == {0}, "linked into place: not read again"
     assert lengths[0] == 0 and lengths == sorted(lengths) and 0 < lengths[-1] < handle.size, (
         "each commit lets go of the file as it was at the commit before")
+    with open(storage.path(handle.path), "rb") as f:
+        assert handle.crc == zlib.crc32(f.read()), "the CRC-32 summed commit by commit is the whole file's"
     source = NativeSource(storage, handle, "test", str(tmp_path))
     try:
         assert {kg: flat for kg, flat, _ in source.key_groups(list(range(128)))} == expected
     finally:
         source.close()
+    backend.table.close()
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_background_build_waits_for_each_commits_write_back_a_commit_later(tmp_path, monkeypatch, background):
+    """A materialization's file goes no faster than the disk takes it: each commit waits until what the commit
+    before it added is on disk (then let go of, clean). A build in the batch's own thread waits for nothing."""
+    backend = _filled(str(tmp_path / "t"), range(3000))
+    monkeypatch.setattr(native_write, "COMMIT_BYTES", 4 << 10)
+    waited: list[int] = []
+    dropped: list[int] = []
+    monkeypatch.setattr(native_write, "wait_written_back", lambda fd, length: waited.append(length))
+    monkeypatch.setattr(native_write, "drop_cached", lambda fd, offset, length: dropped.append(length))
+    path = native_write.build_path(backend.table.path)
+    builder = native_write.NativeFileBuilder(path, native_write.map_bytes(backend.table.path), background=background)
+    for kg in range(128):
+        if flat := backend.table.key_group_flat(kg):
+            builder.add(kg, flat)
+    builder.finish({})
+    assert len(dropped) >= 5
+    assert waited == (dropped if background else [])
+    os.unlink(path)
     backend.table.close()
 
 
@@ -149,10 +173,7 @@ def test_a_native_snapshot_is_linked_into_a_local_root_and_copied_where_it_canno
 
     monkeypatch.setattr(LocalStorage, "write_parts", spied)
     if other_file_system:
-        def cross_device(src, dst, **kwargs):
-            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), dst)
-
-        monkeypatch.setattr(os, "link", cross_device)
+        _no_hard_links(monkeypatch)
     handle = _native(tmp_path, backend)
     backend.table.close()
     assert copied == ([handle.path] if other_file_system else [])
@@ -211,9 +232,12 @@ def test_a_native_materialization_stopped_early_leaves_no_file(tmp_path):
     backend = _filled(str(tmp_path / "t"), range(50))
     storage = CheckpointStorage(str(tmp_path / "root"))
     stale = os.path.join(backend.table.path, f"{BUILD_PREFIX}left-by-a-dead-process.mdb")
-    open(stale, "wb").close()
+    for name in (stale, stale + native_write.LOCK_SUFFIX):
+        open(name, "wb").close()
     view = ProcessView(backend.table, backend.key_groups, 0, native=NativePace())
     assert not os.path.exists(stale), "a file a process left is removed when the next one starts"
+    assert not os.path.exists(stale + native_write.LOCK_SUFFIX), "and its lock file"
+    open(view._native + native_write.LOCK_SUFFIX, "ab").close()  # as a reader killed while it builds leaves it
     view.close()
     with pytest.raises(CheckpointError, match="reader process"):
         view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
@@ -535,9 +559,10 @@ class _Clock:
         return Pace(rate, clock=lambda: self.now, sleep=self.sleep)
 
 
-def test_a_native_file_is_built_and_read_back_at_its_pace(tmp_path):
-    """The entries put into the file, then the file read back for its CRC-32, each at its own rate: what keeps a
-    materialization from taking the disk the batches write to."""
+@pytest.mark.parametrize("other_file_system", [False, True])
+def test_a_native_file_is_built_and_copied_at_its_pace(tmp_path, monkeypatch, other_file_system):
+    """The entries put into the file, then the file copied where it cannot be linked, each at its own rate: what
+    keeps a materialization from taking the disk the batches write to. A file linked into place is not read."""
     backend = _filled(str(tmp_path / "t"), range(3000))
     path = native_write.build_path(backend.table.path)
     written, read = _Clock(), _Clock()
@@ -545,15 +570,43 @@ def test_a_native_file_is_built_and_read_back_at_its_pace(tmp_path):
     entries = sum(builder.add(kg, flat) for kg in range(128) if (flat := backend.table.key_group_flat(kg)))
     builder.finish({})
     size = os.path.getsize(path)
+    if other_file_system:
+        _no_hard_links(monkeypatch)
     storage = CheckpointStorage(str(tmp_path / "root"))
-    handle = native_write.write_native_file(path, (tuple(builder.groups), builder.digest),
-                                            SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"),
-                                            read.pace(1e6))
+    handle = native_write.write_native_file(path, builder.built(), SnapshotScope.of(backend),
+                                            WholeFileWriter(storage, "sub", "native"), read.pace(1e6))
     assert handle is not None and handle.size == size
     verify_native(storage, handle)
     assert written.slept == pytest.approx(entries / 1e5) and entries > 0
-    assert read.slept == pytest.approx(size / 1e6)
+    assert read.slept == (pytest.approx(size / 1e6) if other_file_system else 0)
     backend.table.close()
+
+
+def test_a_copy_that_is_not_the_built_file_is_refused_and_leaves_nothing(tmp_path, monkeypatch):
+    """The copy's CRC-32 is checked against the one summed as the file was built: a file changed in between
+    (here: a build record with another CRC) is a CheckpointError, and nothing is kept in the storage."""
+    backend = _filled(str(tmp_path / "t"), range(300))
+    path = native_write.build_path(backend.table.path)
+    builder = native_write.NativeFileBuilder(path, native_write.map_bytes(backend.table.path))
+    for kg in range(128):
+        if flat := backend.table.key_group_flat(kg):
+            builder.add(kg, flat)
+    builder.finish({})
+    _no_hard_links(monkeypatch)
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    wrong = dataclasses.replace(builder.built(), crc=builder.built().crc ^ 1)
+    with pytest.raises(CheckpointError, match="changed while it was copied"):
+        native_write.write_native_file(path, wrong, SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "n"))
+    assert not [f for _d, _s, fs in os.walk(tmp_path / "root") for f in fs], "nothing kept in the storage"
+    backend.table.close()
+
+
+def _no_hard_links(monkeypatch) -> None:
+    """Another file system (fault injection): ``os.link`` fails with EXDEV, so the file is copied."""
+    def cross_device(src, dst, **kwargs):
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), dst)
+
+    monkeypatch.setattr(os, "link", cross_device)
 
 
 def test_the_changelogs_pace_reaches_the_reader_process(tmp_path, monkeypatch):
@@ -584,11 +637,12 @@ def test_the_changelogs_pace_reaches_the_reader_process(tmp_path, monkeypatch):
     backend.table.close()
 
 
-def test_a_view_closed_during_the_read_back_stops_it_and_keeps_nothing(tmp_path, monkeypatch):
-    """Paced, the read-back of a 10 GB file takes about a minute: a subtask closing meanwhile (its materialization
-    stopped) must not wait for it. The read stops at its next chunk, and neither the built file nor its copy in the
-    checkpoint storage is left."""
+def test_a_view_closed_during_the_copy_stops_it_and_keeps_nothing(tmp_path, monkeypatch):
+    """Paced, the copy of a 10 GB file to storage elsewhere takes about a minute: a subtask closing meanwhile (its
+    materialization stopped) must not wait for it. The copy stops at its next chunk, and neither the built file
+    nor its copy in the checkpoint storage is left."""
     backend = _filled(str(tmp_path / "t"), range(300))
+    _no_hard_links(monkeypatch)
     storage = CheckpointStorage(str(tmp_path / "root"))
     view = ProcessView(backend.table, backend.key_groups, 1, native=NativePace(None, 1e12))
     real = process_view.write_native_file
@@ -598,7 +652,7 @@ def test_a_view_closed_during_the_read_back_stops_it_and_keeps_nothing(tmp_path,
         return real(*args)
 
     monkeypatch.setattr(process_view, "write_native_file", closing_first)
-    with pytest.raises(CheckpointError, match="stopped while its native file was read back"):
+    with pytest.raises(CheckpointError, match="stopped while its native file was copied"):
         view.write(SnapshotScope.of(backend), WholeFileWriter(storage, "sub", "native"))
     assert not [n for n in os.listdir(backend.table.path) if n.startswith(BUILD_PREFIX)], "built file removed"
     assert not [f for _d, _s, fs in os.walk(tmp_path / "root") for f in fs], "nothing kept in the storage"

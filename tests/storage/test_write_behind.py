@@ -5,6 +5,7 @@ ahead of a scan of the whole table."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -100,3 +101,22 @@ def test_a_ranged_read_of_a_local_checkpoint_file_lets_go_of_the_pages_it_read(t
     dropped.clear()
     assert local_file_io.read_kept(storage.path("d/x.kg"), 4096, 1_000) == data[4096:5096]
     assert dropped == [], "a file read again soon (a restored table's base) keeps its pages"
+
+
+def test_waiting_for_a_files_write_back_asks_the_os_to_write_the_range_and_wait_for_it(tmp_path, monkeypatch):
+    """A background writer (a materialization's native file) waits for what it wrote a step earlier: the call
+    writes the range back and waits before and after (sync_file_range's three flags), and a range of nothing is
+    not asked for. The bytes are as written."""
+    calls: list[tuple[int, int, int, int]] = []
+    monkeypatch.setattr(write_behind, "SYNC_FILE_RANGE", lambda *args: calls.append(args) or 0)
+    path = tmp_path / "f"
+    path.write_bytes(b"w" * 100_000)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        write_behind.wait_written_back(fd, 0)
+        write_behind.wait_written_back(fd, 65_536)
+    finally:
+        os.close(fd)
+    assert calls == [(fd, 0, 65_536, 1 | 2 | 4)]
+    assert path.read_bytes() == b"w" * 100_000
+

@@ -198,7 +198,7 @@ def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: Ke
     sender = Sender(out)
     source = KeyGroupSource(start.path)
     pace = Pace(start.bytes_per_s, busy=write_back_behind)
-    native = NativeFileBuilder(start.native, map_size, pace) if start.native else None
+    native = NativeFileBuilder(start.native, map_size, pace, background=True) if start.native else None
     txn: lmdb.Transaction | None = None
     try:
         for kg in range(start.first, start.last + 1):
@@ -224,7 +224,8 @@ def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: Ke
         snapshots.close()  # every key group read: no snapshot of the table is held while the file is finished
         if native is not None:
             native.finish(metadata)
-            sender.send(NativeWritten(native.groups, native.digest))
+            built = native.built()
+            sender.send(NativeWritten(list(built.groups), built.digest, built.crc))
             native = None
         sender.send(Finished())
     finally:

@@ -59,10 +59,12 @@ class KeyGroupRead:
 
 @dataclass(frozen=True)
 class NativeWritten:
-    """The native snapshot's file is complete: the key groups that hold data, and the table digest it records."""
+    """The native snapshot's file is complete: the key groups that hold data, the table digest it records, and the
+    file's CRC-32."""
 
     groups: list[int]
     digest: int
+    crc: int
 
 
 @dataclass(frozen=True)

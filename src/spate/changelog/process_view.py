@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -42,7 +41,7 @@ from spate.pacing import Pace, write_back_behind
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyedHandle, KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
-from spate.snapshot.native_write import build_path, write_native_file
+from spate.snapshot.native_write import NativeBuild, build_path, remove_build, write_native_file
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import OverlayTable
 from spate.state.table import StateTable, TableView, unwrapped
@@ -92,7 +91,7 @@ class ProcessView:
 
     :meth:`advance` (the subtask's thread, at a boundary) commits the table and offers the reader that snapshot;
     :meth:`write` (the materialization's thread) writes the frames as they come; :meth:`close` (any thread)
-    ends the reader, killing it if it has not finished, and the file's read-back at its next chunk."""
+    ends the reader, killing it if it has not finished, and the file's copy at its next chunk."""
 
     read_by = "process"
 
@@ -105,11 +104,11 @@ class ProcessView:
         self._table = table
         self._lock = threading.Lock()
         self._finished = False
-        self._closed = threading.Event()  # a read-back of the native file still going stops at its next chunk
+        self._closed = threading.Event()  # a copy of the native file still going stops at its next chunk
         self.positions: dict[int, int] = {}
         self._native = build_path(table.path) if native else ""
         self._read_pace = native.read_bytes_per_s if native else None
-        self._built: tuple[tuple[int, ...], int] | None = None  # a native snapshot's key groups and digest
+        self._built: NativeBuild | None = None  # what the reader built natively
         if native:
             self.read_by = NATIVE
         self._kept.__enter__()
@@ -136,10 +135,10 @@ class ProcessView:
                 raise self._failure("it sent a frame for a native snapshot")
             if self._built is None:
                 raise self._failure("it finished without writing the native snapshot")
-            pace = _ReadBackPace(self._read_pace, self._closed)
+            pace = _CopyPace(self._read_pace, self._closed)
             return write_native_file(self._native, self._built, scope, out, pace)
         finally:
-            _remove(self._native)
+            remove_build(self._native)
 
     def _frames(self) -> Iterator[tuple[int, tuple[bytes, ...]]]:
         stdout = self._reader.stdout
@@ -155,7 +154,7 @@ class ProcessView:
                     yield message.kg, (message.frame,)
                 del message  # its frame is not kept while the next one is received
             elif isinstance(message, NativeWritten) and self._native:
-                self._built = (tuple(message.groups), message.digest)
+                self._built = NativeBuild(tuple(message.groups), message.digest, message.crc)
             elif isinstance(message, Finished):
                 with self._lock:
                     self._finished = True
@@ -189,7 +188,7 @@ class ProcessView:
         if reader.stderr is not None:
             reader.stderr.close()
         if self._native and not finished:
-            _remove(self._native)
+            remove_build(self._native)
         self._kept.__exit__(None, None, None)
 
     def _offer(self, message: Start | Advance) -> None:
@@ -214,9 +213,10 @@ class ProcessView:
                                f"status {self._reader.returncode}){': ' + err.decode(errors='replace') if err else ''}")
 
 
-class _ReadBackPace(Pace):
-    """The native file's read-back for its CRC-32, at its pace while the write-back is behind, stopped once the
-    view is closed: paced, it takes about a minute at 10 GB, which a closing subtask would otherwise wait for."""
+class _CopyPace(Pace):
+    """The native file's copy to checkpoint storage that is not this file system, at its pace while the write-back
+    is behind, stopped once the view is closed: paced, it takes about a minute at 10 GB, which a closing subtask
+    would otherwise wait for."""
 
     def __init__(self, bytes_per_s: float | None, closed: threading.Event) -> None:
         super().__init__(bytes_per_s, busy=write_back_behind)
@@ -224,13 +224,8 @@ class _ReadBackPace(Pace):
 
     def moved(self, n: int) -> None:
         if self._view_closed.is_set():
-            raise CheckpointError("the materialization was stopped while its native file was read back")
+            raise CheckpointError("the materialization was stopped while its native file was copied")
         super().moved(n)
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 def _widen(pipe: IO[bytes] | None) -> None:
@@ -251,8 +246,9 @@ def _widen(pipe: IO[bytes] | None) -> None:
 
 @dataclass(frozen=True)
 class NativePace:
-    """How fast a native materialization's file is written (its entries, by the reader process) and read back for
-    its CRC-32 (by the subtask), in bytes a second; None: as fast as the disk goes."""
+    """How fast a native materialization's file is written (its entries, by the reader process) and read to be
+    copied to checkpoint storage that is not this file system (by the subtask), in bytes a second; None: as fast as
+    the disk goes."""
 
     write_bytes_per_s: float | None = None
     read_bytes_per_s: float | None = None

@@ -55,9 +55,10 @@ class ChangelogConfig:
     native_materialization: bool = True
     # beyond Flink (as RocksDB's rate limiter paces its compactions): while the kernel's write-back is behind (a
     # table larger than its background threshold: every batch writes back), a native materialization puts its
-    # entries into its file at most this many MB a second, and reads the file back for its CRC-32 at most that
-    # many, so that the batches keep the disk (at 10 GB a materialization unpaced doubled the batches' p99;
-    # docs/benchmarks.md). None: as fast as the disk goes
+    # entries into its file at most this many MB a second, and reads the file to copy it to checkpoint storage
+    # that is not its file system (a local root on it takes a hard link) at most that many, so that the batches
+    # keep the disk (at 10 GB a materialization unpaced doubled the batches' p99; docs/benchmarks.md). None: as
+    # fast as the disk goes
     materialization_write_mb_per_s: float | None = 50.0
     materialization_read_mb_per_s: float | None = 200.0
     preemptive_threshold: int = 5 * MB

@@ -11,14 +11,15 @@ native file could not.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import lmdb
 
-from spate.crc import crc32
+from spate.crc import crc32, crc32_combine
+from spate.errors import CheckpointError
 from spate.heap import bulk_phase
 from spate.layout import random_name
 from spate.pacing import Pace
@@ -34,13 +35,14 @@ from spate.state.lmdb_scan import KG_PREFIXES
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import OverlayTable
 from spate.state.table import unwrapped
-from spate.write_behind import start_write_back
+from spate.write_behind import start_write_back, wait_written_back
 
 COMMIT_BYTES = 64 << 20  # a native snapshot being built is committed every this many bytes of entries
 MIN_MAP_BYTES = 1 << 30
 STATES_KEY = META_PREFIX + b"states"  # the table's state registry (spate.state.keyed)
 BUILD_PREFIX = "native-"  # a native snapshot being built, in the table's directory
 OLD_BUILD_PREFIXES = (BUILD_PREFIX, "materialization-")  # and its name before 2026-11-28
+LOCK_SUFFIX = "-lock"  # lmdb's lock file beside a file opened with subdir=False
 
 
 def build_path(table_dir: str) -> str:
@@ -69,25 +71,34 @@ class NativeFileBuilder:
     """A native snapshot's lmdb data file at ``path``, built from the table's key groups read in order (by a
     materialization's reader process): each key group put in lmdb's append mode (pages filled, no search per
     entry), committed every :data:`COMMIT_BYTES`, each commit's write-back started and what the commits before it
-    wrote let go from the page cache; the table digest summed key group by key group. ``pace`` keeps the entries
-    put to its rate (a materialization's, so that the batches keep the disk; None: as fast as the disk goes).
+    wrote let go from the page cache; the table digest summed key group by key group, and the file's CRC-32 commit
+    by commit. ``pace`` keeps the entries put to its rate (None: as fast as the disk goes). A ``background`` build
+    (a materialization's, beside the batches) waits for each commit's write-back a commit later: it goes no faster
+    than the disk takes its file, so it never floods the page cache with gigabytes the batches' writes would then
+    queue behind, and what it lets go of is clean (a build in the batch's own thread waits for nothing).
 
     Why not lmdb's own copy of the table: a consistent copy holds one read transaction for as long as it runs, and
     lmdb reuses no page the batches free meanwhile; at 10 GB the live file grew to 3.3x the state. Built from the
     key groups the materialization reads anyway, from a view moved forward at every boundary, the file pins no
     more than the frames it replaces, and compacts as it goes."""
 
-    def __init__(self, path: str, map_size: int, pace: Pace | None = None) -> None:
+    def __init__(self, path: str, map_size: int, pace: Pace | None = None, *, background: bool = False) -> None:
         self.path = path
         self._pace = pace
-        self.env = lmdb.open(path, subdir=False, lock=False, map_size=map_size, sync=False, metasync=False,
-                             readahead=False, max_dbs=0)
+        self._background = background
+        # locked, so that the snapshot held below is seen: lmdb then reuses no page the commits free
+        self.env = lmdb.open(path, subdir=False, lock=True, map_size=map_size, sync=False, metasync=False,
+                             readahead=False, max_dbs=0, max_readers=1)
         self._fd = os.open(path, os.O_RDONLY)  # to start each commit's write-back (write_behind)
+        self._held = self.env.begin()  # each commit then only adds pages past the file's end (and a meta page)
+        self._meta_bytes = 2 * self.env.stat()["psize"]
+        self._checksum = _Checksum(self._fd, self._meta_bytes)
         self.groups: list[int] = []
         self._digest = 0
         self._txn: lmdb.Transaction | None = None
         self._pending = 0
         self._started_up_to = 0  # the file's size when its write-back was last started
+        self.crc: int | None = None  # the file's CRC-32, once finished
 
     def add(self, kg: int, flat: list[bytes]) -> int:
         """Append key group ``kg`` (``[key, value, ...]``, keys without the prefix; after every key group added
@@ -111,15 +122,21 @@ class NativeFileBuilder:
 
     def _write_back(self) -> None:
         """Start the write-back of what was committed, and let go from the page cache what was written back a
-        commit earlier (clean by now, mostly): a file of the state's size would otherwise push the table's own
-        pages out while it is built. lmdb's own pages it still maps (the tree's right edge) stay cached."""
+        commit earlier (clean by now, mostly; in the background, waited for): a file of the state's size would
+        otherwise push the table's own pages out while it is built. lmdb's own pages it still maps (the tree's
+        right edge) stay cached. What the commit added is checksummed first, read from the page cache."""
+        self._checksum.to_end()
         start_write_back(self._fd)
+        if self._background:
+            wait_written_back(self._fd, self._started_up_to)
         drop_cached(self._fd, 0, self._started_up_to)
         self._started_up_to = os.fstat(self._fd).st_size
 
     def _close(self) -> None:
+        self._held.abort()
         self.env.close()
         os.close(self._fd)
+        _remove(self.path + LOCK_SUFFIX)
 
     @property
     def digest(self) -> int:
@@ -134,8 +151,16 @@ class NativeFileBuilder:
         self._txn = None
         txn.cursor().putmulti(sorted(metadata.items()), append=True)
         txn.commit()
+        self._checksum.to_end()
         start_write_back(self._fd)
+        self.crc = crc32_combine(crc32(os.pread(self._fd, self._meta_bytes, 0)), self._checksum.crc,
+                                 self._checksum.at - self._meta_bytes)
         self._close()
+
+    def built(self) -> NativeBuild:
+        """What :meth:`finish` made."""
+        assert self.crc is not None, "finished"
+        return NativeBuild(tuple(self.groups), self.digest, self.crc)
 
     def abort(self) -> None:
         """Drop what was built (the file deleted)."""
@@ -147,41 +172,80 @@ class NativeFileBuilder:
             os.unlink(self.path)
 
 
-def write_native_file(path: str, built: tuple[tuple[int, ...], int], scope: SnapshotScope,
-                      out: SegmentWriter, pace: Pace | None = None) -> NativeSnapshotHandle | None:
-    """The native snapshot file at ``path`` (``built``: the key groups it holds and its digest, from
-    :class:`NativeFileBuilder`) as one logical file of ``out``, with its CRC-32 (None: no key group of ``scope``
-    holds data): linked into place where ``out`` can (the file is then written to disk once), else copied. The file
-    is read at ``pace`` (None: as fast as the disk goes)."""
-    groups, digest = built
-    if not groups:
+@dataclass(frozen=True)
+class NativeBuild:
+    """A native snapshot file built (:class:`NativeFileBuilder`): the key groups that hold data, the table digest it
+    records, and the file's CRC-32."""
+
+    groups: tuple[int, ...]
+    digest: int
+    crc: int
+
+
+class _Checksum:
+    """The CRC-32 of a growing file from ``start`` (past its meta pages) up to where it was last read (``at``), read
+    in chunks of :data:`CHUNK_BYTES`."""
+
+    def __init__(self, fd: int, start: int) -> None:
+        self._fd = fd
+        self.at = start
+        self.crc = 0
+
+    def to_end(self) -> None:
+        size = os.fstat(self._fd).st_size
+        while self.at < size:
+            data = os.pread(self._fd, min(CHUNK_BYTES, size - self.at), self.at)
+            if not data:
+                break
+            self.crc = crc32(data, self.crc)
+            self.at += len(data)
+
+
+def write_native_file(path: str, built: NativeBuild, scope: SnapshotScope, out: SegmentWriter,
+                      pace: Pace | None = None) -> NativeSnapshotHandle | None:
+    """The native snapshot file at ``path`` (``built`` by :class:`NativeFileBuilder`) as one logical file of
+    ``out`` (None: no key group of ``scope`` holds data): linked into place where ``out`` can (the file is then
+    written to disk once, and not read again), else copied, read at ``pace`` (None: as fast as the disk goes) and
+    checked against the CRC-32 it was built with.
+
+    Raises:
+        CheckpointError: the copy's bytes are not those the file was built with (nothing is kept).
+    """
+    if not built.groups:
         return None
-    crc = 0
-
-    def parts() -> Iterator[bytes]:
-        nonlocal crc
-        with open(path, "rb", buffering=0) as f:
-            at = 0
-            while data := f.read(CHUNK_BYTES):
-                crc = crc32(data, crc)
-                yield data
-                drop_cached(f.fileno(), at, len(data))  # a checkpoint's file now: read again only by a restore
-                at += len(data)
-                if pace is not None:
-                    pace.moved(len(data))
-
     ref = out.link_in(path)  # a local root on the same disk: the file itself, written once
     if ref is None:
-        ref = out.write_parts(parts())
-    else:
-        try:
-            collections.deque(parts(), maxlen=0)
-        except BaseException:
+        copied = _CopiedFile(path, pace)
+        ref = out.write_parts(copied.parts())
+        if copied.crc != built.crc:
             out.discard(ref)
-            raise
+            raise CheckpointError(f"the native snapshot {path} changed while it was copied to checkpoint storage "
+                                  f"(CRC-32 {copied.crc:#010x}, built as {built.crc:#010x}): nothing was kept, the "
+                                  "next materialization writes it again")
     kgs = scope.key_groups
-    return NativeSnapshotHandle(ref.path, kgs.start, kgs.stop - 1, kgs.start, kgs.stop - 1, groups, ref.length,
-                                crc, digest, tuple(m.to_dict() for m in scope.metas), ref.offset)
+    return NativeSnapshotHandle(ref.path, kgs.start, kgs.stop - 1, kgs.start, kgs.stop - 1, built.groups,
+                                ref.length, built.crc, built.digest, tuple(m.to_dict() for m in scope.metas),
+                                ref.offset)
+
+
+class _CopiedFile:
+    """A file read in chunks for a copy, at a pace, its CRC-32 summed as it goes, and let go from the page cache
+    behind (a checkpoint's file now: read again only by a restore)."""
+
+    def __init__(self, path: str, pace: Pace | None) -> None:
+        self._path, self._pace = path, pace
+        self.crc = 0
+
+    def parts(self) -> Iterator[bytes]:
+        with open(self._path, "rb", buffering=0) as f:
+            at = 0
+            while data := f.read(CHUNK_BYTES):
+                self.crc = crc32(data, self.crc)
+                yield data
+                drop_cached(f.fileno(), at, len(data))
+                at += len(data)
+                if self._pace is not None:
+                    self._pace.moved(len(data))
 
 
 def native_table(backend: KeyedStateBackend, from_bytes: int | None) -> LmdbTable | OverlayTable | None:
@@ -215,9 +279,15 @@ def write_native_snapshot(backend: KeyedStateBackend, table: LmdbTable | Overlay
         except BaseException:
             builder.abort()
             raise
-        return write_native_file(path, (tuple(builder.groups), builder.digest), scope, out)
+        return write_native_file(path, builder.built(), scope, out)
     finally:
-        _remove(path)
+        remove_build(path)
+
+
+def remove_build(path: str) -> None:
+    """Remove the native snapshot being built at ``path`` (:func:`build_path`), with its lock file."""
+    _remove(path + LOCK_SUFFIX)
+    _remove(path)
 
 
 def _remove(path: str) -> None:
