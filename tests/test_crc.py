@@ -21,6 +21,7 @@ def test_the_fast_implementation_is_used_where_installed():
     from isal import isal_zlib  # a dependency: installed with spate
 
     assert crc.crc32 is isal_zlib.crc32
+    assert crc.crc32_combine is getattr(isal_zlib, "crc32_combine", crc.combine)
 
 
 @given(st.binary(max_size=3000), st.binary(max_size=3000))
