@@ -591,6 +591,23 @@ def test_a_copy_that_is_not_the_built_file_is_refused_and_leaves_nothing(tmp_pat
     backend.table.close()
 
 
+def test_a_build_that_cannot_start_closes_its_file_and_leaves_nothing(tmp_path, monkeypatch):
+    """A builder whose file cannot be opened again to start its write-back (fault injection: ``os.open`` fails)
+    closes the lmdb environment it opened and removes its file and lmdb's lock file before it raises."""
+    backend = _filled(str(tmp_path / "t"), range(30))
+    path = native_write.build_path(backend.table.path)
+
+    def no_descriptors(*args, **kwargs):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(native_write.os, "open", no_descriptors)
+    with pytest.raises(OSError, match="Too many open files"):
+        native_write.NativeFileBuilder(path, native_write.map_bytes(backend.table.path))
+    monkeypatch.undo()
+    assert not os.path.exists(path) and not os.path.exists(path + native_write.LOCK_SUFFIX)
+    backend.table.close()
+
+
 def _build(backend: KeyedStateBackend, **kwargs) -> tuple[str, native_write.NativeFileBuilder]:
     """The table's native file, built in its directory."""
     path = native_write.build_path(backend.table.path)

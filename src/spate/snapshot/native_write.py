@@ -89,9 +89,18 @@ class NativeFileBuilder:
         # locked, so that the snapshot held below is seen: lmdb then reuses no page the commits free
         self.env = lmdb.open(path, subdir=False, lock=True, map_size=map_size, sync=False, metasync=False,
                              readahead=False, max_dbs=0, max_readers=1)
-        self._fd = os.open(path, os.O_RDONLY)  # to start each commit's write-back (write_behind)
-        self._held = self.env.begin()  # each commit then only adds pages past the file's end (and a meta page)
-        self._meta_bytes = 2 * self.env.stat()["psize"]
+        self._fd = -1
+        try:
+            self._fd = os.open(path, os.O_RDONLY)  # to start each commit's write-back (write_behind)
+            self._held = self.env.begin()  # each commit then only adds pages past the file's end (and a meta page)
+            self._meta_bytes = 2 * self.env.stat()["psize"]
+        except BaseException:
+            self.env.close()
+            if self._fd >= 0:
+                os.close(self._fd)
+            _remove(path)
+            _remove(path + LOCK_SUFFIX)
+            raise
         self._checksum = _Checksum(self._fd, self._meta_bytes)
         self.groups: list[int] = []
         self._digest = 0
