@@ -633,7 +633,7 @@ def test_the_changelogs_pace_reaches_the_reader_process(tmp_path, monkeypatch):
     config = ChangelogConfig(materialization_write_mb_per_s=3, materialization_read_mb_per_s=None)
     assert config.native_pace() == NativePace(3 * 2 ** 20, None)
     assert ChangelogConfig(native_materialization=False).native_pace() is None
-    assert ChangelogConfig().native_pace() == NativePace(50 * 2 ** 20, 200 * 2 ** 20)
+    assert ChangelogConfig().native_pace() == NativePace(35 * 2 ** 20, 200 * 2 ** 20)
     started = []
 
     def recording_send(stream, message):
