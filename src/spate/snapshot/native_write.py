@@ -90,21 +90,18 @@ class NativeFileBuilder:
         self.env = lmdb.open(path, subdir=False, lock=True, map_size=map_size, sync=False, metasync=False,
                              readahead=False, max_dbs=0, max_readers=1)
         self._fd = -1
+        self._held: lmdb.Transaction | None = None
+        self._txn: lmdb.Transaction | None = None
         try:
             self._fd = os.open(path, os.O_RDONLY)  # to start each commit's write-back (write_behind)
             self._held = self.env.begin()  # each commit then only adds pages past the file's end (and a meta page)
             self._meta_bytes = 2 * self.env.stat()["psize"]
         except BaseException:
-            self.env.close()
-            if self._fd >= 0:
-                os.close(self._fd)
-            _remove(path)
-            _remove(path + LOCK_SUFFIX)
+            self.abort()  # a builder that could not start leaves nothing either
             raise
         self._checksum = _Checksum(self._fd, self._meta_bytes)
         self.groups: list[int] = []
         self._digest = 0
-        self._txn: lmdb.Transaction | None = None
         self._pending = 0
         self._started_up_to = 0  # the file's size when its write-back was last started
         self.crc: int | None = None  # the file's CRC-32, once finished
@@ -142,9 +139,11 @@ class NativeFileBuilder:
         self._started_up_to = os.fstat(self._fd).st_size
 
     def _close(self) -> None:
-        self._held.abort()
+        if self._held is not None:
+            self._held.abort()
         self.env.close()
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
         _remove(self.path + LOCK_SUFFIX)
 
     @property
@@ -177,8 +176,7 @@ class NativeFileBuilder:
             self._txn.abort()
             self._txn = None
         self._close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        _remove(self.path)
 
 
 @dataclass(frozen=True)
