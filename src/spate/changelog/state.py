@@ -58,8 +58,9 @@ class ChangelogConfig:
     # entries into its file at most this many MB a second, and reads the file to copy it to checkpoint storage
     # that is not its file system (a local root on it takes a hard link) at most that many, so that the batches
     # keep the disk (at 10 GB on the benchmark's machine: unpaced, a materialization doubled the batches' p99; at
-    # 50 MB/s it slowed them by a quarter; at 35 they were as fast while it ran as while it was stopped, and the
-    # longer log it leaves a restore to replay still restored faster than a full snapshot; docs/benchmarks.md).
+    # 50 MB/s it slowed them by a quarter; at 35 they were as fast while it ran as while it was stopped; the longer
+    # log it leaves a restore to replay restored faster than a full snapshot right after a materialization, and
+    # 1.8x slower just before the next one completed; docs/benchmarks.md).
     # None: as fast as the disk goes
     materialization_write_mb_per_s: float | None = 35.0
     materialization_read_mb_per_s: float | None = 200.0
