@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import zlib
 from pathlib import Path
 
@@ -485,6 +486,72 @@ def test_a_native_base_is_checked_through_its_link_and_stays_in_the_page_cache(t
     assert counts(root) == expected_counts(src)
     assert dropped, "the log's change sets were read through the storage"
     assert os.path.realpath(CheckpointStorage(root).path(handle.path)) not in dropped
+
+
+@pytest.mark.parametrize("link", [True, False])
+def test_the_log_replays_while_the_native_base_is_placed(tmp_path, monkeypatch, link):
+    """The base's file is placed (linked and its CRC-32 checked, or downloaded) in a thread of its own while the log
+    replays into the table's own part, which reads nothing of the base: here placing the file waits until the replay
+    is done (serially, it would wait for ever). The table is tagged with the base only after the file is placed."""
+    from spate.runtime.recovery import local_copy, trust
+
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, str(tmp_path / "l1"), 1, src, 4)
+    (before,) = load_checkpoint(CheckpointStorage(root)).subtasks
+    assert before.changelog, "a log to replay"
+    replayed, events = threading.Event(), []
+    restore, place, tag = local_copy.restore_keyed_state, download._place, local_copy.write_tag
+
+    def replaying(*args):
+        restore(*args)
+        events.append("replayed")
+        replayed.set()
+
+    def placing(*args, **kw):
+        events.append("placing")
+        assert replayed.wait(30), "the replay waited for the base to be placed"
+        linked = place(*args, **kw)
+        events.append("placed")
+        return linked
+
+    monkeypatch.setattr(local_copy, "restore_keyed_state", replaying)
+    monkeypatch.setattr(download, "_place", placing)
+    monkeypatch.setattr(local_copy, "write_tag", lambda *a: events.append("tagged") or tag(*a))
+    assert trust.write_tag is tag
+    if not link:  # as with an object store: downloaded
+        monkeypatch.setattr(download, "local_file", lambda storage, handle: None)
+    _run(root, str(tmp_path / "l2"), 1, src, 5)
+    assert events[:4] == ["placing", "replayed", "placed", "tagged"], events
+    (after,) = load_checkpoint(CheckpointStorage(root)).subtasks
+    assert after.recovery == "restored"
+    assert after.stats.get("local_moved_bytes", 0) == (before.keyed[0].size if link else 0)
+    assert counts(root) == expected_counts(src[:5])
+
+
+def test_a_damaged_native_base_found_as_the_log_replays_leaves_no_table(tmp_path, monkeypatch):
+    """The base's check fails once the file is in the table's directory, while the log replays into the table: the
+    restore fails naming the file, the table's directory is gone (nothing half restored is trusted by a later
+    restart), and the checkpoint is untouched."""
+    root, src = str(tmp_path / "c"), batches(6)
+    _run(root, str(tmp_path / "l1"), 1, src, 4)
+    storage = CheckpointStorage(root)
+    (handle,) = load_checkpoint(storage).subtasks[0].keyed
+    place = download._place
+
+    def damaged(storage, handle, dest, *rest, **kw):
+        place(storage, handle, dest, *rest, **kw)
+        assert os.path.exists(dest)
+        raise CorruptFileError(f"{handle.path}: CRC-32 (a fault injected after placing)")
+
+    monkeypatch.setattr(download, "_place", damaged)
+    local = tmp_path / "l2"
+    with pytest.raises(CorruptFileError, match=rf"{handle.path}.*CRC-32"):
+        _run(root, str(local), 1, src, 6)
+    assert not [p for p in local.rglob("*.mdb")], "no table left over the damaged base"
+    assert os.path.exists(storage.path(handle.path)) and load_checkpoint(storage).checkpoint_id == 3
+    monkeypatch.setattr(download, "_place", place)
+    _run(root, str(local), 1, src, 6)
+    assert counts(root) == expected_counts(src)
 
 
 @pytest.mark.parametrize("parallelism", [1, 2])

@@ -7,11 +7,15 @@ else unknown until the base is folded in."""
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import Future
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.overlay import table_over_base
+from spate.errors import CorruptFileError
 from spate.state.layout import U16, length_prefixed
 from spate.state.overlay import OverlayTable, open_local_table
 
@@ -129,3 +133,37 @@ def test_a_count_the_table_cannot_hold_is_not_learned(tmp_path):
     table.learn_entry_count(4)
     assert table.entry_count() == 4
     table.close()
+
+
+def test_a_base_still_being_placed_is_waited_for_only_by_what_reads_it(tmp_path):
+    """A restore replays its log while the base's file is placed: writing the delta does not wait for the file; the
+    first read of the base (a delete, which must know whether the base holds the key) waits for it."""
+    table, readers = table_over_base(tmp_path, [(2, primary(0, 1), b"old")], range(2, 6))
+    (base,) = table.bases
+    reader, placing = base.table, Future()
+    base.opened = placing
+    table.restore_key_group(3, [primary(0, 7), b"new"], frozenset())
+    table.put(4, primary(0, 8), b"put")
+    assert base.opened is placing, "written without the base"
+    waiting = threading.Timer(0.05, placing.set_result, (reader,))
+    waiting.start()
+    table.delete(2, primary(0, 1))
+    assert base.opened is reader
+    assert table.get(2, primary(0, 1)) is None and table.get(3, primary(0, 7)) == b"new"
+    table.close()
+    waiting.join()
+    assert readers._open == {}, "the base's reader let go of"
+
+
+def test_a_base_that_could_not_be_placed_fails_its_reads_and_the_table_still_closes(tmp_path):
+    table, readers = table_over_base(tmp_path, [(2, primary(0, 1), b"old")], range(2, 6))
+    (base,) = table.bases
+    reader, failed = base.table, Future()
+    failed.set_exception(CorruptFileError("base-0.mdb: CRC-32 (a fault injected)"))
+    base.opened = failed
+    readers.release(reader)  # what placing it would have opened, had it not failed
+    table.put(3, primary(0, 2), b"v")
+    with pytest.raises(CorruptFileError, match="base-0.mdb"):
+        table.get(2, primary(0, 1))
+    table.destroy()
+    assert not os.path.exists(tmp_path / "new") and readers._open == {}

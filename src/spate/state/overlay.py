@@ -20,6 +20,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import cast
 
@@ -35,16 +36,34 @@ BASES_META = "bases"  # the table metadata listing its bases: [[file name, first
 
 @dataclass
 class Base:
-    """A read-only lmdb file of another subtask's state, owning key groups ``[start, stop)`` of this table."""
+    """A read-only lmdb file of another subtask's state, owning key groups ``[start, stop)`` of this table.
+
+    ``opened`` is its reader, or the reader still to come while the file is placed (a restore's base downloaded, or
+    its CRC-32 checked, as the log replays into the delta): the first read of the base waits for it, and raises what
+    placing it raised."""
 
     name: str
     start: int
     stop: int
-    table: ReadOnlyTable
+    opened: ReadOnlyTable | Future[ReadOnlyTable]
     resume: bytes = b""  # folding key group ``start`` goes on from this key (b"": from its first)
     # the entries the table still reads from it (in its key groups, from ``resume`` on, neither replaced nor deleted
     # by the delta); None: not known (it holds more key groups than it owns, or entries were restored into them)
     served: int | None = None
+
+    @property
+    def table(self) -> ReadOnlyTable:
+        """The base's reader, once it is placed."""
+        if isinstance(self.opened, Future):
+            self.opened = self.opened.result()
+        return self.opened
+
+    def placed(self) -> ReadOnlyTable | None:
+        """The reader, waited for; None if placing the file failed (no reader to let go of)."""
+        try:
+            return self.table
+        except Exception:  # noqa: BLE001 - raised to whoever reads the base; here there is nothing to release
+            return None
 
     def owns(self, kg: int) -> bool:
         return self.start <= kg < self.stop
@@ -389,7 +408,8 @@ class OverlayTable(StateTable):
 
     def _release_bases(self) -> None:
         for b in self.bases:
-            self._readers.release(b.table)
+            if (reader := b.placed()) is not None:
+                self._readers.release(reader)
         self.bases = []
 
 

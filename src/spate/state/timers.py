@@ -1,8 +1,10 @@
 """Timers per key and namespace, in event time and processing time.
 
 The table is the source of truth (timers are entries under reserved state ids, so snapshots, restores and
-rescaling treat them like any other keyed state); an in-memory heap per time domain is an index rebuilt
-from the table on open, so firing in timestamp order is O(log n) per timer.
+rescaling treat them like any other keyed state); an in-memory heap per time domain is an index built
+from the table when a timer is first used, so firing in timestamp order is O(log n) per timer. Built then, not when
+the backend opens: a backend that only writes a restore's entries (and a table whose base is still being checked)
+reads no timer.
 """
 
 from __future__ import annotations
@@ -36,19 +38,26 @@ class TimerService:
     def __init__(self, backend: KeyScope) -> None:
         self._b = backend
         self._prefix = {dom: U16.pack(sid) for dom, sid in TIMER_SIDS.items()}
-        self._heaps: dict[str, list[tuple[int, int, bytes]]] = {dom: [] for dom in TIMER_SIDS}
-        self.rebuild()
+        self._heaps: dict[str, list[tuple[int, int, bytes]]] | None = None  # built at first use
+
+    def _heap(self, domain: str) -> list[tuple[int, int, bytes]]:
+        if self._heaps is None:
+            self.rebuild()
+            assert self._heaps is not None
+        return self._heaps[domain]
 
     def rebuild(self) -> None:
-        """Re-create the in-memory index from the table (after a restore or reopening a table)."""
+        """Re-create the in-memory index from the table."""
         table = self._b.table
+        heaps = {}
         for dom, prefix in self._prefix.items():
             heap = []
             for kg in self._b.key_groups:
                 for primary, uk, _ in table.state_entries(kg, prefix):
                     heap.append((_TS.unpack(uk)[0] - _BIAS, kg, primary))
             heapq.heapify(heap)
-            self._heaps[dom] = heap
+            heaps[dom] = heap
+        self._heaps = heaps
 
     def _primary(self, domain: str, namespace: Any) -> bytes:
         if self._b._kg < 0:
@@ -70,8 +79,9 @@ class TimerService:
         if not isinstance(timestamp, int) or isinstance(timestamp, bool):
             raise StateAccessError(f"timer timestamp must be an int (ms), got {timestamp!r}: pass epoch milliseconds "
                                    "as an int")
+        heap = self._heap(domain)  # built before the put: the table's timers, without this one
         self._b.table.map_put(kg, primary, _ts_bytes(timestamp), b"")
-        heapq.heappush(self._heaps[domain], (timestamp, kg, primary))
+        heapq.heappush(heap, (timestamp, kg, primary))
         self._b.dirty = True
 
     def delete(self, domain: str, timestamp: int, namespace: Any = None) -> None:
@@ -92,13 +102,13 @@ class TimerService:
     def earliest(self, domain: str) -> int | None:
         """The earliest timer of ``domain`` (a lower bound: a deleted timer stays in the index until its time
         comes), None without one."""
-        heap = self._heaps[self._domain(domain)]
+        heap = self._heap(self._domain(domain))
         return heap[0][0] if heap else None
 
     def pop_due(self, domain: str, up_to: int) -> Iterator[tuple[int, Any]]:
         """Remove and yield (timestamp, namespace) of every timer ≤ ``up_to`` in timestamp order, with the
         backend's current key set to the timer's key. Timers registered meanwhile are included."""
-        heap, b = self._heaps[domain], self._b
+        heap, b = self._heap(domain), self._b
         while heap and heap[0][0] <= up_to:
             ts, kg, primary = heapq.heappop(heap)
             uk = _ts_bytes(ts)
@@ -113,7 +123,7 @@ class TimerService:
     def take_due(self, domain: str, up_to: int) -> builtins.list[tuple[int, int, bytes, bytes]]:
         """Remove every timer ≤ ``up_to`` and return them as (timestamp, key group, key bytes, namespace bytes),
         in timestamp order (bulk firing: the current key is left alone)."""
-        heap, table = self._heaps[domain], self._b.table
+        heap, table = self._heap(domain), self._b.table
         due = []
         while heap and heap[0][0] <= up_to:
             ts, kg, primary = heapq.heappop(heap)
@@ -133,7 +143,7 @@ class TimerService:
         it, and may delete or re-register it) and deleted once the consumer asks for the next one. The list is
         fixed when firing begins, as Spark reads it: a timer an earlier handler deleted still fires, and one
         registered meanwhile fires in a later batch."""
-        heap, b = self._heaps[domain], self._b
+        heap, b = self._heap(domain), self._b
         due: list[tuple[int, int, bytes]] = []
         while heap and heap[0][0] <= up_to:
             entry = heapq.heappop(heap)

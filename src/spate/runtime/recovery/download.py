@@ -21,9 +21,14 @@ table read the snapshot key group by key group (:mod:`spate.runtime.recovery.sto
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import msgpack
 
 from spate.checkpoint.protocol import SubtaskPlan
 from spate.errors import SpateError
@@ -35,7 +40,7 @@ from spate.runtime.recovery.trust import full_restore
 from spate.snapshot.handles import NativeSnapshotHandle
 from spate.snapshot.native import download_native, local_file
 from spate.snapshot.verify import VerifiedSpans, verify_native_once
-from spate.state.lmdb_table import LmdbTable
+from spate.state.lmdb_table import LmdbTable, ReadOnlyTable
 from spate.state.overlay import Base, OverlayTable, SharedReaders
 
 BASE_NAME = "base-native.mdb"  # the native snapshot's file in the table directory (overlay bases are base-*.mdb)
@@ -55,12 +60,17 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
     shutil.rmtree(path, ignore_errors=True)  # untrusted by the rungs before, or none
     os.makedirs(path)
     if copied:
-        table: LmdbTable | OverlayTable = _copied(storage, handle, path, owner.context(plan))
+        target, operator = owner.filled(plan, _copied(storage, handle, path, owner.context(plan)),
+                                        lambda t: replay_change_sets(plan, owner, t.table, plan.changelog))
         linked = False
     else:
-        checked = owner.services.verified_spans(plan.base_uri)
-        table, linked = _over_base(storage, handle, path, owner.services.readers, owner.context(plan), checked)
-    target, operator = owner.filled(plan, table, lambda t: replay_change_sets(plan, owner, t.table, plan.changelog))
+        placing = _Placing(storage, handle, os.path.join(path, BASE_NAME), owner.services.readers, owner.context(plan),
+                           owner.services.verified_spans(plan.base_uri))
+        with ThreadPoolExecutor(1, thread_name_prefix="spate-base") as pool:
+            table, base = _over_base(handle, path, owner.services.readers, lambda: pool.submit(placing.reader))
+            target, operator = owner.filled(plan, table, lambda t: replay_change_sets(
+                plan, owner, t.table, plan.changelog, settle=functools.partial(_settled, base, handle, plan)))
+        linked = placing.linked
     info = full_restore(plan, ms_since(started))
     return owner.recovered(plan, target, operator, info, stats=nonzero(
         replayed_change_sets=len(plan.changelog), local_moved_bytes=handle.size if linked else 0),
@@ -79,35 +89,55 @@ def _copied(storage: CheckpointStorage, handle: NativeSnapshotHandle, path: str,
         raise
 
 
-def _over_base(storage: CheckpointStorage, handle: NativeSnapshotHandle, path: str, readers: SharedReaders,
-               context: str, checked: VerifiedSpans) -> tuple[OverlayTable, bool]:
+def _over_base(handle: NativeSnapshotHandle, path: str, readers: SharedReaders,
+               place: Callable[[], Future[ReadOnlyTable]]) -> tuple[OverlayTable, Base]:
     """With the changelog: an empty table in ``path`` over the snapshot's file as its read-only base (its
-    materializations are read by a process of their own, where an overlay's merges cost no batch), and whether the
-    file was linked."""
-    table = reader = None
-    base = os.path.join(path, BASE_NAME)
+    materializations are read by a process of their own, where an overlay's merges cost no batch), the file being
+    placed (``place`` starts it) while the log replays into the table's own part. The replay writes the delta and
+    reads the base only for what it deletes (or for records that cannot be folded): those wait for the file."""
+    table = None
     try:
-        linked = _place(storage, handle, base, context, checked)
-        try:
-            reader = readers.open(base, file=True)
-        except SpateError:  # this process reads the linked file already, as another restore's source: a copy
-            os.unlink(base)
-            linked = _place(storage, handle, base, context, checked, link=False)
-            reader = readers.open(base, file=True)
         table = OverlayTable(LmdbTable(path), [], readers)
-        # the entries it serves: all of the file's, unless it holds other subtasks' key groups too
-        served = reader.entry_count() if handle.whole else None
-        table.add_base(Base(BASE_NAME, handle.start, handle.end + 1, reader, served=served),
-                       reader.meta("states") or b"")
+        # the handle's registry is the file's (the table's at the snapshot), known before the file is checked
+        base = Base(BASE_NAME, handle.start, handle.end + 1, place())
+        table.add_base(base, msgpack.packb(list(handle.states)) if handle.states else b"")
         table.commit()
     except BaseException:
         if table is not None:
-            table.destroy()  # and lets the base's reader go
-        elif reader is not None:
-            readers.release(reader)
+            table.destroy()  # after the file is placed: then lets its reader go
         shutil.rmtree(path, ignore_errors=True)
         raise
-    return table, linked
+    return table, base
+
+
+def _settled(base: Base, handle: NativeSnapshotHandle, plan: SubtaskPlan) -> None:
+    """Before the restored table is tagged: its base placed and checked (raises what placing it raised), and the
+    entries it serves counted when that is cheap to know: all of the file's, when it holds exactly the table's key
+    groups and no log was replayed into them (else learned from the checkpoint: ``learn_entry_count``)."""
+    reader = base.table
+    if handle.whole and not plan.changelog:
+        base.served = reader.entry_count()
+
+
+class _Placing:
+    """Placing the snapshot's file at ``dest`` as the base, in a thread of its own: hard-linked from a checkpoint root
+    on this file system and its CRC-32 checked, else downloaded (checked as it is written); opened for reading."""
+
+    def __init__(self, storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, readers: SharedReaders,
+                 context: str, checked: VerifiedSpans) -> None:
+        self._storage, self._handle, self._dest, self._readers = storage, handle, dest, readers
+        self._context, self._checked = context, checked
+        self.linked = False  # whether the file was linked (known once placed)
+
+    def reader(self) -> ReadOnlyTable:
+        storage, handle, dest, context = self._storage, self._handle, self._dest, self._context
+        self.linked = _place(storage, handle, dest, context, self._checked)
+        try:
+            return self._readers.open(dest, file=True)
+        except SpateError:  # this process reads the linked file already, as another restore's source: a copy
+            os.unlink(dest)
+            self.linked = _place(storage, handle, dest, context, self._checked, link=False)
+            return self._readers.open(dest, file=True)
 
 
 def _native_base(plan: SubtaskPlan) -> NativeSnapshotHandle | None:

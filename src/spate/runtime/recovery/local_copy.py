@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 
 import lmdb
 
@@ -107,12 +108,15 @@ def _intact(table: LmdbTable | OverlayTable, owner: StateOwner) -> bool:
     return True
 
 
-def replay_change_sets(plan: SubtaskPlan, owner: StateOwner, table: StateTable,
-                       change_sets: list[ChangeSetHandle]) -> None:
+def replay_change_sets(plan: SubtaskPlan, owner: StateOwner, table: StateTable, change_sets: list[ChangeSetHandle],
+                       settle: Callable[[], None] | None = None) -> None:
     """Replay ``change_sets`` (the base's change sets a local copy lacks) into its ``table``, then tag it with the
-    base. Untagged meanwhile: a copy left half caught up is never trusted."""
+    base, once ``settle`` (what else must hold first: a base checked as the log replayed) returns. Untagged
+    meanwhile: a copy left half caught up, or over a base not checked, is never trusted."""
     assert plan.base_checkpoint_id is not None and plan.base_uri is not None
     mark_dirty(table)
     restore_keyed_state(owner.keyed_backend(plan, table), owner.services.storage_of(plan.base_uri), [],
                         change_sets, owner.context(plan))
+    if settle is not None:
+        settle()
     write_tag(table, plan.base_checkpoint_id, Lineage.of(plan.key_groups, plan.keyed, plan.changelog))
