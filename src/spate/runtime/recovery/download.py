@@ -8,9 +8,11 @@ restored by taking its file, not entry by entry.
   (``restored``): a restore costs getting the file and replaying the log, and the table folds the base into itself
   a bounded number of entries per batch. Getting the file: in a checkpoint root on this machine's file system, a
   hard link to the checkpoint's own file (a whole file, not a segment of a merged one) when the two are on one file
-  system, its CRC-32 checked by reading it; else a download, checked as it is written. The base is only ever read
-  (lmdb opens it read-only), so the checkpoint's file is never changed; unlinking the base when it is folded leaves
-  the checkpoint's name alone.
+  system, its CRC-32 checked by reading it; else a download, checked as it is written. Either runs in a thread of
+  its own while the log replays: the replay writes only the table's own part, and what it reads of the base (for
+  a delete, or a record that cannot be folded) waits for the file. The table is tagged with the plan's base only
+  once the file is in place and checked. The base is only ever read (lmdb opens it read-only), so the checkpoint's
+  file is never changed; unlinking the base when it is folded leaves the checkpoint's name alone.
 - Without it, the file is copied, checked as it is written, to be the table's own data file (when it holds
   exactly the subtask's key groups): the subtask's thread writes every full snapshot of the table, and would merge
   an overlay's key groups with the base's in Python.
