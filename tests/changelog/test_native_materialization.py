@@ -15,7 +15,9 @@ import tempfile
 import threading
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +32,7 @@ from spate.changelog.restore import restore_keyed_state
 from spate.changelog.state import ChangelogConfig, ChangelogKeyedState
 from spate.changelog.upload import UploadConfig
 from spate.checkpoint.inspect import verify_checkpoint
-from spate.errors import CheckpointError, CorruptFileError, DiskFullError
+from spate.errors import CheckpointError, CorruptFileError, DiskFullError, IncompatibleStateError
 from spate.fs import CheckpointStorage, LocalStorage
 from spate.pacing import Pace
 from spate.runtime.recovery import download
@@ -46,7 +48,7 @@ from spate.state.keyed import KeyedStateBackend
 from spate.state.lmdb_digest import table_digest
 from spate.state.lmdb_readonly import ReadOnlyTable
 from spate.state.lmdb_table import LmdbTable
-from spate.state.overlay import OverlayTable
+from spate.state.overlay import Base, OverlayTable, SharedReaders
 
 NOW = UploadConfig(persist_delay_s=0.0, timeout_s=5.0)
 NATIVE = {"materialize_in_process_from_bytes": 0}  # these tables are small: the reader process reads them anyway
@@ -742,3 +744,41 @@ def test_a_view_closed_during_the_copy_stops_it_and_keeps_nothing(tmp_path, monk
     assert not [n for n in os.listdir(backend.table.path) if n.startswith(BUILD_PREFIX)], "built file removed"
     assert not [f for _d, _s, fs in os.walk(tmp_path / "root") for f in fs], "nothing kept in the storage"
     backend.table.close()
+
+
+def _over_file(tmp_path, storage: CheckpointStorage, handle: NativeSnapshotHandle, states: list[dict]):
+    readers = SharedReaders()
+    table = OverlayTable(LmdbTable(str(tmp_path / "restored")), [], readers)
+    base = Base(download.BASE_NAME, handle.start, handle.end + 1, readers.open(storage.path(handle.path), file=True))
+    table.add_base(base, msgpack.packb(states) if states else b"")
+    return table, base
+
+
+def test_states_registered_while_the_file_was_read_are_known_to_the_table_restored_over_it(tmp_path):
+    """A native handle names the registry of when its snapshot began; a state registered while the reader read the
+    table is in the file's registry only. Restored over the file, the table knows it under the file's id."""
+    backend = _filled(str(tmp_path / "t"), range(200))
+    handle = _native(tmp_path, backend)
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    began = dataclasses.replace(handle, states=())  # before "v" was registered
+    table, base = _over_file(tmp_path, storage, began, [])
+    download._settled(table, base, began, SimpleNamespace(changelog=[]))
+    (meta,) = msgpack.unpackb(table.get_meta("states"))
+    assert (meta["name"], meta["sid"]) == ("v", backend.state_metas[0].sid)
+    assert table.entry_count() == 200, "the file's entries, counted: no log replayed"
+    restored = KeyedStateBackend(table, 128, range(128))
+    value = restored.get_state(VALUE)
+    restored.set_current_key(7)
+    assert value.value() == "value-7"
+    table.close()
+
+
+def test_a_file_numbering_its_states_unlike_the_log_fails_the_restore(tmp_path):
+    backend = _filled(str(tmp_path / "t"), range(20))
+    handle = _native(tmp_path, backend)
+    storage = CheckpointStorage(str(tmp_path / "root"))
+    (v,) = [m.to_dict() for m in backend.state_metas]
+    table, base = _over_file(tmp_path, storage, handle, [{**v, "name": "w"}])  # the log's "w" under "v"'s id
+    with pytest.raises(IncompatibleStateError, match=rf"{handle.path}.*numbers its states"):
+        download._settled(table, base, handle, SimpleNamespace(changelog=[]))
+    table.close()

@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import lmdb
-import msgpack
 
 from spate.checkpoint.protocol import RescaleSource, SubtaskPlan
 from spate.errors import SpateError
@@ -54,6 +53,7 @@ from spate.state.overlay import (
     listed_bases,
     open_local_table,
 )
+from spate.state.registries import compatible, registry, union
 
 log = logging.getLogger(__name__)
 FOLD_PER_BATCH = 2_500  # entries of a rescaled table's bases folded into it after each later batch
@@ -146,13 +146,13 @@ class LocalRescale:
                 try:
                     problem = self._problem(source, reader.meta(TAG_META), reader.meta(LINEAGE_META), path,
                                             reader.verify) or _layered(reader)
-                    states = _registry(reader.meta("states"))
+                    states = registry(reader.meta("states"))
                 finally:
                     self.readers.release(reader)
                 if problem is not None:
                     self._unusable(source, problem)
                     return None
-                if table is not None and not _compatible(_registry(table.get_meta("states")), states):
+                if table is not None and not compatible(registry(table.get_meta("states")), states):
                     return None  # merged entry by entry instead
                 if table is None:
                     shutil.rmtree(target, ignore_errors=True)
@@ -174,7 +174,7 @@ class LocalRescale:
         # the entries it serves are known when it is all of the old table (else they would have to be counted)
         served = base.entry_count() if wanted == source.key_groups else None
         overlay.add_base(Base(name, wanted.start, wanted.stop, base, served=served),
-                         _union(_registry(overlay.get_meta("states")), states))
+                         union(registry(overlay.get_meta("states")), states))
         self.moved_bytes += base.data_bytes()
         return overlay
 
@@ -192,7 +192,7 @@ class LocalRescale:
                     if problem is not None:
                         self._unusable(source, problem)
                         return False
-                    states = tuple(_registry(reader.meta("states")))
+                    states = tuple(registry(reader.meta("states")))
                     view = OverlayView(reader, bases)  # a copy still reading from an earlier rescale's bases
                     restore_key_groups(backend, states, self._counted(_groups(view, wanted)))
                 finally:
@@ -242,28 +242,6 @@ def _layered(reader: ReadOnlyTable) -> str | None:
 
 def _first(problems: Iterator[str | None]) -> str | None:
     return next((p for p in problems if p is not None), None)
-
-
-def _registry(raw: bytes | None) -> list[dict]:
-    return list(msgpack.unpackb(raw)) if raw else []
-
-
-def _compatible(mine: list[dict], theirs: list[dict]) -> bool:
-    """Whether entries written with state registry ``theirs`` read right under ``mine``: every state has the
-    same id and kind in both, or is unknown to ``mine`` under an id ``mine`` does not use."""
-    by_name = {m["name"]: m for m in mine}
-    used = {m["sid"] for m in mine}
-    for m in theirs:
-        known = by_name.get(m["name"])
-        if known is None and m["sid"] in used or known is not None and (known["sid"], known["kind"]) != (
-                m["sid"], m["kind"]):
-            return False
-    return True
-
-
-def _union(mine: list[dict], theirs: list[dict]) -> bytes:
-    names = {m["name"] for m in mine}
-    return msgpack.packb([*mine, *(m for m in theirs if m["name"] not in names)])
 
 
 def _overlap(a: range, b: range) -> range:

@@ -33,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import msgpack
 
 from spate.checkpoint.protocol import SubtaskPlan
-from spate.errors import SpateError
+from spate.errors import IncompatibleStateError, SpateError
 from spate.fs import CheckpointStorage, whole_range
 from spate.local_file_io import read_kept
 from spate.runtime.recovery.local_copy import replay_change_sets
@@ -44,6 +44,7 @@ from spate.snapshot.native import download_native, local_file
 from spate.snapshot.verify import VerifiedSpans, verify_native_once
 from spate.state.lmdb_table import LmdbTable, ReadOnlyTable
 from spate.state.overlay import Base, OverlayTable, SharedReaders
+from spate.state.registries import compatible, registry, union
 
 BASE_NAME = "base-native.mdb"  # the native snapshot's file in the table directory (overlay bases are base-*.mdb)
 
@@ -71,7 +72,7 @@ def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
         with ThreadPoolExecutor(1, thread_name_prefix="spate-base") as pool:
             table, base = _over_base(handle, path, owner.services.readers, lambda: pool.submit(placing.reader))
             target, operator = owner.filled(plan, table, lambda t: replay_change_sets(
-                plan, owner, t.table, plan.changelog, settle=functools.partial(_settled, base, handle, plan)))
+                plan, owner, t.table, plan.changelog, settle=functools.partial(_settled, table, base, handle, plan)))
         linked = placing.linked
     info = full_restore(plan, ms_since(started))
     return owner.recovered(plan, target, operator, info, stats=nonzero(
@@ -100,7 +101,8 @@ def _over_base(handle: NativeSnapshotHandle, path: str, readers: SharedReaders,
     table = None
     try:
         table = OverlayTable(LmdbTable(path), [], readers)
-        # the handle's registry is the file's (the table's at the snapshot), known before the file is checked
+        # the handle's registry (the table's when the snapshot began), known before the file is checked; states the
+        # file's adds (registered while it was read) are added once it is (_settled)
         base = Base(BASE_NAME, handle.start, handle.end + 1, place())
         table.add_base(base, msgpack.packb(list(handle.states)) if handle.states else b"")
         table.commit()
@@ -112,11 +114,25 @@ def _over_base(handle: NativeSnapshotHandle, path: str, readers: SharedReaders,
     return table, base
 
 
-def _settled(base: Base, handle: NativeSnapshotHandle, plan: SubtaskPlan) -> None:
-    """Before the restored table is tagged: its base placed and checked (raises what placing it raised), and the
-    entries it serves counted when that is cheap to know: all of the file's, when it holds exactly the table's key
-    groups and no log was replayed into them (else learned from the checkpoint: ``learn_entry_count``)."""
+def _settled(table: OverlayTable, base: Base, handle: NativeSnapshotHandle, plan: SubtaskPlan) -> None:
+    """Before the restored table is tagged: its base placed and checked (raises what placing it raised); the states
+    the file's registry holds beyond the handle's (registered while the materialization read the table) known to the
+    table; and the entries the base serves counted when that is cheap to know: all of the file's, when it holds
+    exactly the table's key groups and no log was replayed into them (else learned from the checkpoint:
+    ``learn_entry_count``).
+
+    Raises:
+        IncompatibleStateError: the file numbers a state unlike the log replayed over it (an inconsistent
+            checkpoint; the table is discarded, the checkpoint left as it is).
+    """
     reader = base.table
+    mine, theirs = registry(table.get_meta("states")), registry(reader.meta("states"))
+    if not compatible(mine, theirs):
+        raise IncompatibleStateError(f"{handle.path}: the native snapshot numbers its states unlike the log replayed "
+                                     f"over it ({theirs} against {mine}); the checkpoint is inconsistent")
+    known = {m["name"] for m in mine}
+    if any(m["name"] not in known for m in theirs):
+        table.put_meta("states", union(mine, theirs))
     if handle.whole and not plan.changelog:
         base.served = reader.entry_count()
 
