@@ -60,7 +60,7 @@ class ChangelogConfig:
     # keep the disk (at 10 GB on the benchmark's machine: unpaced, a materialization doubled the batches' p99; at
     # 50 MB/s it slowed them by a quarter; at 35 they were as fast while it ran as while it was stopped; the longer
     # log it leaves a restore to replay restored faster than a full snapshot right after a materialization, and
-    # 1.8x slower 90 % of the way through the next one; docs/benchmarks.md).
+    # 1.4x slower 90 % of the way through the next one; docs/benchmarks.md).
     # None: as fast as the disk goes
     materialization_write_mb_per_s: float | None = 35.0
     materialization_read_mb_per_s: float | None = 200.0
