@@ -509,10 +509,12 @@ def test_the_log_replays_while_the_native_base_is_placed(tmp_path, monkeypatch, 
         events.append("replayed")
         replayed.set()
 
-    def placing(*args, **kw):
+    def placing(storage, handle, dest, *args, **kw):
         events.append("placing")
+        listed = os.path.join(os.path.dirname(dest), download.BASE_NAME)
+        assert dest != listed and not os.path.exists(listed), "no file under the listed name until it is checked"
         assert replayed.wait(30), "the replay waited for the base to be placed"
-        linked = place(*args, **kw)
+        linked = place(storage, handle, dest, *args, **kw)
         events.append("placed")
         return linked
 

@@ -47,6 +47,7 @@ from spate.state.overlay import Base, OverlayTable, SharedReaders
 from spate.state.registries import compatible, registry, union
 
 BASE_NAME = "base-native.mdb"  # the native snapshot's file in the table directory (overlay bases are base-*.mdb)
+UNCHECKED_SUFFIX = ".unchecked"  # the file's name until its CRC-32 is checked
 
 
 def restore(plan: SubtaskPlan, owner: StateOwner) -> RecoveredState | None:
@@ -139,7 +140,12 @@ def _settled(table: OverlayTable, base: Base, handle: NativeSnapshotHandle, plan
 
 class _Placing:
     """Placing the snapshot's file at ``dest`` as the base, in a thread of its own: hard-linked from a checkpoint root
-    on this file system and its CRC-32 checked, else downloaded (checked as it is written); opened for reading."""
+    on this file system and its CRC-32 checked, else downloaded (checked as it is written); opened for reading.
+
+    The table lists the base (``dest``) before the file is checked, so the file is placed under a name of its own and
+    renamed to ``dest`` once checked: a process that dies before leaves nothing under the listed name, and a restart
+    opening the table's directory never opens an unchecked file (it finds the base missing and deletes the
+    directory)."""
 
     def __init__(self, storage: CheckpointStorage, handle: NativeSnapshotHandle, dest: str, readers: SharedReaders,
                  context: str, checked: VerifiedSpans) -> None:
@@ -148,14 +154,19 @@ class _Placing:
         self.linked = False  # whether the file was linked (known once placed)
 
     def reader(self) -> ReadOnlyTable:
-        storage, handle, dest, context = self._storage, self._handle, self._dest, self._context
-        self.linked = _place(storage, handle, dest, context, self._checked)
+        self.linked = self._checked_file(link=True)
         try:
-            return self._readers.open(dest, file=True)
+            return self._readers.open(self._dest, file=True)
         except SpateError:  # this process reads the linked file already, as another restore's source: a copy
-            os.unlink(dest)
-            self.linked = _place(storage, handle, dest, context, self._checked, link=False)
-            return self._readers.open(dest, file=True)
+            os.unlink(self._dest)
+            self.linked = self._checked_file(link=False)
+            return self._readers.open(self._dest, file=True)
+
+    def _checked_file(self, link: bool) -> bool:
+        unchecked = self._dest + UNCHECKED_SUFFIX
+        linked = _place(self._storage, self._handle, unchecked, self._context, self._checked, link=link)
+        os.rename(unchecked, self._dest)
+        return linked
 
 
 def _native_base(plan: SubtaskPlan) -> NativeSnapshotHandle | None:
