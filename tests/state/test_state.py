@@ -166,6 +166,24 @@ def test_ttl_expires_resets_on_update_and_is_dropped_on_snapshot(make_backend, t
     assert rv.value() == 2 and rl.get() == ["new"] and rm.items() == [("b", 2)]
 
 
+def test_a_backend_over_a_table_with_timers_indexes_them_at_first_use(make_backend):
+    """The timers' index is built from the table when a timer is first used, not when the backend opens: a timer
+    registered first joins the ones the table held, each fires once."""
+    first = make_backend()
+    for key, ts in (("a", 30), ("b", 10)):
+        first.set_current_key(key)
+        first.timers.register(EVENT_TIME, ts)
+    first.table.commit()
+    again = KeyedStateBackend(first.table, MAXP, range(MAXP))
+    again.set_current_key("c")
+    again.timers.register(EVENT_TIME, 20)
+    again.set_current_key("b")
+    again.timers.register(EVENT_TIME, 10)  # already in the table: still one timer
+    assert again.timers.earliest(EVENT_TIME) == 10
+    assert [(ts, again.current_key) for ts, _ns in again.timers.pop_due(EVENT_TIME, 100)] == [
+        (10, "b"), (20, "c"), (30, "a")]
+
+
 def test_timers_fire_in_timestamp_order_and_can_be_deleted(make_backend):
     b = make_backend()
     for key, ts in (("a", 100), ("a", 10), ("a", 20), ("b", 9), ("c", 9), ("c", 8), ("d", -5)):
