@@ -51,9 +51,9 @@ def _frames_of(storage: LocalStorage, handle) -> bytes:
 
 def test_messages_round_trip_and_a_cut_stream_is_refused():
     buf = io.BytesIO()
-    sent = [mp.Start("/t", 0, 127, 5, 9), mp.Start("/t", 0, 127, 5, 9, "/n", 5e7), mp.Advance(6, 10),
-            mp.KeyGroupRead(3, 6, b"\x00frame"), mp.NativeWritten([1, 5], 2**63 + 1, 0xDEADBEEF), mp.Finished(),
-            mp.Failed("why")]
+    sent = [mp.Start("/t", 0, 127, 5, 9), mp.Start("/t", 0, 127, 5, 9, "/n", 5e7, 1 << 30), mp.Advance(6, 10),
+            mp.KeyGroupRead(3, 6, b"\x00frame"), mp.NativeWritten([1, 5], 2**63 + 1, 0xDEADBEEF, "/n", 127),
+            mp.Finished(), mp.Failed("why")]
     for m in sent:
         mp.send(buf, m)
     whole = buf.getvalue()

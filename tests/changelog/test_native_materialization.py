@@ -52,6 +52,7 @@ from spate.state.overlay import Base, OverlayTable, SharedReaders
 
 NOW = UploadConfig(persist_delay_s=0.0, timeout_s=5.0)
 NATIVE = {"materialize_in_process_from_bytes": 0}  # these tables are small: the reader process reads them anyway
+PART_MB = 2e-4  # a part every few key groups of these tables
 VALUE = ValueStateDescriptor("v")
 
 
@@ -301,12 +302,13 @@ EXAMPLES = max(1, int(os.environ.get("SPATE_MODEL_EXAMPLES", "40")) // 5)  # a r
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4), st.sampled_from(CRASH_STEPS)), min_size=1,
-                max_size=4), st.integers(5, 40), st.booleans())
-def test_counts_survive_crashes_and_rescales_with_native_materializations(segments, keys, merging):
+                max_size=4), st.integers(5, 40), st.booleans(), st.sampled_from([None, PART_MB]))
+def test_counts_survive_crashes_and_rescales_with_native_materializations(segments, keys, merging, part_mb):
     """Property: runs at random parallelisms (1..4), each for a few batches with every materialization a native
-    snapshot waited for, some ending in a crash at a protocol step, and a last run at parallelism 2: the last
-    checkpoint's counts are the input's, whichever base each restore took (the file as the table's base, or read
-    key group by key group after a rescale), and so are its entry counts where the subtasks know them."""
+    snapshot (in one file or in parts) waited for, some ending in a crash at a protocol step, and a last run at
+    parallelism 2: the last checkpoint's counts are the input's, whichever base each restore took (the files as the
+    table's bases, or read key group by key group after a rescale), and so are its entry counts where the subtasks
+    know them."""
     src = batches(2 * len(segments) + 8, keys)
     root, local = tempfile.mkdtemp(prefix="native-ckpt-"), tempfile.mkdtemp(prefix="native-local-")
     try:
@@ -315,7 +317,8 @@ def test_counts_survive_crashes_and_rescales_with_native_materializations(segmen
         def runner(parallelism: int, fault: CrashOnce) -> LocalRunner:
             return LocalRunner(Count, key="k", checkpoint_root=root, parallelism=parallelism, table="lmdb",
                                local_dir=local, fault_injector=fault, file_merging=merging,
-                               changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2, **NATIVE))
+                               changelog=ChangelogConfig(upload=NOW, materialize_after_change_sets=2,
+                                                         materialization_part_mb=part_mb, **NATIVE))
 
         def materialized(r: LocalRunner) -> None:
             for sub in r.subtasks:
@@ -336,7 +339,8 @@ def test_counts_survive_crashes_and_rescales_with_native_materializations(segmen
 def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, monkeypatch, link, parallelism):
     """An empty local directory: a subtask whose key groups are in one native snapshot takes the snapshot's file
     as its table's base (hard-linked from a local root, else downloaded) and replays the log into the table;
-    at parallelism 3 the subtask whose key groups span both old subtasks' reads them key group by key group."""
+    at parallelism 3 the subtask whose key groups span both old subtasks' takes both files as bases, each owning
+    its share of the subtask's key groups."""
     root, src = str(tmp_path / "c"), batches(10)
     _run(root, str(tmp_path / "l1"), 2, src, 4)
     keyed = [h for st in load_checkpoint(CheckpointStorage(root)).subtasks for h in st.keyed]
@@ -352,7 +356,8 @@ def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, 
     if not link:  # as with an object store: no file to link
         monkeypatch.setattr(download, "local_file", lambda storage, handle: None)
     _run(root, str(tmp_path / "l2"), parallelism, src, 6)  # at 3: 0-42, 43-85, 86-127 of 0-63, 64-127
-    assert sorted(placed) == sorted((h.path, link) for h in keyed), "each old subtask's file taken as a base once"
+    assert sorted(set(placed)) == sorted((h.path, link) for h in keyed), "each old subtask's file taken as a base"
+    assert len(placed) == {2: 2, 3: 4}[parallelism], "by each new subtask whose key groups it holds"
     rows = [st.stats.get("state_rows") for st in load_checkpoint(CheckpointStorage(root)).subtasks]
     assert None not in rows and sum(rows) == len(expected_counts(src[:6])), rows
     for h in keyed:
@@ -361,6 +366,63 @@ def test_recovery_takes_the_native_materialization_as_the_tables_base(tmp_path, 
     assert counts(root) == expected_counts(src)
     storage = CheckpointStorage(root)
     assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+
+
+def test_a_checkpoint_taken_while_a_materialization_is_placed_in_parts_restores_over_every_part(tmp_path, monkeypatch):
+    """A native materialization in parts, held (fault injection) at its third part's placement: the next checkpoint
+    references its first two parts beside the previous materialization's parts narrowed to the key groups after
+    them. A restart with an empty local directory takes every one of those files as a base of its table (hard links
+    from this local root) and replays the log from where each part's key groups were read; the counts are the
+    input's, and the checkpoint verifies."""
+    root, src = str(tmp_path / "c"), batches(9, keys=40)
+    config = ChangelogConfig(upload=NOW, materialize_after_change_sets=2, materialization_part_mb=PART_MB / 4,
+                             **NATIVE)
+    held, third, released, placed = threading.Event(), threading.Event(), threading.Event(), []
+    place_part = process_view.write_native_file
+
+    def holding(path, built, scope, out, pace=None):
+        placed.append(scope.key_groups)
+        if held.is_set() and len(placed) == 3:
+            third.set()
+            assert released.wait(30)
+        return place_part(path, built, scope, out, pace)
+
+    monkeypatch.setattr(process_view, "write_native_file", holding)
+    with LocalRunner(Count, key="k", checkpoint_root=root, table="lmdb", local_dir=str(tmp_path / "l1"),
+                     changelog=config) as r:
+        for n in range(4):
+            r.run_batch(n, src[n])
+            r.subtasks[0].clog.wait_for_materialization()
+        before = {h.path for h in r.subtasks[0].clog.materialized}
+        assert len(before) > 2, "the first materialization, in parts"
+        placed.clear()
+        held.set()
+        n = 4
+        while not third.wait(0 if n < 6 else 10):  # an ack starts the next materialization once the log is long
+            assert n < 7, "two parts placed, the third held"
+            r.run_batch(n, src[n])
+            n += 1
+        r.run_batch(n, src[n])  # takes the two parts
+        released.set()
+    keyed = _keyed(root)
+    assert [h.path in before for h in keyed[:3]] == [False, False, True], (before, keyed)
+    assert [h.start for h in keyed] == [0, *(h.end + 1 for h in keyed[:-1])], "the parts, then the rest, in order"
+    storage = CheckpointStorage(root)
+    assert verify_checkpoint(storage, load_checkpoint(storage)) == []
+    taken: list[str] = []
+    place = download._place
+
+    def counted(storage, handle, *rest, **link):
+        taken.append(handle.path)
+        return place(storage, handle, *rest, **link)
+
+    monkeypatch.setattr(download, "_place", counted)
+    with LocalRunner(Count, key="k", checkpoint_root=root, table="lmdb", local_dir=str(tmp_path / "l2"),
+                     changelog=config) as r:
+        for n in range(r.next_batch_id, len(src)):
+            r.run_batch(n, src[n])
+    assert sorted(taken) == sorted(h.path for h in keyed), "every part taken as a base of the table"
+    check_checkpoint(root, src)
 
 
 def _keyed(root: str) -> list:
@@ -701,9 +763,10 @@ def test_the_changelogs_pace_reaches_the_reader_process(tmp_path, monkeypatch):
     """ChangelogConfig's MB a second, as bytes, in the reader's start (the reader builds the file at it), and the
     native materialization off means no pace at all."""
     config = ChangelogConfig(materialization_write_mb_per_s=3, materialization_read_mb_per_s=None)
-    assert config.native_pace() == NativePace(3 * 2 ** 20, None)
+    assert config.native_pace() == NativePace(3 * 2 ** 20, None, 2 ** 30)
     assert ChangelogConfig(native_materialization=False).native_pace() is None
-    assert ChangelogConfig().native_pace() == NativePace(35 * 2 ** 20, 200 * 2 ** 20)
+    assert ChangelogConfig().native_pace() == NativePace(35 * 2 ** 20, 200 * 2 ** 20, 2 ** 30)
+    assert ChangelogConfig(materialization_part_mb=None).native_pace() == NativePace(35 * 2 ** 20, 200 * 2 ** 20)
     started = []
 
     def recording_send(stream, message):
@@ -721,7 +784,7 @@ def test_the_changelogs_pace_reaches_the_reader_process(tmp_path, monkeypatch):
                           NativeSnapshotHandle)
     finally:
         view.close()
-    assert [s.bytes_per_s for s in started] == [3 * 2 ** 20]
+    assert [(s.bytes_per_s, s.part_bytes) for s in started] == [(3 * 2 ** 20, None)]  # one file: not in parts
     backend.table.close()
 
 
@@ -763,7 +826,7 @@ def test_states_registered_while_the_file_was_read_are_known_to_the_table_restor
     storage = CheckpointStorage(str(tmp_path / "root"))
     began = dataclasses.replace(handle, states=())  # before "v" was registered
     table, base = _over_file(tmp_path, storage, began, [])
-    download._settled(table, base, began, SimpleNamespace(changelog=[]))
+    download._settled(table, [base], [began], SimpleNamespace(changelog=[]))
     (meta,) = msgpack.unpackb(table.get_meta("states"))
     assert (meta["name"], meta["sid"]) == ("v", backend.state_metas[0].sid)
     assert table.entry_count() == 200, "the file's entries, counted: no log replayed"
@@ -781,5 +844,5 @@ def test_a_file_numbering_its_states_unlike_the_log_fails_the_restore(tmp_path):
     (v,) = [m.to_dict() for m in backend.state_metas]
     table, base = _over_file(tmp_path, storage, handle, [{**v, "name": "w"}])  # the log's "w" under "v"'s id
     with pytest.raises(IncompatibleStateError, match=rf"{handle.path}.*numbers its states"):
-        download._settled(table, base, handle, SimpleNamespace(changelog=[]))
+        download._settled(table, [base], [handle], SimpleNamespace(changelog=[]))
     table.close()

@@ -41,6 +41,7 @@ class PausingStorage(LocalStorage):
     that batches and checkpoints run in the middle of it."""
 
     after = 20
+    links_before_pause = 0  # native files linked in before the one that pauses (a materialization in parts)
     paused: threading.Event
     resume: threading.Event
 
@@ -51,8 +52,11 @@ class PausingStorage(LocalStorage):
 
     def link_in(self, rel: str, local_path: str) -> int | None:  # a native snapshot linked in, not copied
         if rel.endswith(".lmdb"):
-            self.paused.set()
-            assert self.resume.wait(10)
+            if self.links_before_pause:
+                self.links_before_pause -= 1
+            else:
+                self.paused.set()
+                assert self.resume.wait(10)
         return super().link_in(rel, local_path)
 
     def _pausing(self, parts: Iterable[bytes], after: int) -> Iterator[bytes]:
@@ -66,7 +70,8 @@ class PausingStorage(LocalStorage):
 class Job:
     """One subtask's keyed state with the changelog on, its checkpoints, and the model of what it must hold."""
 
-    def __init__(self, root: str, table_path: str | None, reader_process: bool = False, native: bool = False) -> None:
+    def __init__(self, root: str, table_path: str | None, reader_process: bool = False, native: bool = False,
+                 part_mb: float | None = None) -> None:
         self.coord = Coordinator(root)
         self.coord.start(1)
         self.storage = PausingStorage(root)
@@ -74,7 +79,7 @@ class Job:
         table = self.table = LmdbTable(table_path) if table_path else HeapTable()
         in_process = reader_process or native
         config = ChangelogConfig(upload=NOW, materialize_in_process_from_bytes=0 if in_process else 1 << 40,
-                                 native_materialization=native)
+                                 native_materialization=native, materialization_part_mb=part_mb)
         self.clog = ChangelogKeyedState(table, self.storage, config, 0, 1)
         self.backend = KeyedStateBackend(self.clog.table, 128, range(128))
         self.value = self.backend.get_state(ValueStateDescriptor("v"))
@@ -164,7 +169,7 @@ def test_a_materialization_spanning_batches_restores_every_change_once(tmp_path,
     meta = _spanning_materialization(job)
     assert job.stats["materialization_read_by"] == (
         "process" if table == "lmdb-reader-process" else "thread")
-    later = job.clog._positions  # the key groups read after the pause, at the last advance's position
+    later = job.clog.base.positions  # the key groups read after the pause, at the last advance's position
     assert 0 < len(later) < 128 and min(later.values()) > job.clog.materialized_to
     log = meta.subtasks[0].changelog
     assert any(len(h.offsets) < len(job.clog.writer._uploaded[h.sqn].offsets) for h in log), \
@@ -192,7 +197,7 @@ def test_a_native_materialization_read_after_batches_holds_them_and_its_log_is_t
     job.batch(3, materialization_first=True)
     meta = job.checkpoint()
     assert job.stats["materialization_read_by"] == "native"
-    later = job.clog._positions
+    later = job.clog.base.positions
     assert later and min(later.values()) > job.clog.materialized_to, "read at a boundary after the start"
     log = meta.subtasks[0].changelog
     assert log and all(h.sqn >= min(later.values()) for h in log), "the change sets the file holds are not listed"
@@ -221,7 +226,7 @@ def test_a_state_first_written_while_a_materialization_spans_batches_is_restored
     job.storage.resume.set()
     job.clog.wait_for_materialization()
     meta = job.checkpoint()
-    assert {key_group(k, 128) for k in keys} <= set(job.clog._positions), "read after the state was written"
+    assert {key_group(k, 128) for k in keys} <= set(job.clog.base.positions), "read after the state was written"
     got = {e.key: e.value for e in keyed_state_entries(CheckpointStorage(job.storage.root), meta, "late")}
     assert got == {k: -k for k in keys} and keys
     assert job.restored(meta) == job.model
@@ -332,3 +337,50 @@ def test_close_stops_a_running_materialization_and_deletes_what_it_wrote(tmp_pat
     assert list((tmp_path / "root").rglob("*.lmdb")) == []
     assert job.restored(meta) == {k: {key: ([1] if k == "l" else 1 if k == "v" else {1: key}) for key in range(KEYS)}
                                   for k in ("v", "l", "m")}
+
+
+def _materializing_in_parts(job: Job, placed_first: int) -> None:
+    """A native materialization in parts started, held at the link of its part ``placed_first + 1`` once the ones
+    before it were placed."""
+    job.storage.paused.clear()
+    job.storage.resume.clear()
+    job.storage.links_before_pause = placed_first
+    job.clog.start_materialization(job.backend, job.clog.writer.next_sequence_number(), in_parts=True)
+    assert job.storage.paused.wait(10)
+
+
+def test_a_native_materialization_in_parts_takes_each_parts_key_groups_as_it_is_placed(tmp_path):
+    """Written in parts, a native materialization's placed parts take their key groups' place at the next checkpoint,
+    while the rest of it is still being read: the checkpoint references them beside the handles before them
+    (narrowed to the key groups after the parts) and lists those key groups' log from where each was read. Each
+    checkpoint restores to the model, every change once (the list state's appends are not idempotent), through a
+    first materialization in parts and a second one over it."""
+    job = Job(str(tmp_path / "root"), str(tmp_path / "lmdb"), native=True, part_mb=2e-3)
+    job.batch(1)
+    job.checkpoint()
+    _materializing_in_parts(job, 2)
+    job.batch(2)
+    meta = job.checkpoint()
+    first = meta.subtasks[0].keyed
+    assert len(first) == 2 and first[0].end + 1 == first[1].start and first[0].start == 0, "two parts, in order"
+    taken = job.clog.base.positions
+    assert set(taken) == set(range(first[1].end + 1)), "their key groups' log starts where each was read"
+    assert all(not set(h.offsets) & set(taken) for h in meta.subtasks[0].changelog if h.sqn < min(taken.values()))
+    assert job.restored(meta) == job.model
+    job.storage.resume.set()
+    job.clog.wait_for_materialization()
+    job.batch(3)
+    meta = job.checkpoint()
+    whole = meta.subtasks[0].keyed
+    assert len(whole) > 2 and [h.start for h in whole[1:]] == [h.end + 1 for h in whole[:-1]], "parts, in order"
+    assert job.restored(meta) == job.model
+    _materializing_in_parts(job, 1)
+    job.batch(4)
+    meta = job.checkpoint()
+    over = meta.subtasks[0].keyed
+    assert over[0].path not in {h.path for h in whole}, "the second materialization's first part"
+    assert {h.path for h in over[1:]} <= {h.path for h in whole} and over[1].start == over[0].end + 1, \
+        "the first's parts after it, narrowed"
+    assert job.restored(meta) == job.model
+    job.storage.resume.set()
+    job.clog.close()

@@ -38,7 +38,7 @@ from spate.changelog.materializer_protocol import (
 )
 from spate.pacing import Pace, write_back_behind
 from spate.snapshot.keyed import key_group_frame
-from spate.snapshot.native_write import STATES_KEY, NativeFileBuilder, map_bytes
+from spate.snapshot.native_write import STATES_KEY, NativeFileBuilder, map_bytes, part_path
 from spate.state.layout import META_PREFIX
 from spate.state.lmdb_read_ahead import KeyGroupReadAhead
 from spate.state.lmdb_readonly import ReadOnlyTable, ReadView
@@ -190,15 +190,50 @@ class KeyGroupSource:
         self._opened.clear()
 
 
+class NativeParts:
+    """The native snapshot's files: one, or (``start.part_bytes``) a new one once the one being built holds that many
+    bytes of entries. Each is built (:class:`NativeFileBuilder`) from its first key group that holds data on."""
+
+    def __init__(self, start: Start, map_size: int, pace: Pace) -> None:
+        self._start, self._map_size, self._pace = start, map_size, pace
+        self._made = 0
+        self._builder: NativeFileBuilder | None = None
+
+    def add(self, kg: int, flat: list[bytes]) -> int:
+        if self._builder is None:
+            path = part_path(self._start.native, self._made)
+            self._builder = NativeFileBuilder(path, self._map_size, self._pace, background=True)
+        return self._builder.add(kg, flat)
+
+    def full(self) -> bool:
+        limit = self._start.part_bytes
+        return limit is not None and self._builder is not None and self._builder.bytes >= limit
+
+    def finish(self, last: int, metadata: dict[bytes, bytes]) -> NativeWritten:
+        """The file being built finished, holding the key groups up to ``last`` (none of them holds data, if no file
+        was begun since the last one)."""
+        builder, self._builder = self._builder, None
+        if builder is None:
+            return NativeWritten([], 0, 0, "", last)
+        builder.finish(metadata)
+        self._made += 1
+        built = builder.built()
+        return NativeWritten(list(built.groups), built.digest, built.crc, builder.path, last)
+
+    def abort(self) -> None:
+        if self._builder is not None:
+            self._builder.abort()
+            self._builder = None
+
+
 def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: KeyGroupReadAhead,
                     map_size: int = MIN_MAP_BYTES) -> None:
     """Read the key groups of ``start`` in order, each from the newest snapshot taken, and send them framed, or
-    (``start.native``) put them into the native snapshot's file (an lmdb map of ``map_size``) and send their
-    positions only."""
+    (``start.native``) put them into the native snapshot's files (lmdb maps of ``map_size``), send their positions
+    only and each file once finished."""
     sender = Sender(out)
     source = KeyGroupSource(start.path)
-    pace = Pace(start.bytes_per_s, busy=write_back_behind)
-    native = NativeFileBuilder(start.native, map_size, pace, background=True) if start.native else None
+    native = NativeParts(start, map_size, Pace(start.bytes_per_s, busy=write_back_behind)) if start.native else None
     txn: lmdb.Transaction | None = None
     try:
         for kg in range(start.first, start.last + 1):
@@ -220,12 +255,12 @@ def read_key_groups(start: Start, snapshots: Snapshots, out: BinaryIO, ahead: Ke
             del flat  # only the frame waits in the queue
             ahead.read(size, elapsed)
             sender.send(KeyGroupRead(kg, position, frame))
+            if native is not None and native.full() and kg < start.last:
+                sender.send(native.finish(kg, _table_metadata(txn)))
         metadata = _table_metadata(txn)
         snapshots.close()  # every key group read: no snapshot of the table is held while the file is finished
         if native is not None:
-            native.finish(metadata)
-            built = native.built()
-            sender.send(NativeWritten(list(built.groups), built.digest, built.crc))
+            sender.send(native.finish(start.last, metadata))
             native = None
         sender.send(Finished())
     finally:

@@ -4,8 +4,8 @@
 Each message is a 4-byte big-endian length and a msgpack array whose first item names the message (a
 :class:`KeyGroupRead`'s frame follows its array, raw, its length the array's last item). The subtask
 sends one :class:`Start`, then an :class:`Advance` at every sequence-number boundary; the reader answers with one
-:class:`KeyGroupRead` per key group (natively: with no frame, then one :class:`NativeWritten`), then
-:class:`Finished` or :class:`Failed`. The pipe lives as long as the
+:class:`KeyGroupRead` per key group (natively: with no frame, and a :class:`NativeWritten` after the last key group
+of each part), then :class:`Finished` or :class:`Failed`. The pipe lives as long as the
 one materialization: nothing of it is stored.
 """
 
@@ -28,7 +28,8 @@ class Start:
     ``txn_id``: the table committed at sequence number ``position``. With ``native`` (a file path), write them
     into a new lmdb data file there, a native snapshot (:mod:`spate.snapshot.native`), instead of framing them, at
     most ``bytes_per_s`` of entries a second while the disk's write-back is behind (None: as fast as the disk
-    goes)."""
+    goes). With ``part_bytes`` too, the snapshot is written in parts: a file is finished once it holds that many
+    bytes of entries, and the key groups after it go into a new one (None: one file)."""
 
     path: str
     first: int
@@ -37,6 +38,7 @@ class Start:
     txn_id: int
     native: str = ""
     bytes_per_s: float | None = None
+    part_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,15 @@ class KeyGroupRead:
 
 @dataclass(frozen=True)
 class NativeWritten:
-    """The native snapshot's file is complete: the key groups that hold data, the table digest it records, and the
+    """A native snapshot's file at ``path`` is complete, holding key groups up to ``last`` (from the one after the
+    previous file's ``last``, or the first): the key groups that hold data, the table digest it records, and the
     file's CRC-32."""
 
     groups: list[int]
     digest: int
     crc: int
+    path: str
+    last: int
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Protocol
 
+from spate.changelog.materialized import MaterializedPart
 from spate.changelog.materializer_protocol import (
     Advance,
     Failed,
@@ -41,7 +42,7 @@ from spate.pacing import Pace, write_back_behind
 from spate.segments import SegmentWriter
 from spate.snapshot.handles import KeyedHandle, KeyGroupsHandle
 from spate.snapshot.keyed import SnapshotScope, write_frames, write_key_groups
-from spate.snapshot.native_write import NativeBuild, build_path, remove_build, write_native_file
+from spate.snapshot.native_write import NativeBuild, build_path, remove_build, remove_parts, write_native_file
 from spate.state.lmdb_table import LmdbTable
 from spate.state.overlay import OverlayTable
 from spate.state.table import StateTable, TableView, unwrapped
@@ -51,6 +52,7 @@ EXIT_WAIT_S = 10.0  # for the reader to exit after its last key group, before it
 READER_MODULE = "spate.changelog.materializer_process"
 PIPE_BYTES = 4 << 20
 NATIVE = "native"  # a view's ``read_by`` when it writes a native snapshot
+Placed = Callable[[MaterializedPart], None]  # told of each part of a materialization placed before its last
 
 
 class MaterializationView(Protocol):
@@ -61,7 +63,9 @@ class MaterializationView(Protocol):
 
     def advance(self, position: int) -> None: ...
 
-    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyedHandle | None: ...
+    def write(self, scope: SnapshotScope, out: SegmentWriter, placed: Placed | None = None) -> KeyedHandle | None:
+        """Write the materialization to ``out``; its handle (of the last part, if written in parts: ``placed`` is
+        told of each one before it, as it is placed)."""
 
     def close(self) -> None: ...
 
@@ -81,8 +85,8 @@ class ThreadView:
     def close(self) -> None:
         self._rolling.close()
 
-    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyGroupsHandle | None:
-        return write_key_groups(self._rolling, scope, out)
+    def write(self, scope: SnapshotScope, out: SegmentWriter, placed: Placed | None = None) -> KeyGroupsHandle | None:
+        return write_key_groups(self._rolling, scope, out)  # one part
 
 
 class ProcessView:
@@ -90,8 +94,9 @@ class ProcessView:
     into a native snapshot's file there); this side writes the frames (or the file).
 
     :meth:`advance` (the subtask's thread, at a boundary) commits the table and offers the reader that snapshot;
-    :meth:`write` (the materialization's thread) writes the frames as they come; :meth:`close` (any thread)
-    ends the reader, killing it if it has not finished, and the file's copy at its next chunk."""
+    :meth:`write` (the materialization's thread) writes the frames as they come (or places each native file the
+    reader finished, a part of the snapshot with ``native.part_bytes``); :meth:`close` (any thread) ends the reader,
+    killing it if it has not finished, and the file's copy at its next chunk."""
 
     read_by = "process"
 
@@ -108,7 +113,8 @@ class ProcessView:
         self.positions: dict[int, int] = {}
         self._native = build_path(table.path) if native else ""
         self._read_pace = native.read_bytes_per_s if native else None
-        self._built: NativeBuild | None = None  # what the reader built natively
+        self._parts: list[NativeWritten] = []  # the native files the reader finished, not yet placed
+        self._writing = False  # write() places the native files, and removes them after
         if native:
             self.read_by = NATIVE
         self._kept.__enter__()
@@ -121,24 +127,53 @@ class ProcessView:
             raise
         _widen(self._reader.stdout)
         self._offer(Start(table.path, key_groups.start, key_groups.stop - 1, position, self._committed_txn(),
-                          self._native, native.write_bytes_per_s if native else None))
+                          self._native, native.write_bytes_per_s if native else None,
+                          native.part_bytes if native else None))
 
     def advance(self, position: int) -> None:
         self._commit()
         self._offer(Advance(position, self._committed_txn()))
 
-    def write(self, scope: SnapshotScope, out: SegmentWriter) -> KeyedHandle | None:
+    def write(self, scope: SnapshotScope, out: SegmentWriter, placed: Placed | None = None) -> KeyedHandle | None:
         if not self._native:
             return write_frames(self._frames(), scope, out)
+        pace = _CopyPace(self._read_pace, self._closed)
+        self._writing = True
+        first = scope.key_groups.start  # of the part being read
+        last: MaterializedPart | None = None
         try:
             for _ in self._frames():
-                raise self._failure("it sent a frame for a native snapshot")
-            if self._built is None:
+                if not self._parts or last is not None:
+                    raise self._failure("it sent a frame for a native snapshot, or a file after the last")
+                written = self._parts.pop()
+                part = self._placed(written, replace(scope, key_groups=range(first, written.last + 1)), out, pace)
+                if written.last + 1 >= scope.key_groups.stop:
+                    last = part
+                elif placed is None:
+                    raise self._failure("it wrote a native snapshot in parts, one was asked for")
+                else:
+                    placed(part)
+                first = written.last + 1
+            if last is None:
                 raise self._failure("it finished without writing the native snapshot")
-            pace = _CopyPace(self._read_pace, self._closed)
-            return write_native_file(self._native, self._built, scope, out, pace)
+            return last.handle
+        except BaseException:
+            if last is not None and last.handle is not None:  # placed, then the reader failed (or was stopped)
+                out.discard(last.handle.segment)
+            raise
         finally:
-            remove_build(self._native)
+            remove_parts(self._native)  # those the reader finished and those it was building
+
+    def _placed(self, written: NativeWritten, scope: SnapshotScope, out: SegmentWriter,
+                pace: Pace) -> MaterializedPart:
+        """A native file the reader finished placed in checkpoint storage (removed from the table's directory)."""
+        try:
+            built = NativeBuild(tuple(written.groups), written.digest, written.crc)
+            handle = write_native_file(written.path, built, scope, out, pace)
+        finally:
+            remove_build(written.path)
+        kgs = scope.key_groups
+        return MaterializedPart(handle, kgs, {kg: self.positions[kg] for kg in kgs})
 
     def _frames(self) -> Iterator[tuple[int, tuple[bytes, ...]]]:
         stdout = self._reader.stdout
@@ -154,7 +189,8 @@ class ProcessView:
                     yield message.kg, (message.frame,)
                 del message  # its frame is not kept while the next one is received
             elif isinstance(message, NativeWritten) and self._native:
-                self._built = NativeBuild(tuple(message.groups), message.digest, message.crc)
+                self._parts.append(message)
+                yield message.last, ()  # placed by write() before the next message is read
             elif isinstance(message, Finished):
                 with self._lock:
                     self._finished = True
@@ -187,8 +223,8 @@ class ProcessView:
                 self._table.env.reader_check()
         if reader.stderr is not None:
             reader.stderr.close()
-        if self._native and not finished:
-            remove_build(self._native)
+        if self._native and not finished and not self._writing:  # else write() removes them, once done with them
+            remove_parts(self._native)
         self._kept.__exit__(None, None, None)
 
     def _offer(self, message: Start | Advance) -> None:
@@ -252,6 +288,7 @@ class NativePace:
 
     write_bytes_per_s: float | None = None
     read_bytes_per_s: float | None = None
+    part_bytes: int | None = None  # a background materialization's file finished every this many bytes (None: one)
 
 
 class MaterializationReads:
@@ -265,13 +302,16 @@ class MaterializationReads:
         self.native = native
         self.process_failed = False
 
-    def open(self, table: StateTable, scope: SnapshotScope, position: int) -> MaterializationView:
-        """A view of ``table`` at ``position`` (the caller is at a sequence-number boundary)."""
+    def open(self, table: StateTable, scope: SnapshotScope, position: int, in_parts: bool = False
+             ) -> MaterializationView:
+        """A view of ``table`` at ``position`` (the caller is at a sequence-number boundary); ``in_parts``: a native
+        snapshot written in parts of ``native.part_bytes``."""
         inner = unwrapped(table)  # under the changelog's wrapper, and the profiler's (``profile=True``)
         if isinstance(inner, (LmdbTable, OverlayTable)) and not scope.filters and not self.process_failed \
                 and inner.approx_bytes() >= self.process_from_bytes:
+            native = self.native if self.native is None or in_parts else replace(self.native, part_bytes=None)
             try:
-                return ProcessView(inner, scope.key_groups, position, self.native)
+                return ProcessView(inner, scope.key_groups, position, native)
             except OSError as e:
                 log.warning("cannot start a reader process for the materialization of %s (%s); reading it in a "
                             "thread", inner.path, e)

@@ -55,6 +55,12 @@ def build_path(table_dir: str) -> str:
     return os.path.join(table_dir, f"{BUILD_PREFIX}{random_name()[:12]}.mdb")
 
 
+def part_path(path: str, index: int) -> str:
+    """Where part ``index`` of a native snapshot built in parts at ``path`` (:func:`build_path`) is built: the first
+    at ``path``, the others beside it (removed with it by :func:`build_path`)."""
+    return path if index == 0 else f"{path.removesuffix('.mdb')}-{index}.mdb"
+
+
 def table_bytes(table_dir: str) -> int:
     """The bytes of the lmdb table in ``table_dir`` with its overlay's read-only bases (``base-*.mdb``)."""
     names = [n for n in os.listdir(table_dir) if n == "data.mdb" or n.startswith("base-") and n.endswith(".mdb")]
@@ -101,6 +107,7 @@ class NativeFileBuilder:
             raise
         self._checksum = _Checksum(self._fd, self._meta_bytes)
         self.groups: list[int] = []
+        self.bytes = 0  # of the entries added
         self._digest = 0
         self._pending = 0
         self._started_up_to = 0  # the file's size when its write-back was last started
@@ -116,6 +123,7 @@ class NativeFileBuilder:
             self._txn = self.env.begin(write=True)
         self._txn.cursor().putmulti(zip(map(prefix.__add__, keys), values, strict=True), append=True)
         size = sum(map(len, flat))
+        self.bytes += size
         self._pending += size
         if self._pending >= COMMIT_BYTES:
             self._txn.commit()
@@ -295,6 +303,17 @@ def remove_build(path: str) -> None:
     """Remove the native snapshot being built at ``path`` (:func:`build_path`), with its lock file."""
     _remove(path + LOCK_SUFFIX)
     _remove(path)
+
+
+def remove_parts(path: str) -> None:
+    """Remove every part of the native snapshot built in parts at ``path`` (:func:`part_path`), with their lock
+    files."""
+    directory, first = os.path.split(path)
+    stem = first.removesuffix(".mdb") + "-"
+    for name in os.listdir(directory):
+        if name.startswith(stem):
+            _remove(os.path.join(directory, name))
+    remove_build(path)
 
 
 def _remove(path: str) -> None:
