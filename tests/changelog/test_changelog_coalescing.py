@@ -7,6 +7,7 @@ another parallelism), against a plain dict model."""
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from spate.state.descriptors import (
 )
 from spate.state.heap import HeapTable
 from spate.state.keyed import KeyedStateBackend
+from spate.state.lmdb_table import LmdbTable
 from spate.state.table import StateTable
 from spate.state.timers import EVENT_TIME
 
@@ -149,18 +151,24 @@ interval = st.tuples(st.lists(state_op, max_size=8), st.sampled_from(EVENTS))
 
 # -- one subtask's changelogged state, driven step by step ----------------------------------------------------
 class Harness:
-    """A changelogged heap table under a keyed backend, checkpointed and restored like a subtask."""
+    """A changelogged heap table under a keyed backend, checkpointed and restored like a subtask; with ``parts``, an
+    lmdb table whose background materializations are native snapshots written in parts (one per key group that holds
+    data), each taken at the checkpoint after it is placed."""
 
-    def __init__(self, root: str, coalesce: bool = True) -> None:
+    def __init__(self, root: str, coalesce: bool = True, parts: bool = False) -> None:
         self.storage = CheckpointStorage(root)
-        self.config = ChangelogConfig(upload=NOW, coalesce=coalesce)
+        self.root, self.parts, self.tables = root, parts, 0
+        native = {"materialize_in_process_from_bytes": 0, "materialization_part_mb": 1e-6} if parts else {}
+        self.config = ChangelogConfig(upload=NOW, coalesce=coalesce, **native)
         self.model: Model = {}
         self.checkpoint_id = 0
         self.last: tuple[list, list, Model] = ([], [], {})  # materialized, changelog, model of the last checkpoint
         self.clog, self.backend = self._open([], [])
 
     def _open(self, materialized: list, changelog: list) -> tuple[ChangelogKeyedState, KeyedStateBackend]:
-        clog = ChangelogKeyedState(HeapTable(), self.storage, self.config, 0, 1)
+        self.tables += 1
+        table = LmdbTable(f"{self.root}-lmdb-{self.tables}") if self.parts else HeapTable()
+        clog = ChangelogKeyedState(table, self.storage, self.config, 0, 1)
         restore_keyed_state(KeyedStateBackend(clog.table, 128, range(128)), self.storage, materialized, changelog,
                             "test")
         clog.restored(materialized, changelog)
@@ -181,7 +189,7 @@ class Harness:
             self.clog.materialize_now(self.backend)
         elif kind == "materialize_async":
             self.clog.wait_for_materialization()
-            self.clog.start_materialization(self.backend, self.clog.writer.next_sequence_number())
+            self.clog.start_materialization(self.backend, self.clog.writer.next_sequence_number(), in_parts=self.parts)
         else:
             self.restore()
         check_change_set(self.clog.writer.active)
@@ -203,7 +211,7 @@ class Harness:
 
     def restore(self) -> None:
         """Fail over: continue from the last checkpoint in a new subtask (its log starts afresh)."""
-        self.clog.close()
+        self.close()
         materialized, changelog, model = self.last
         self.clog, self.backend = self._open(materialized, changelog)
         self.model = copy.deepcopy(model)
@@ -211,6 +219,8 @@ class Harness:
 
     def close(self) -> None:
         self.clog.close()
+        if self.parts:
+            self.clog.table.inner.close()
 
 
 def check_change_set(cs: ChangeSet) -> None:
@@ -228,6 +238,23 @@ def check_change_set(cs: ChangeSet) -> None:
 @given(intervals=st.lists(interval, max_size=10), coalesce=st.sampled_from([True, True, True, False]))
 def test_replay_equals_the_model(tmp_path_factory, intervals, coalesce):
     h = Harness(str(tmp_path_factory.mktemp("c")), coalesce)
+    try:
+        for ops, event in intervals:
+            for op in ops:
+                h.step(op)
+            h.step((event,))
+        h.checkpoint()
+    finally:
+        h.close()
+
+
+@settings(max_examples=max(1, int(os.environ.get("SPATE_MODEL_EXAMPLES", "40")) // 2), deadline=None)
+@given(intervals=st.lists(interval, max_size=10))
+def test_replay_equals_the_model_with_materializations_in_parts(tmp_path_factory, intervals):
+    """The same on an lmdb table whose background materializations are written in parts by a reader process: a
+    checkpoint may list some parts of a running materialization beside the one before it, narrowed, and each part's
+    key groups' log from where it was read."""
+    h = Harness(str(tmp_path_factory.mktemp("c")), parts=True)
     try:
         for ops, event in intervals:
             for op in ops:

@@ -167,11 +167,13 @@ class ProcessView:
     def _placed(self, written: NativeWritten, scope: SnapshotScope, out: SegmentWriter,
                 pace: Pace) -> MaterializedPart:
         """A native file the reader finished placed in checkpoint storage (removed from the table's directory)."""
-        try:
-            built = NativeBuild(tuple(written.groups), written.digest, written.crc)
-            handle = write_native_file(written.path, built, scope, out, pace)
-        finally:
-            remove_build(written.path)
+        handle = None
+        if written.path:  # else none of its key groups holds data: no file was begun
+            try:
+                built = NativeBuild(tuple(written.groups), written.digest, written.crc)
+                handle = write_native_file(written.path, built, scope, out, pace)
+            finally:
+                remove_build(written.path)
         kgs = scope.key_groups
         return MaterializedPart(handle, kgs, {kg: self.positions[kg] for kg in kgs})
 

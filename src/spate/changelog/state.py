@@ -86,8 +86,8 @@ class ChangelogConfig:
         for name in ("materialization_write_mb_per_s", "materialization_read_mb_per_s", "materialization_part_mb"):
             rate = getattr(self, name)
             if rate is not None and not rate > 0:
-                raise SettingError(f"{name} must be > 0 or None, got {rate}: pass a positive number of MB a second, "
-                                   "or None for as fast as the disk goes")
+                raise SettingError(f"{name} must be > 0 or None, got {rate}: pass a positive number of MB (a second, "
+                                   "for a pace), or None (as fast as the disk goes; one file)")
 
     def native_pace(self) -> NativePace | None:
         """The native materialization's pace in bytes a second (None: the native materialization is off)."""
