@@ -60,15 +60,16 @@ class ChangelogConfig:
     # that is not its file system (a local root on it takes a hard link) at most that many, so that the batches
     # keep the disk (at 10 GB on the benchmark's machine: unpaced, a materialization doubled the batches' p99; at
     # 50 MB/s it slowed them by a quarter; at 35 they were as fast while it ran as while it was stopped; the longer
-    # log it leaves a restore to replay restored faster than a full snapshot right after a materialization, and
-    # 1.4x slower 90 % of the way through the next one; docs/benchmarks.md).
+    # log it leaves a restore to replay restored 1.4x slower than a full snapshot 90 % of the way through the next
+    # materialization, and 0.8x once materializations were written in parts; docs/benchmarks.md).
     # None: as fast as the disk goes
     materialization_write_mb_per_s: float | None = 35.0
     materialization_read_mb_per_s: float | None = 200.0
     # beyond Flink: a native materialization in the background is written in parts of about this many MB of entries,
     # each taking its key groups' place in the checkpoints as soon as it is placed, so that a restore replays per key
-    # group the log since its own part, not since the previous materialization began (at 10 GB: about 5 GB of log
-    # less at the worst point of the cycle; docs/benchmarks.md). None: one file
+    # group the log since its own part, not since the previous materialization began (at 10 GB near the worst point
+    # of the cycle: 3.4 GB of log instead of about 8, a restore 0.8x a full snapshot's instead of 1.4x;
+    # docs/benchmarks.md). None: one file
     materialization_part_mb: float | None = 1024
     preemptive_threshold: int = 5 * MB
     coalesce: bool = True  # log an entry changed many times between uploads once (beyond Flink)
