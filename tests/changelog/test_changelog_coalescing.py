@@ -237,7 +237,11 @@ def check_change_set(cs: ChangeSet) -> None:
 @settings(max_examples=300, deadline=None)
 @given(intervals=st.lists(interval, max_size=10), coalesce=st.sampled_from([True, True, True, False]))
 def test_replay_equals_the_model(tmp_path_factory, intervals, coalesce):
-    h = Harness(str(tmp_path_factory.mktemp("c")), coalesce)
+    _run(Harness(str(tmp_path_factory.mktemp("c")), coalesce), intervals)
+
+
+def _run(h: Harness, intervals: list) -> None:
+    """Each interval's operations and event, then a last checkpoint (each checkpoint checks the model)."""
     try:
         for ops, event in intervals:
             for op in ops:
@@ -254,15 +258,7 @@ def test_replay_equals_the_model_with_materializations_in_parts(tmp_path_factory
     """The same on an lmdb table whose background materializations are written in parts by a reader process: a
     checkpoint may list some parts of a running materialization beside the one before it, narrowed, and each part's
     key groups' log from where it was read."""
-    h = Harness(str(tmp_path_factory.mktemp("c")), parts=True)
-    try:
-        for ops, event in intervals:
-            for op in ops:
-                h.step(op)
-            h.step((event,))
-        h.checkpoint()
-    finally:
-        h.close()
+    _run(Harness(str(tmp_path_factory.mktemp("c")), parts=True), intervals)
 
 
 # -- window-like patterns cost nothing in the log ---------------------------------------------------------------
