@@ -276,6 +276,8 @@ MISTAKES = [
      ValueError, r"materialization_interval_ms must be > 0, got 0: pass a positive number of milliseconds"),
     ("materialization pace 0", lambda t, m: ChangelogConfig(materialization_write_mb_per_s=0), errors.SettingError,
      ValueError, r"materialization_write_mb_per_s must be > 0 or None, got 0: pass a positive number of MB a second"),
+    ("materialization part 0", lambda t, m: ChangelogConfig(materialization_part_mb=0), errors.SettingError,
+     ValueError, r"materialization_part_mb must be > 0 or None, got 0: pass a positive number of MB"),
     ("pace of -1 B/s", lambda t, m: Pace(-1), errors.SettingError, ValueError,
      r"a pace must be a positive number of bytes a second, got -1: pass a positive rate, or None"),
     ("retained 0", lambda t, m: Coordinator(str(t / "root"), retained=0), errors.SettingError, ValueError,

@@ -38,7 +38,7 @@ class ChangelogConfig:
     """Changelog settings (Flink defaults where Flink has one).
 
     Raises:
-        SettingError: a materialization interval, threshold or pace that is not positive.
+        SettingError: a materialization interval, threshold, pace or part size that is not positive.
     """
 
     materialization_interval_ms: int = 600_000
@@ -84,11 +84,15 @@ class ChangelogConfig:
             raise SettingError("materialize_after_change_sets and materialize_after_bytes must be > 0, got "
                                f"{self.materialize_after_change_sets} and {self.materialize_after_bytes}: pass "
                                "positive limits (defaults: 50 change sets, 64 MB)")
-        for name in ("materialization_write_mb_per_s", "materialization_read_mb_per_s", "materialization_part_mb"):
+        for name in ("materialization_write_mb_per_s", "materialization_read_mb_per_s"):
             rate = getattr(self, name)
             if rate is not None and not rate > 0:
-                raise SettingError(f"{name} must be > 0 or None, got {rate}: pass a positive number of MB (a second, "
-                                   "for a pace), or None (as fast as the disk goes; one file)")
+                raise SettingError(f"{name} must be > 0 or None, got {rate}: pass a positive number of MB a second, "
+                                   "or None for as fast as the disk goes")
+        part = self.materialization_part_mb
+        if part is not None and not part > 0:
+            raise SettingError(f"materialization_part_mb must be > 0 or None, got {part}: pass a positive number of MB "
+                               "(a native materialization's part), or None for one file")
 
     def native_pace(self) -> NativePace | None:
         """The native materialization's pace in bytes a second (None: the native materialization is off)."""
