@@ -7,21 +7,28 @@ Per state size and variant, each in a working directory of its own (removed befo
 1. **load** (not measured): keys ``0..n-1`` (``n = size / 500 bytes``: 2M keys at 1 GB, 20M at 10 GB) written
    in bulk into the subtask's lmdb table, as ``bench blog`` and ``bench rescale`` pre-fill, by a runner with the
    changelog off, then one checkpoint: a full snapshot of the loaded state;
-2. **measured phase**: a new runner with the variant's settings on the same root and local directory (it
+2. **reader turns** (changelog only, ``effect_batches``; not in the batch figures): what a running
+   materialization costs the batches beside it, measured inside one run. A runner with the changelog on runs
+   batches of the measured phase's size that write random existing keys only, while the materialization's reader
+   processes are held stopped and let run in turns of ``turn_s`` seconds (:mod:`~spate_tools.bench.reader_turns`);
+   each batch counts with what it ran beside all along (a stopped reader, a running one, none). Runs minutes apart
+   on a small machine differ by more than this cost, and with the changelog's default triggers a materialization
+   runs beside nearly every batch of the measured phase, so no batch there is free of one to compare with;
+3. **measured phase**: a new runner with the variant's settings on the same root and local directory (it
    reuses the local table) runs one warm-up batch, then batches of ``updates`` random existing keys and
    ``new_keys`` new ones, through a ``BatchProcessor`` that overwrites each key's value in bulk (the value
    carries the batch id). The batches enter the subtask as Arrow tables grouped by key, with their key groups
    computed by Spark's hash, as a Spark task's rows do. Both variants of one size see the same keys. With the
    changelog, the phase goes on past ``batches`` until ``min_materializations`` materializations completed
    (at most ``max_batches``), so the run shows what a materialization does to the batches around it;
-3. **copy floor** (``copy_s``): the bytes recovery reads (every segment the last checkpoint references, and its
+4. **copy floor** (``copy_s``): the bytes recovery reads (every segment the last checkpoint references, and its
    ``_metadata``) copied by the operating system to another directory on the same disk, each file fsynced,
    timed and deleted;
-4. **recovery** (``recovery_s``): the local directory deleted, a new runner on the root at parallelism 1 with an
+5. **recovery** (``recovery_s``): the local directory deleted, a new runner on the root at parallelism 1 with an
    empty local directory restores the last checkpoint and runs an empty batch up to its acknowledgements (its
    checkpoint is not committed): the wall time from constructing the runner until then. ``restore_s`` (extra)
    is the library's own figure for the restore (the slowest subtask's ``restore_ms``);
-5. **rescaled recovery** (``recovery_rescaled_s``): the same at parallelism 2 (twice the parallelism), again
+6. **rescaled recovery** (``recovery_rescaled_s``): the same at parallelism 2 (twice the parallelism), again
    with an empty local directory. After both, the restored subtasks' entries are counted (and, with
    ``verify=True``, every key's value read back and compared with the batch that wrote it last).
 
@@ -29,11 +36,13 @@ Figures per (size, variant): batch p50/p99 (the whole micro-batch: processing, s
 p50/p99.9 (``BatchResult.checkpoint_ms``; with fewer than 1,000 checkpoints p99.9 is the maximum),
 ``materialization_s`` (the longest materialization of the phase, as the library records it: from its start
 until the checkpoint that picks up its result; None without the changelog), the batch p99 of the batches while a
-materialization ran (± ``NEAR`` batches) and of the others, ``checkpoint_bytes`` (every byte the last checkpoint
-references), and ``anon_rss_mb_max``: the largest ``RssAnon`` of the process (sampled every 50 ms from the
-measured phase to the end of the rescaled recovery; lmdb's mapped pages are file-backed and do not count; the
-load's own peak is ``anon_rss_mb_load``, and ``anon_rss_mb_by_phase`` splits the maximum into the measured phase
-with the copy, the recovery and the rescaled recovery).
+materialization ran (± ``NEAR`` batches) and of the others, the reader turns' batch p50 and mean beside a running
+and a stopped reader (``batch_ms_p50_reader_running``, ``..._stopped``, ``reader_running_vs_stopped``: the ratio
+of the means), ``checkpoint_bytes`` (every byte the last checkpoint references), and ``anon_rss_mb_max``: the
+largest ``RssAnon`` of the process (sampled every 50 ms from the end of the load to the end of the rescaled
+recovery; lmdb's mapped pages are file-backed and do not count; the load's own peak is ``anon_rss_mb_load``, and
+``anon_rss_mb_by_phase`` splits the maximum into the reader turns, the measured phase with the copy, the recovery
+and the rescaled recovery).
 
 Before it starts, the benchmark checks the free space on the disk of its working directory (``--out``'s) and
 refuses with the figure needed: :data:`~spate_tools.bench.scale_watch.DISK_FACTOR` × the largest state size.
@@ -68,7 +77,15 @@ from spate.runtime.batch import KeyedBatch
 from spate.runtime.local import BatchResult, LocalRunner
 from spate.state.bulk import BulkValueState
 from spate_tools.bench.disk_floor import copy_floor, dir_bytes
-from spate_tools.bench.scale_report import MIN_CHECKPOINTS_FOR_P999, NEAR, materialization_spans, plot_times, table
+from spate_tools.bench.reader_turns import ReaderTurns
+from spate_tools.bench.scale_report import (
+    MIN_CHECKPOINTS_FOR_P999,
+    NEAR,
+    materialization_spans,
+    plot_times,
+    table,
+    turns_figures,
+)
 from spate_tools.bench.scale_watch import (
     MEMORY_RESERVE,
     OutOfDisk,
@@ -175,30 +192,39 @@ class Measured:
     local_bytes: int
 
 
-def measure(run: Run, rng: np.random.Generator, versions: np.ndarray | None) -> Measured:
-    """The warm-up batch, then the measured batches; ``versions[k]`` follows the batch that last wrote key k."""
-    s, changelog = run.setup, run.variant == "changelog"
-    next_key = run.keys
-    samples: list[dict[str, Any]] = []
-    last: BatchResult | None = None
+@dataclass
+class Feed:
+    """The measured batches' keys: ``updates`` random existing keys and ``new_keys`` new ones a batch;
+    ``versions[k]`` (when checked) follows the batch that last wrote key k."""
 
-    def one(runner: _Prepared) -> BatchResult:
-        nonlocal next_key
-        keys = np.unique(np.concatenate([rng.integers(0, next_key, s.updates, dtype=np.int64),
-                                         np.arange(next_key, next_key + s.new_keys, dtype=np.int64)]))
-        next_key += s.new_keys
+    rng: np.random.Generator
+    next_key: int
+    updates: int
+    new_keys: int
+    versions: np.ndarray | None
+
+    def batch(self, runner: _Prepared) -> BatchResult:
+        keys = np.unique(np.concatenate([self.rng.integers(0, self.next_key, self.updates, dtype=np.int64),
+                                         np.arange(self.next_key, self.next_key + self.new_keys, dtype=np.int64)]))
+        self.next_key += self.new_keys
         runner.prepared = keyed_batch(keys)
         result = runner.run_batch(runner.next_batch_id, [])
-        if versions is not None:
-            versions[keys] = result.batch_id
+        if self.versions is not None:
+            self.versions[keys] = result.batch_id
         return result
 
+
+def measure(run: Run, feed: Feed) -> Measured:
+    """The warm-up batch, then the measured batches."""
+    s, changelog = run.setup, run.variant == "changelog"
+    samples: list[dict[str, Any]] = []
+    last: BatchResult | None = None
     with run.runner(changelog=changelog) as runner:
-        one(runner)  # warm-up: the first batch of this runner checks and reuses the loaded local table
+        feed.batch(runner)  # warm-up: the first batch of this runner checks and reuses the loaded local table
         started = time.perf_counter()
         for i in range(s.max_batches):
             batch_started = time.perf_counter() - started
-            last = one(runner)
+            last = feed.batch(runner)
             st = last.checkpoint.subtasks[0]
             samples.append({"batch": i, "at_s": round(batch_started, 3), "batch_ms": round(last.batch_ms, 2),
                             "checkpoint_ms": round(last.checkpoint_ms, 2),
@@ -208,11 +234,7 @@ def measure(run: Run, rng: np.random.Generator, versions: np.ndarray | None) -> 
             done = sum(x["materialization_ms"] is not None for x in samples)
             _status(f"{run.label}: batch {i + 1} ({s.batches} at least), {done} materialization(s) completed, "
                     f"{time.perf_counter() - started:.0f} s")
-            try:
-                guard_disk(run.workdir, f"{run.workdir}/local")
-            except OutOfDisk as e:
-                e.samples = samples  # what the variant measured before it stopped
-                raise
+            _guard_disk(run, samples)
             wanted = s.batches if changelog else (s.full_batches or s.batches)
             if i + 1 >= wanted and (not changelog or done >= s.min_materializations):
                 break
@@ -223,7 +245,37 @@ def measure(run: Run, rng: np.random.Generator, versions: np.ndarray | None) -> 
         meta_path = storage.path(metadata_path(meta.checkpoint_id))
         segments.append((meta_path, 0, os.path.getsize(meta_path)))
         checkpoint_bytes = meta.state_bytes
-    return Measured(samples, segments, checkpoint_bytes, next_key, dir_bytes(f"{run.workdir}/local"))
+    return Measured(samples, segments, checkpoint_bytes, feed.next_key, dir_bytes(f"{run.workdir}/local"))
+
+
+def reader_turns(run: Run, feed: Feed) -> dict[str, Any]:
+    """The changelog's materialization readers held stopped and let run in turns (:class:`ReaderTurns`) over
+    ``effect_batches`` batches of the feed's size that write existing keys only (so that the measured phase
+    after it sees the keys the full variant sees): the batches that ran wholly beside a stopped reader, beside a
+    running one, and beside none."""
+    s = run.setup
+    beside: dict[str, list[float]] = {"stopped": [], "running": [], "none": []}
+    with run.runner(changelog=True) as runner:
+        feed.batch(runner)  # warm-up, as in the measured phase
+        with ReaderTurns(s.turn_s) as turns:
+            for i in range(s.effect_batches):
+                turn = turns.before_batch()
+                result = feed.batch(runner)
+                where = turns.after_batch(turn)
+                if where is not None:
+                    beside[where].append(result.batch_ms)
+                _status(f"{run.label}: materialization's readers in turns, batch {i + 1} of {s.effect_batches}")
+                _guard_disk(run, [])
+        _status(None)
+    return turns_figures(beside)
+
+
+def _guard_disk(run: Run, samples: list[dict[str, Any]]) -> None:
+    try:
+        guard_disk(run.workdir, f"{run.workdir}/local")
+    except OutOfDisk as e:
+        e.samples = samples  # what the variant measured before it stopped
+        raise
 
 
 def _status(line: str | None) -> None:
@@ -302,16 +354,24 @@ def run_variant(run: Run, sampler: Sampler, verify: bool) -> tuple[dict[str, Any
     sampler.take()
     load_s = load(run)
     anon_load = sampler.take()
-    rng = np.random.default_rng([37, int(run.state_gb * 1000)])  # the same keys for both variants of a size
-    m = measure(run, rng, versions)
+    turns = {}
+    if run.variant == "changelog" and s.effect_batches:
+        turns_feed = Feed(np.random.default_rng([38, int(run.state_gb * 1000)]), run.keys, s.updates + s.new_keys, 0,
+                          versions)
+        turns = reader_turns(run, turns_feed)
+    phases = {"reader turns": sampler.take()} if turns else {}
+    # the same keys for both variants of a size
+    m = measure(run, Feed(np.random.default_rng([37, int(run.state_gb * 1000)]), run.keys, s.updates, s.new_keys,
+                          versions))
     shutil.rmtree(f"{run.workdir}/local")  # before the copy: recovery starts from an empty local directory
     copy_s = copy_floor(m.segments, f"{run.workdir}/copy", sampler.sample_disk)  # its bytes count in the disk needed
-    phases = {"measure": sampler.take()}
+    phases["measure"] = sampler.take()
     rec = recover(run, 1, m.next_key, versions)
     phases["recovery"] = sampler.take()
     rescaled = recover(run, 2, m.next_key, versions)
     phases["rescaled"] = sampler.take()
     row = summarize(run, m, copy_s, rec, rescaled, max(phases.values()))
+    row.update(turns)
     disk = sampler.take_disk()
     sampler.watch(None)
     row.update({"anon_rss_mb_load": anon_load, "anon_rss_mb_by_phase": phases, "load_s": round(load_s, 1),
@@ -392,7 +452,8 @@ def bench_scale(quick: bool, *, out_dir: str = "bench-out", sizes_gb: Sequence[f
     base = QUICK if quick else FULL
     s = Setup(sizes_gb=tuple(sizes_gb or base.sizes_gb), batches=batches or base.batches,
               **{k: setup.get(k, getattr(base, k)) for k in ("full_batches", "updates", "new_keys",
-                                                              "min_materializations", "max_batches")})
+                                                              "min_materializations", "max_batches",
+                                                              "effect_batches", "turn_s")})
     os.makedirs(out_dir, exist_ok=True)
     check_disk(out_dir, s.sizes_gb)
     check_key_groups()

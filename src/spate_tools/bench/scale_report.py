@@ -5,9 +5,10 @@ table, and the chart of batch and checkpoint times over the measured phase (:fun
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Any
 
-from spate.report import format_table, human_bytes
+from spate.report import format_table, human_bytes, percentile
 from spate_tools.bench.scale_workload import VALUE_BYTES, VARIANTS, Setup
 
 NEAR = 2  # batches before and after a materialization that count as "around" it
@@ -33,6 +34,22 @@ def materialization_spans(samples: list[dict[str, Any]]) -> tuple[list[tuple[int
     if open_at is not None and open_at < len(samples):
         spans.append((open_at, len(samples) - 1))
     return spans, done
+
+
+def turns_figures(beside: dict[str, list[float]]) -> dict[str, Any]:
+    """The figures of the batches run beside the materialization's readers held stopped and running in turns (ms
+    per batch, by what each ran beside): per kind, how many, p50 and mean; and ``reader_running_vs_stopped``,
+    the mean beside a running reader over the mean beside a stopped one (None without both)."""
+    out: dict[str, Any] = {}
+    for kind in ("stopped", "running", "none"):
+        ms = beside.get(kind, [])
+        out[f"batches_reader_{kind}"] = len(ms)
+        p50 = percentile(ms, 50)
+        out[f"batch_ms_p50_reader_{kind}"] = None if p50 is None else round(p50, 2)
+        out[f"batch_ms_mean_reader_{kind}"] = round(statistics.fmean(ms), 2) if ms else None
+    stopped, running = out["batch_ms_mean_reader_stopped"], out["batch_ms_mean_reader_running"]
+    out["reader_running_vs_stopped"] = _ratio(running, stopped)
+    return out
 
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -85,6 +102,7 @@ def table(results: list[dict[str, Any]], s: Setup, elapsed_s: float) -> str:
              f"{r['materialization_s']:g} ({r['materializations']})",
              "batch p99 ms materializing / other": f"{_cell(r['batch_ms_p99_materializing'])} / "
                                                    f"{_cell(r['batch_ms_p99_other'])}",
+             "batch p50 ms, reader running / stopped": _turns_cell(r),
              "checkpoint": human_bytes(r["checkpoint_bytes"]), "copy s": r["copy_s"], "recovery s": r["recovery_s"],
              "rescaled s": r["recovery_rescaled_s"],
              "restore s (1 / 2)": f"{r['restore_s']:g} / {r['restore_rescaled_s']:g}",
@@ -95,13 +113,22 @@ def table(results: list[dict[str, Any]], s: Setup, elapsed_s: float) -> str:
              f"batches of {s.updates:,} random existing keys + {s.new_keys:,} new keys ({s.batches} at least, "
              f"{s.full_batches or s.batches} with the changelog off; with the changelog until "
              f"{s.min_materializations} materialization(s) completed, at most "
-             f"{s.max_batches}); recovery: a new runner, empty local directory, up to its first batch's acks; "
+             f"{s.max_batches}; before them, {s.effect_batches} batches with the materialization's readers stopped and "
+             f"running in turns of {s.turn_s:g} s); recovery: a new runner, empty local directory, up to its first "
+             "batch's acks; "
              f"{elapsed_s / 60:.1f} min in all")
     notes = [f"p99.9 is the maximum below {MIN_CHECKPOINTS_FOR_P999:,} checkpoints; materializing: the batches "
              f"while a materialization ran, ± {NEAR}"] if any(r["p999_is_max"] for r in done) else []
     notes += [f"{r['state_gb']:g} GB {r['variant']}: FAILED, {r['error']}" for r in results if "error" in r]
     return (format_table(rows, title=title) + "".join(f"\n{n}" for n in notes) + "\n\n"
             + format_table(ratios(results), title="goals (10 GB vs 1 GB in a full run; --quick: 1 GB vs 0.2 GB)"))
+
+
+def _turns_cell(r: dict[str, Any]) -> str:
+    running, stopped = r.get("batch_ms_p50_reader_running"), r.get("batch_ms_p50_reader_stopped")
+    if running is None or stopped is None:
+        return "-"
+    return f"{running:,.0f} / {stopped:,.0f} ({r['reader_running_vs_stopped']:g}× mean)"
 
 
 def _cell(x: float | None) -> str:
