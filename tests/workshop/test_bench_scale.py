@@ -124,7 +124,7 @@ def test_a_variant_that_would_fill_the_disk_stops_and_the_run_goes_on(tmp_path, 
     handed: list[dict] = []
     results, text = bench_scale(False, out_dir=str(tmp_path), sizes_gb=(0.002,), batches=3, updates=500,
                                 new_keys=50, effect_batches=0, chart=False, variants=("full", "changelog"),
-                                on_row=handed.append)
+                                on_row=handed.append, isolate=False)  # in this process: the patch holds there
     assert [r["variant"] for r in results] == ["full", "changelog"] and handed == results
     for r in results:
         assert r["error"].startswith("out of disk: less than") and "local lmdb table had grown to" in r["error"]

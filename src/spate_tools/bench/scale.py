@@ -39,14 +39,15 @@ until the checkpoint that picks up its result; None without the changelog), the 
 materialization ran (± ``NEAR`` batches) and of the others, the reader turns' batch p50 and mean beside a running
 and a stopped reader (``batch_ms_p50_reader_running``, ``..._stopped``, ``reader_running_vs_stopped``: the ratio
 of the means), ``checkpoint_bytes`` (every byte the last checkpoint references), and ``anon_rss_mb_max``: the
-largest ``RssAnon`` of the process (sampled every 50 ms from the end of the load to the end of the rescaled
+largest ``RssAnon`` of the variant's process (sampled every 50 ms from the end of the load to the end of the rescaled
 recovery; lmdb's mapped pages are file-backed and do not count; the load's own peak is ``anon_rss_mb_load``, and
 ``anon_rss_mb_by_phase`` splits the maximum into the reader turns, the measured phase with the copy, the recovery
 and the rescaled recovery).
 
 Before it starts, the benchmark checks the free space on the disk of its working directory (``--out``'s) and
 refuses with the figure needed: :data:`~spate_tools.bench.scale_watch.DISK_FACTOR` × the largest state size.
-While it runs, the process's private memory is capped at what the machine had available
+Each variant runs in a process of its own (:func:`variant_in_process`), so that its memory figures are its own;
+there, the process's private memory is capped at what the machine had available
 (:func:`~spate_tools.bench.scale_watch.memory_guard`): a variant that needs more fails with an out-of-memory line
 in the table and the run goes on with the next.
 
@@ -59,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -66,6 +68,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -380,6 +384,37 @@ def run_variant(run: Run, sampler: Sampler, verify: bool) -> tuple[dict[str, Any
     return row, m.samples
 
 
+def variant_here(run: Run, verify: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One (size, variant) in this process, its memory watched and capped; a variant that runs out of disk or
+    memory gets a failed row (what it measured before, and why)."""
+    with Sampler() as sampler, memory_guard() as limit:
+        try:
+            return run_variant(run, sampler, verify)
+        except OutOfDisk as e:
+            return failed(run, str(e), e.samples), e.samples
+        except Exception as e:
+            if not out_of_memory(e):
+                raise
+            return failed(run, f"out of memory: the process's private memory reached its limit "
+                               f"({(limit or 0) / 2**30:.1f} GiB: what the machine had available at the start, "
+                               f"less {MEMORY_RESERVE / 2**30:g} GiB)"), []
+        finally:
+            sampler.watch(None)
+            release_memory()
+
+
+def variant_in_process(run: Run, verify: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """:func:`variant_here` in a new process (spawned: nothing of this one's heap or threads), so that each
+    variant's ``anon_rss_mb_max`` is its own: in one process, the heap the earlier variants left (Python keeps
+    its small-object arenas while any object in them lives) counted in the later ones, about 400 MB at 10 GB.
+    A process that dies (the kernel's OOM killer) gets a failed row."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(variant_here, run, verify).result()
+        except BrokenProcessPool as e:
+            return failed(run, f"the variant's process died: {e}"), []
+
+
 def failed(run: Run, error: str, samples: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The row of a variant that could not finish: its contract keys without figures, and why; the batches it
     measured before it stopped, if any, give the batch and checkpoint figures."""
@@ -444,11 +479,12 @@ def _r(x: float | None) -> float | None:
 def bench_scale(quick: bool, *, out_dir: str = "bench-out", sizes_gb: Sequence[float] | None = None,
                 batches: int | None = None, verify: bool = False, chart: bool = True,
                 variants: Sequence[str] = VARIANTS, on_row: Callable[[dict[str, Any]], None] | None = None,
-                **setup: Any) -> tuple[list[dict[str, Any]], str]:
+                isolate: bool = True, **setup: Any) -> tuple[list[dict[str, Any]], str]:
     """Rows per (state size, variant) and the table; the chart ``scale-times.png`` in ``out_dir``. ``sizes_gb``,
     ``batches`` and the other :class:`Setup` fields override the run's sizes (tests run tiny ones);
     ``verify`` reads every restored value back; ``variants`` in the order they run; ``on_row`` gets each
-    row as soon as its variant finished (a long run keeps what it measured)."""
+    row as soon as its variant finished (a long run keeps what it measured). ``isolate``: each variant in a
+    process of its own (:func:`variant_in_process`); False: in this one (tests that patch the bench)."""
     base = QUICK if quick else FULL
     s = Setup(sizes_gb=tuple(sizes_gb or base.sizes_gb), batches=batches or base.batches,
               **{k: setup.get(k, getattr(base, k)) for k in ("full_batches", "updates", "new_keys",
@@ -462,27 +498,16 @@ def bench_scale(quick: bool, *, out_dir: str = "bench-out", sizes_gb: Sequence[f
     results, series = [], {}
     started = time.perf_counter()
     try:
-        with Sampler() as sampler, memory_guard() as limit:
-            for run in runs:
-                check_disk(workdir, [run.state_gb])
-                try:
-                    row, samples = run_variant(run, sampler, verify)
-                except OutOfDisk as e:
-                    row, samples = failed(run, str(e), e.samples), e.samples
-                except Exception as e:
-                    if not out_of_memory(e):
-                        raise
-                    row, samples = failed(run, f"out of memory: the process's private memory reached its limit "
-                                               f"({(limit or 0) / 2**30:.1f} GiB: what the machine had available "
-                                               f"at the start, less {MEMORY_RESERVE / 2**30:g} GiB)"), []
-                finally:
-                    shutil.rmtree(run.workdir, ignore_errors=True)  # every variant's files go before the next
-                    sampler.watch(None)
-                    release_memory()
-                results.append(row)
-                series[(run.state_gb, run.variant)] = samples
-                if on_row is not None:
-                    on_row(row)
+        for run in runs:
+            check_disk(workdir, [run.state_gb])
+            try:
+                row, samples = variant_in_process(run, verify) if isolate else variant_here(run, verify)
+            finally:
+                shutil.rmtree(run.workdir, ignore_errors=True)  # every variant's files go before the next
+            results.append(row)
+            series[(run.state_gb, run.variant)] = samples
+            if on_row is not None:
+                on_row(row)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     path = plot_times(series, out_dir) if chart else None
