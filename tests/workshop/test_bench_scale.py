@@ -25,7 +25,7 @@ def test_bench_scale_tiny_json(tmp_path, capsys):
     rows_file.parent.mkdir()
     rows_file.write_text("a row of an earlier run\n")
     bench = partial(bench_scale, out_dir=str(tmp_path), sizes_gb=SIZES, batches=4, updates=1_000, new_keys=100,
-                    max_batches=60, effect_batches=6, turn_s=0.0, verify=True, on_row=rows_log(str(rows_file)))
+                    max_batches=60, quiet_batches=3, verify=True, on_row=rows_log(str(rows_file)))
     assert run_bench("scale", quick=True, as_json=True, out_dir=str(tmp_path), bench=bench) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["bench"] == "scale"
@@ -44,8 +44,8 @@ def test_bench_scale_tiny_json(tmp_path, capsys):
         assert r["recovery_s"] > 0 and r["recovery_rescaled_s"] > 0 and r["copy_s"] > 0
         assert r["restore_s"] <= r["recovery_s"]
         assert 0 < r["anon_rss_mb_max"] < 4_000
-        turns = {"reader turns"} if variant == "changelog" else set()
-        assert set(r["anon_rss_mb_by_phase"]) == {"measure", "recovery", "rescaled"} | turns
+        quiet = {"no materialization"} if variant == "changelog" else set()
+        assert set(r["anon_rss_mb_by_phase"]) == {"measure", "recovery", "rescaled"} | quiet
         assert max(r["anon_rss_mb_by_phase"].values()) == r["anon_rss_mb_max"]
         # both restarts restored from checkpoint storage (the local directory was empty) the state written:
         # every key, each with the value of the batch that wrote it last
@@ -55,25 +55,26 @@ def test_bench_scale_tiny_json(tmp_path, capsys):
         assert r["disk_bytes_max"] > r["checkpoint_bytes"]
         if variant == "changelog":  # it runs until a materialization completed
             assert r["materialization_s"] > 0 and r["materializations"] >= 1
-            # the reader turns ran (a table this small is materialized in the subtask's process: no reader)
-            assert r["batches_reader_none"] == 6 and r["batches_reader_running"] == r["batches_reader_stopped"] == 0
-            assert r["reader_running_vs_stopped"] is None and r["batch_ms_p50_reader_none"] > 0
+            # the batches with no materialization ran first, and wrote existing keys only (the keys above)
+            assert r["batches_no_materialization"] == 3 and r["batch_ms_p50_no_materialization"] > 0
+            p50, quiet_p50 = r["batch_ms_p50"], r["batch_ms_p50_no_materialization"]
+            assert r["batch_p50_vs_no_materialization"] == round(p50 / quiet_p50, 2)
         else:
             assert r["materialization_s"] is None and r["materializations"] == 0
-            assert "batches_reader_none" not in r
+            assert "batches_no_materialization" not in r
     # the run's files are gone; the charts are there
     assert [p for p in os.listdir(tmp_path) if p.startswith(".spate-bench-scale-")] == []
     for name in ("scale.png", "scale-times.png"):
         assert os.path.getsize(tmp_path / name) > 0
 
 
-def test_reader_turns_figures():
-    got = scale_report.turns_figures({"stopped": [400.0, 420.0, 410.0], "running": [450.0, 462.0], "none": []})
-    assert got["batches_reader_stopped"] == 3 and got["batch_ms_p50_reader_stopped"] == 410.0
-    assert got["batch_ms_mean_reader_running"] == 456.0 and got["batch_ms_mean_reader_none"] is None
-    assert got["reader_running_vs_stopped"] == 1.11
-    one_side = scale_report.turns_figures({"stopped": [1.0], "running": [], "none": []})
-    assert one_side["reader_running_vs_stopped"] is None
+def test_no_materialization_figures():
+    row = {"batch_ms_p50": 440.0, "batch_ms_p99": 520.0}
+    got = scale_report.quiet_figures([400.0, 420.0, 410.0, 480.0], row)
+    assert got == {"batches_no_materialization": 4, "batch_ms_p50_no_materialization": 410.0,
+                   "batch_ms_p99_no_materialization": 480.0, "batch_p50_vs_no_materialization": 1.07,
+                   "batch_p99_vs_no_materialization": 1.08}
+    assert scale_report.quiet_figures([], row) == {}
 
 
 def test_goals_table():
@@ -96,6 +97,9 @@ def test_materialization_spans():
     # started after batch 1's ack, picked up by batch 4's checkpoint; another started after batch 4, never done
     samples = [sample(), sample(True), sample(), sample(), sample(True, 900.0), sample(), sample()]
     assert scale_report.materialization_spans(samples) == ([(2, 4), (5, 6)], [900.0])
+    # one started by the warm-up batch, before the first sample, picked up by batch 2's checkpoint
+    samples = [{**sample(), "materialization_running": True}, sample(), sample(False, 700.0), sample()]
+    assert scale_report.materialization_spans(samples) == ([(0, 2)], [700.0])
 
 
 def test_key_groups_are_sparks():
@@ -123,7 +127,7 @@ def test_a_variant_that_would_fill_the_disk_stops_and_the_run_goes_on(tmp_path, 
     monkeypatch.setattr(scale_watch, "DISK_RESERVE", shutil.disk_usage(tmp_path).free + 2**40)
     handed: list[dict] = []
     results, text = bench_scale(False, out_dir=str(tmp_path), sizes_gb=(0.002,), batches=3, updates=500,
-                                new_keys=50, effect_batches=0, chart=False, variants=("full", "changelog"),
+                                new_keys=50, quiet_batches=0, chart=False, variants=("full", "changelog"),
                                 on_row=handed.append, isolate=False)  # in this process: the patch holds there
     assert [r["variant"] for r in results] == ["full", "changelog"] and handed == results
     for r in results:

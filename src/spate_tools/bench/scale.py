@@ -7,13 +7,12 @@ Per state size and variant, each in a working directory of its own (removed befo
 1. **load** (not measured): keys ``0..n-1`` (``n = size / 500 bytes``: 2M keys at 1 GB, 20M at 10 GB) written
    in bulk into the subtask's lmdb table, as ``bench blog`` and ``bench rescale`` pre-fill, by a runner with the
    changelog off, then one checkpoint: a full snapshot of the loaded state;
-2. **reader turns** (changelog only, ``effect_batches``; not in the batch figures): what a running
-   materialization costs the batches beside it, measured inside one run. A runner with the changelog on runs
-   batches of the measured phase's size that write random existing keys only, while the materialization's reader
-   processes are held stopped and let run in turns of ``turn_s`` seconds (:mod:`~spate_tools.bench.reader_turns`);
-   each batch counts with what it ran beside all along (a stopped reader, a running one, none). Runs minutes apart
-   on a small machine differ by more than this cost, and with the changelog's default triggers a materialization
-   runs beside nearly every batch of the measured phase, so no batch there is free of one to compare with;
+2. **no materialization** (changelog only, ``quiet_batches``; not in the batch figures): a runner with the
+   changelog on and its materialization triggers out of reach runs batches of the measured phase's size that
+   write random existing keys only (so that the measured phase sees the keys the full variant sees): the batches
+   as they are with no materialization beside them, in the same run, next to a measured phase in which a
+   materialization runs beside nearly every batch (with the default triggers, one starts as soon as the last
+   one ends);
 3. **measured phase**: a new runner with the variant's settings on the same root and local directory (it
    reuses the local table) runs one warm-up batch, then batches of ``updates`` random existing keys and
    ``new_keys`` new ones, through a ``BatchProcessor`` that overwrites each key's value in bulk (the value
@@ -36,13 +35,14 @@ Figures per (size, variant): batch p50/p99 (the whole micro-batch: processing, s
 p50/p99.9 (``BatchResult.checkpoint_ms``; with fewer than 1,000 checkpoints p99.9 is the maximum),
 ``materialization_s`` (the longest materialization of the phase, as the library records it: from its start
 until the checkpoint that picks up its result; None without the changelog), the batch p99 of the batches while a
-materialization ran (± ``NEAR`` batches) and of the others, the reader turns' batch p50 and mean beside a running
-and a stopped reader (``batch_ms_p50_reader_running``, ``..._stopped``, ``reader_running_vs_stopped``: the ratio
-of the means), ``checkpoint_bytes`` (every byte the last checkpoint references), and ``anon_rss_mb_max``: the
-largest ``RssAnon`` of the variant's process (sampled every 50 ms from the end of the load to the end of the rescaled
-recovery; lmdb's mapped pages are file-backed and do not count; the load's own peak is ``anon_rss_mb_load``, and
-``anon_rss_mb_by_phase`` splits the maximum into the reader turns, the measured phase with the copy, the recovery
-and the rescaled recovery).
+materialization ran (± ``NEAR`` batches) and of the others, the batch p50 and p99 with no materialization
+(``batch_ms_p50_no_materialization``, ``batch_ms_p99_no_materialization``) and the measured phase's over them
+(``batch_p50_vs_no_materialization``, ``batch_p99_vs_no_materialization``), ``checkpoint_bytes`` (every byte
+the last checkpoint references), and ``anon_rss_mb_max``: the largest ``RssAnon`` of the variant's process
+(sampled every 50 ms from the end of the load to the end of the rescaled recovery; lmdb's mapped pages are
+file-backed and do not count; the load's own peak is ``anon_rss_mb_load``, and ``anon_rss_mb_by_phase`` splits
+the maximum into the batches with no materialization, the measured phase with the copy, the recovery and the
+rescaled recovery).
 
 Before it starts, the benchmark checks the free space on the disk of its working directory (``--out``'s) and
 refuses with the figure needed: :data:`~spate_tools.bench.scale_watch.DISK_FACTOR` × the largest state size.
@@ -75,20 +75,20 @@ from typing import Any
 
 import numpy as np
 
+from spate.changelog.state import ChangelogConfig
 from spate.layout import metadata_path
 from spate.report import percentile, progress
 from spate.runtime.batch import KeyedBatch
 from spate.runtime.local import BatchResult, LocalRunner
 from spate.state.bulk import BulkValueState
 from spate_tools.bench.disk_floor import copy_floor, dir_bytes
-from spate_tools.bench.reader_turns import ReaderTurns
 from spate_tools.bench.scale_report import (
     MIN_CHECKPOINTS_FOR_P999,
     NEAR,
     materialization_spans,
     plot_times,
+    quiet_figures,
     table,
-    turns_figures,
 )
 from spate_tools.bench.scale_watch import (
     MEMORY_RESERVE,
@@ -119,6 +119,10 @@ from spate_tools.bench.scale_workload import (
 
 LOAD_VERSION = 0  # the version the loaded values carry; a measured batch's values carry its batch id (≥ 2)
 LOAD_CHUNK = 500_000  # keys per bulk write while loading
+NEVER = 10**15
+# the changelog on, every materialization trigger out of reach (the batches with no materialization beside them)
+NO_MATERIALIZATION = ChangelogConfig(materialization_interval_ms=NEVER, materialize_after_change_sets=NEVER,
+                                     materialize_after_bytes=NEVER)
 
 
 class _Prepared(LocalRunner):
@@ -160,7 +164,7 @@ class Run:
     def root(self) -> str:
         return f"{self.workdir}/root"
 
-    def runner(self, changelog: bool, parallelism: int = 1, local_dir: str | None = None,
+    def runner(self, changelog: bool | ChangelogConfig, parallelism: int = 1, local_dir: str | None = None,
                **kwargs: Any) -> _Prepared:
         return _Prepared(Overwrite, key="k", checkpoint_root=self.root, parallelism=parallelism,
                          max_parallelism=MAX_PARALLELISM, table="lmdb", local_dir=local_dir or f"{self.workdir}/local",
@@ -224,7 +228,10 @@ def measure(run: Run, feed: Feed) -> Measured:
     samples: list[dict[str, Any]] = []
     last: BatchResult | None = None
     with run.runner(changelog=changelog) as runner:
-        feed.batch(runner)  # warm-up: the first batch of this runner checks and reuses the loaded local table
+        # warm-up: the first batch of this runner checks and reuses the loaded local table; after the batches with
+        # no materialization, the log is long enough that it starts one
+        warm = feed.batch(runner)
+        started_before = bool(warm.checkpoint.subtasks[0].stats.get("materialization_started"))
         started = time.perf_counter()
         for i in range(s.max_batches):
             batch_started = time.perf_counter() - started
@@ -233,6 +240,7 @@ def measure(run: Run, feed: Feed) -> Measured:
             samples.append({"batch": i, "at_s": round(batch_started, 3), "batch_ms": round(last.batch_ms, 2),
                             "checkpoint_ms": round(last.checkpoint_ms, 2),
                             "materialization_started": bool(st.stats.get("materialization_started")),
+                            "materialization_running": started_before and i == 0,
                             "materialization_ms": st.stats.get("materialization_ms"),
                             "checkpoint_bytes": last.checkpoint.state_bytes})
             done = sum(x["materialization_ms"] is not None for x in samples)
@@ -252,26 +260,18 @@ def measure(run: Run, feed: Feed) -> Measured:
     return Measured(samples, segments, checkpoint_bytes, feed.next_key, dir_bytes(f"{run.workdir}/local"))
 
 
-def reader_turns(run: Run, feed: Feed) -> dict[str, Any]:
-    """The changelog's materialization readers held stopped and let run in turns (:class:`ReaderTurns`) over
-    ``effect_batches`` batches of the feed's size that write existing keys only (so that the measured phase
-    after it sees the keys the full variant sees): the batches that ran wholly beside a stopped reader, beside a
-    running one, and beside none."""
+def no_materialization(run: Run, feed: Feed) -> list[float]:
+    """``quiet_batches`` batches (ms each) with the changelog on and its materialization triggers out of reach."""
     s = run.setup
-    beside: dict[str, list[float]] = {"stopped": [], "running": [], "none": []}
-    with run.runner(changelog=True) as runner:
+    batch_ms: list[float] = []
+    with run.runner(changelog=NO_MATERIALIZATION) as runner:
         feed.batch(runner)  # warm-up, as in the measured phase
-        with ReaderTurns(s.turn_s) as turns:
-            for i in range(s.effect_batches):
-                turn = turns.before_batch()
-                result = feed.batch(runner)
-                where = turns.after_batch(turn)
-                if where is not None:
-                    beside[where].append(result.batch_ms)
-                _status(f"{run.label}: materialization's readers in turns, batch {i + 1} of {s.effect_batches}")
-                _guard_disk(run, [])
+        for i in range(s.quiet_batches):
+            batch_ms.append(feed.batch(runner).batch_ms)
+            _status(f"{run.label}: no materialization, batch {i + 1} of {s.quiet_batches}")
+            _guard_disk(run, [])
         _status(None)
-    return turns_figures(beside)
+    return batch_ms
 
 
 def _guard_disk(run: Run, samples: list[dict[str, Any]]) -> None:
@@ -358,12 +358,12 @@ def run_variant(run: Run, sampler: Sampler, verify: bool) -> tuple[dict[str, Any
     sampler.take()
     load_s = load(run)
     anon_load = sampler.take()
-    turns = {}
-    if run.variant == "changelog" and s.effect_batches:
-        turns_feed = Feed(np.random.default_rng([38, int(run.state_gb * 1000)]), run.keys, s.updates + s.new_keys, 0,
-                          versions)
-        turns = reader_turns(run, turns_feed)
-    phases = {"reader turns": sampler.take()} if turns else {}
+    quiet: list[float] = []
+    if run.variant == "changelog" and s.quiet_batches:
+        existing_only = Feed(np.random.default_rng([38, int(run.state_gb * 1000)]), run.keys,
+                             s.updates + s.new_keys, 0, versions)
+        quiet = no_materialization(run, existing_only)
+    phases = {"no materialization": sampler.take()} if quiet else {}
     # the same keys for both variants of a size
     m = measure(run, Feed(np.random.default_rng([37, int(run.state_gb * 1000)]), run.keys, s.updates, s.new_keys,
                           versions))
@@ -375,7 +375,7 @@ def run_variant(run: Run, sampler: Sampler, verify: bool) -> tuple[dict[str, Any
     rescaled = recover(run, 2, m.next_key, versions)
     phases["rescaled"] = sampler.take()
     row = summarize(run, m, copy_s, rec, rescaled, max(phases.values()))
-    row.update(turns)
+    row.update(quiet_figures(quiet, row))
     disk = sampler.take_disk()
     sampler.watch(None)
     row.update({"anon_rss_mb_load": anon_load, "anon_rss_mb_by_phase": phases, "load_s": round(load_s, 1),
@@ -489,7 +489,7 @@ def bench_scale(quick: bool, *, out_dir: str = "bench-out", sizes_gb: Sequence[f
     s = Setup(sizes_gb=tuple(sizes_gb or base.sizes_gb), batches=batches or base.batches,
               **{k: setup.get(k, getattr(base, k)) for k in ("full_batches", "updates", "new_keys",
                                                               "min_materializations", "max_batches",
-                                                              "effect_batches", "turn_s")})
+                                                              "quiet_batches")})
     os.makedirs(out_dir, exist_ok=True)
     check_disk(out_dir, s.sizes_gb)
     check_key_groups()

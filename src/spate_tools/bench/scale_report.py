@@ -5,7 +5,6 @@ table, and the chart of batch and checkpoint times over the measured phase (:fun
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any
 
 from spate.report import format_table, human_bytes, percentile
@@ -21,9 +20,12 @@ GOALS = {"recovery / copy_s": ("≤ 2", 2.0), "rescaled recovery / copy_s": ("�
 
 def materialization_spans(samples: list[dict[str, Any]]) -> tuple[list[tuple[int, int]], list[float]]:
     """Batches during which a materialization ran, as (first, last) sample indexes, and the durations (ms) of
-    those that completed. One starts after the batch whose ack says so; its result is picked up by a later
+    those that completed. One starts after the batch whose ack says so (the first sample's
+    ``materialization_running``: one started before it, by the warm-up batch); its result is picked up by a later
     checkpoint (which reports its duration), at the latest one batch after it finished."""
-    spans, done, open_at = [], [], None
+    spans: list[tuple[int, int]] = []
+    done: list[float] = []
+    open_at = 0 if samples and samples[0].get("materialization_running") else None
     for i, x in enumerate(samples):
         if x["materialization_ms"] is not None and open_at is not None:
             spans.append((open_at, i))
@@ -36,20 +38,20 @@ def materialization_spans(samples: list[dict[str, Any]]) -> tuple[list[tuple[int
     return spans, done
 
 
-def turns_figures(beside: dict[str, list[float]]) -> dict[str, Any]:
-    """The figures of the batches run beside the materialization's readers held stopped and running in turns (ms
-    per batch, by what each ran beside): per kind, how many, p50 and mean; and ``reader_running_vs_stopped``,
-    the mean beside a running reader over the mean beside a stopped one (None without both)."""
-    out: dict[str, Any] = {}
-    for kind in ("stopped", "running", "none"):
-        ms = beside.get(kind, [])
-        out[f"batches_reader_{kind}"] = len(ms)
-        p50 = percentile(ms, 50)
-        out[f"batch_ms_p50_reader_{kind}"] = None if p50 is None else round(p50, 2)
-        out[f"batch_ms_mean_reader_{kind}"] = round(statistics.fmean(ms), 2) if ms else None
-    stopped, running = out["batch_ms_mean_reader_stopped"], out["batch_ms_mean_reader_running"]
-    out["reader_running_vs_stopped"] = _ratio(running, stopped)
-    return out
+def quiet_figures(quiet_ms: list[float], row: dict[str, Any]) -> dict[str, Any]:
+    """The batches with no materialization (``quiet_ms``, ms each): their p50 and p99, and the measured phase's
+    (``row``) over them; empty without such batches."""
+    if not quiet_ms:
+        return {}
+    p50, p99 = percentile(quiet_ms, 50), percentile(quiet_ms, 99)
+    return {"batches_no_materialization": len(quiet_ms), "batch_ms_p50_no_materialization": _r(p50),
+            "batch_ms_p99_no_materialization": _r(p99),
+            "batch_p50_vs_no_materialization": _ratio(row["batch_ms_p50"], p50),
+            "batch_p99_vs_no_materialization": _ratio(row["batch_ms_p99"], p99)}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
 
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -102,7 +104,7 @@ def table(results: list[dict[str, Any]], s: Setup, elapsed_s: float) -> str:
              f"{r['materialization_s']:g} ({r['materializations']})",
              "batch p99 ms materializing / other": f"{_cell(r['batch_ms_p99_materializing'])} / "
                                                    f"{_cell(r['batch_ms_p99_other'])}",
-             "batch p50 ms, reader running / stopped": _turns_cell(r),
+             "batch p50 / p99 ms, no materialization": _quiet_cell(r),
              "checkpoint": human_bytes(r["checkpoint_bytes"]), "copy s": r["copy_s"], "recovery s": r["recovery_s"],
              "rescaled s": r["recovery_rescaled_s"],
              "restore s (1 / 2)": f"{r['restore_s']:g} / {r['restore_rescaled_s']:g}",
@@ -113,9 +115,8 @@ def table(results: list[dict[str, Any]], s: Setup, elapsed_s: float) -> str:
              f"batches of {s.updates:,} random existing keys + {s.new_keys:,} new keys ({s.batches} at least, "
              f"{s.full_batches or s.batches} with the changelog off; with the changelog until "
              f"{s.min_materializations} materialization(s) completed, at most "
-             f"{s.max_batches}; before them, {s.effect_batches} batches with the materialization's readers stopped and "
-             f"running in turns of {s.turn_s:g} s); recovery: a new runner, empty local directory, up to its first "
-             "batch's acks; "
+             f"{s.max_batches}; before them, {s.quiet_batches} with the changelog on and no materialization); "
+             "recovery: a new runner, empty local directory, up to its first batch's acks; "
              f"{elapsed_s / 60:.1f} min in all")
     notes = [f"p99.9 is the maximum below {MIN_CHECKPOINTS_FOR_P999:,} checkpoints; materializing: the batches "
              f"while a materialization ran, ± {NEAR}"] if any(r["p999_is_max"] for r in done) else []
@@ -124,11 +125,11 @@ def table(results: list[dict[str, Any]], s: Setup, elapsed_s: float) -> str:
             + format_table(ratios(results), title="goals (10 GB vs 1 GB in a full run; --quick: 1 GB vs 0.2 GB)"))
 
 
-def _turns_cell(r: dict[str, Any]) -> str:
-    running, stopped = r.get("batch_ms_p50_reader_running"), r.get("batch_ms_p50_reader_stopped")
-    if running is None or stopped is None:
+def _quiet_cell(r: dict[str, Any]) -> str:
+    if "batches_no_materialization" not in r:
         return "-"
-    return f"{running:,.0f} / {stopped:,.0f} ({r['reader_running_vs_stopped']:g}× mean)"
+    return (f"{_cell(r['batch_ms_p50_no_materialization'])} / {_cell(r['batch_ms_p99_no_materialization'])} "
+            f"({r['batch_p50_vs_no_materialization']:g}× / {r['batch_p99_vs_no_materialization']:g}×)")
 
 
 def _cell(x: float | None) -> str:

@@ -34,14 +34,13 @@ class Setup:
     new_keys: int = 2_500  # new keys per batch
     min_materializations: int = 1  # changelog: go on until this many materializations completed ...
     max_batches: int = 400  # ... but no further than this many batches
-    # changelog: before the measured phase, this many batches with the materialization's readers held stopped and
-    # let run in turns of turn_s seconds (what a running materialization costs the batches beside it); 0: none
-    effect_batches: int = 0
-    turn_s: float = 5.0
+    # changelog: before the measured phase, this many batches with no materialization (what one running beside
+    # the batches costs them); 0: none
+    quiet_batches: int = 0
 
 
-FULL = Setup(sizes_gb=(1, 10), batches=40, full_batches=12, effect_batches=120)
-QUICK = Setup(sizes_gb=(0.2, 1), batches=20, effect_batches=40)
+FULL = Setup(sizes_gb=(1, 10), batches=40, full_batches=12, quiet_batches=40)
+QUICK = Setup(sizes_gb=(0.2, 1), batches=20, quiet_batches=20)
 
 
 def value_of(version: int) -> bytes:
