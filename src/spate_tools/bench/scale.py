@@ -4,15 +4,15 @@
 
 Per state size and variant, each in a working directory of its own (removed before the next):
 
-1. **load** (not measured): keys ``0..n-1`` (``n = size / 500 bytes``: 2M keys at 1 GB, 20M at 10 GB) written
+1. **no materialization** (changelog only, ``quiet_batches``; not in the batch figures): a table of its own
+   loaded the same way, then a runner with the changelog on and every materialization trigger out of reach runs
+   the measured phase's first ``quiet_batches`` batches (the same keys) on it; then it is removed. With the
+   default triggers a materialization runs beside nearly every batch of the measured phase (one starts as soon as
+   the last ends), so these are the batches to compare with, in the same run and at the same point of a table's
+   life;
+2. **load** (not measured): keys ``0..n-1`` (``n = size / 500 bytes``: 2M keys at 1 GB, 20M at 10 GB) written
    in bulk into the subtask's lmdb table, as ``bench blog`` and ``bench rescale`` pre-fill, by a runner with the
    changelog off, then one checkpoint: a full snapshot of the loaded state;
-2. **no materialization** (changelog only, ``quiet_batches``; not in the batch figures): a runner with the
-   changelog on and its materialization triggers out of reach runs batches of the measured phase's size that
-   write random existing keys only (so that the measured phase sees the keys the full variant sees): the batches
-   as they are with no materialization beside them, in the same run, next to a measured phase in which a
-   materialization runs beside nearly every batch (with the default triggers, one starts as soon as the last
-   one ends);
 3. **measured phase**: a new runner with the variant's settings on the same root and local directory (it
    reuses the local table) runs one warm-up batch, then batches of ``updates`` random existing keys and
    ``new_keys`` new ones, through a ``BatchProcessor`` that overwrites each key's value in bulk (the value
@@ -36,8 +36,9 @@ p50/p99.9 (``BatchResult.checkpoint_ms``; with fewer than 1,000 checkpoints p99.
 ``materialization_s`` (the longest materialization of the phase, as the library records it: from its start
 until the checkpoint that picks up its result; None without the changelog), the batch p99 of the batches while a
 materialization ran (± ``NEAR`` batches) and of the others, the batch p50 and p99 with no materialization
-(``batch_ms_p50_no_materialization``, ``batch_ms_p99_no_materialization``) and the measured phase's over them
-(``batch_p50_vs_no_materialization``, ``batch_p99_vs_no_materialization``), ``checkpoint_bytes`` (every byte
+(``batch_ms_p50_no_materialization``, ``batch_ms_p99_no_materialization``), those of the measured phase's
+first as many batches (``batch_ms_p50_first_measured``, ...) and their ratios (``batch_p50_vs_no_materialization``,
+``batch_p99_vs_no_materialization``), ``checkpoint_bytes`` (every byte
 the last checkpoint references), and ``anon_rss_mb_max``: the largest ``RssAnon`` of the variant's process
 (sampled every 50 ms from the end of the load to the end of the rescaled recovery; lmdb's mapped pages are
 file-backed and do not count; the load's own peak is ``anon_rss_mb_load``, and ``anon_rss_mb_by_phase`` splits
@@ -228,8 +229,8 @@ def measure(run: Run, feed: Feed) -> Measured:
     samples: list[dict[str, Any]] = []
     last: BatchResult | None = None
     with run.runner(changelog=changelog) as runner:
-        # warm-up: the first batch of this runner checks and reuses the loaded local table; after the batches with
-        # no materialization, the log is long enough that it starts one
+        # warm-up: the first batch of this runner checks and reuses the loaded local table; a materialization it
+        # starts (a log long enough since the load) runs beside the first measured batch on
         warm = feed.batch(runner)
         started_before = bool(warm.checkpoint.subtasks[0].stats.get("materialization_started"))
         started = time.perf_counter()
@@ -260,18 +261,34 @@ def measure(run: Run, feed: Feed) -> Measured:
     return Measured(samples, segments, checkpoint_bytes, feed.next_key, dir_bytes(f"{run.workdir}/local"))
 
 
-def no_materialization(run: Run, feed: Feed) -> list[float]:
-    """``quiet_batches`` batches (ms each) with the changelog on and its materialization triggers out of reach."""
+def no_materialization(run: Run) -> list[float]:
+    """``quiet_batches`` batches (ms each) with the changelog on and its materialization triggers out of reach, on
+    a table of their own, loaded as the measured phase's is and removed after: the measured phase's first batches
+    (the same keys) with no materialization beside them, at the same point of a table's life. Nothing of them is
+    left to the measured phase: the pages they dirtied go with their files (run on the measured phase's own table,
+    they left it a gigabyte of log, and its 1 GB batches ran a quarter slower from the fifteenth on)."""
     s = run.setup
+    own = Run(run.state_gb, run.variant, f"{run.workdir}/no-materialization", s)
+    os.makedirs(own.workdir)
     batch_ms: list[float] = []
-    with run.runner(changelog=NO_MATERIALIZATION) as runner:
-        feed.batch(runner)  # warm-up, as in the measured phase
-        for i in range(s.quiet_batches):
-            batch_ms.append(feed.batch(runner).batch_ms)
-            _status(f"{run.label}: no materialization, batch {i + 1} of {s.quiet_batches}")
-            _guard_disk(run, [])
-        _status(None)
+    try:
+        load(own)
+        feed = Feed(_measured_keys(run), own.keys, s.updates, s.new_keys, None)
+        with own.runner(changelog=NO_MATERIALIZATION) as runner:
+            feed.batch(runner)  # warm-up, as in the measured phase
+            for i in range(s.quiet_batches):
+                batch_ms.append(feed.batch(runner).batch_ms)
+                _status(f"{run.label}: no materialization, batch {i + 1} of {s.quiet_batches}")
+                _guard_disk(own, [])
+            _status(None)
+    finally:
+        shutil.rmtree(own.workdir, ignore_errors=True)
     return batch_ms
+
+
+def _measured_keys(run: Run) -> np.random.Generator:
+    """The measured phase's random keys: the same for both variants of a size."""
+    return np.random.default_rng([37, int(run.state_gb * 1000)])
 
 
 def _guard_disk(run: Run, samples: list[dict[str, Any]]) -> None:
@@ -356,17 +373,11 @@ def run_variant(run: Run, sampler: Sampler, verify: bool) -> tuple[dict[str, Any
         versions[:run.keys] = LOAD_VERSION
     sampler.watch(run.workdir)
     sampler.take()
+    quiet = no_materialization(run) if run.variant == "changelog" and s.quiet_batches else []
+    phases = {"no materialization": sampler.take()} if quiet else {}
     load_s = load(run)
     anon_load = sampler.take()
-    quiet: list[float] = []
-    if run.variant == "changelog" and s.quiet_batches:
-        existing_only = Feed(np.random.default_rng([38, int(run.state_gb * 1000)]), run.keys,
-                             s.updates + s.new_keys, 0, versions)
-        quiet = no_materialization(run, existing_only)
-    phases = {"no materialization": sampler.take()} if quiet else {}
-    # the same keys for both variants of a size
-    m = measure(run, Feed(np.random.default_rng([37, int(run.state_gb * 1000)]), run.keys, s.updates, s.new_keys,
-                          versions))
+    m = measure(run, Feed(_measured_keys(run), run.keys, s.updates, s.new_keys, versions))
     shutil.rmtree(f"{run.workdir}/local")  # before the copy: recovery starts from an empty local directory
     copy_s = copy_floor(m.segments, f"{run.workdir}/copy", sampler.sample_disk)  # its bytes count in the disk needed
     phases["measure"] = sampler.take()
@@ -375,7 +386,7 @@ def run_variant(run: Run, sampler: Sampler, verify: bool) -> tuple[dict[str, Any
     rescaled = recover(run, 2, m.next_key, versions)
     phases["rescaled"] = sampler.take()
     row = summarize(run, m, copy_s, rec, rescaled, max(phases.values()))
-    row.update(quiet_figures(quiet, row))
+    row.update(quiet_figures(quiet, [x["batch_ms"] for x in m.samples[:len(quiet)]]))
     disk = sampler.take_disk()
     sampler.watch(None)
     row.update({"anon_rss_mb_load": anon_load, "anon_rss_mb_by_phase": phases, "load_s": round(load_s, 1),
