@@ -495,7 +495,9 @@ def bench_scale(quick: bool, *, out_dir: str = "bench-out", sizes_gb: Sequence[f
     ``batches`` and the other :class:`Setup` fields override the run's sizes (tests run tiny ones);
     ``verify`` reads every restored value back; ``variants`` in the order they run; ``on_row`` gets each
     row as soon as its variant finished (a long run keeps what it measured). ``isolate``: each variant in a
-    process of its own (:func:`variant_in_process`); False: in this one (tests that patch the bench)."""
+    process of its own (:func:`variant_in_process`; a script that calls this does so under
+    ``if __name__ == "__main__":``, as any code that spawns processes); False: in this one (tests that patch the
+    bench)."""
     base = QUICK if quick else FULL
     s = Setup(sizes_gb=tuple(sizes_gb or base.sizes_gb), batches=batches or base.batches,
               **{k: setup.get(k, getattr(base, k)) for k in ("full_batches", "updates", "new_keys",
