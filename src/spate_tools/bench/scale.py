@@ -89,6 +89,7 @@ from spate_tools.bench.scale_report import (
     materialization_spans,
     plot_times,
     quiet_figures,
+    rounded,
     table,
 )
 from spate_tools.bench.scale_watch import (
@@ -451,17 +452,18 @@ def summarize(run: Run, m: Measured, copy_s: float, rec: dict[str, Any], rescale
     around = [x["batch_ms"] for i, x in enumerate(samples) if i in near]
     away = [x["batch_ms"] for i, x in enumerate(samples) if i not in near]
     return {"state_gb": run.state_gb, "variant": run.variant, "keys": m.next_key,
-            "batch_ms_p50": _r(percentile(batch, 50)), "batch_ms_p99": _r(percentile(batch, 99)),
-            "checkpoint_ms_p50": _r(percentile(cp, 50)), "checkpoint_ms_p999": _r(percentile(cp, 99.9)),
+            "batch_ms_p50": rounded(percentile(batch, 50)), "batch_ms_p99": rounded(percentile(batch, 99)),
+            "checkpoint_ms_p50": rounded(percentile(cp, 50)), "checkpoint_ms_p999": rounded(percentile(cp, 99.9)),
             "materialization_s": round(max(done) / 1000, 2) if done else None,
             "checkpoint_bytes": m.checkpoint_bytes, "recovery_s": rec["s"], "recovery_rescaled_s": rescaled["s"],
             "copy_s": round(copy_s, 3), "anon_rss_mb_max": anon_max,
             # beyond the contract
             "batches": len(samples), "p999_is_max": len(cp) < MIN_CHECKPOINTS_FOR_P999,
-            "checkpoint_ms_p99": _r(percentile(cp, 99)), "checkpoint_ms_max": _r(max(cp)),
+            "checkpoint_ms_p99": rounded(percentile(cp, 99)), "checkpoint_ms_max": rounded(max(cp)),
             "materializations": len(done),
             "materialization_s_p50": round(statistics.median(done) / 1000, 2) if done else None,
-            "batch_ms_p99_materializing": _r(percentile(around, 99)), "batch_ms_p99_other": _r(percentile(away, 99)),
+            "batch_ms_p99_materializing": rounded(percentile(around, 99)),
+            "batch_ms_p99_other": rounded(percentile(away, 99)),
             "restore_s": rec["restore_s"], "restore_rescaled_s": rescaled["restore_s"],
             "restore_bytes": rec["restore_bytes"], "restore_rescaled_bytes": rescaled["restore_bytes"],
             "recovered": rec["how"], "recovered_rescaled": rescaled["how"],
@@ -480,10 +482,6 @@ def rows_log(path: str) -> Callable[[dict[str, Any]], None]:
             f.write(json.dumps(row) + "\n")
 
     return append
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 2)
 
 
 # -- the benchmark -----------------------------------------------------------------------------------------------

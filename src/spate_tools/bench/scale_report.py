@@ -46,13 +46,14 @@ def quiet_figures(quiet_ms: list[float], measured_ms: list[float]) -> dict[str, 
         return {}
     p50, p99 = percentile(quiet_ms, 50), percentile(quiet_ms, 99)
     m50, m99 = percentile(measured_ms, 50), percentile(measured_ms, 99)
-    return {"batches_no_materialization": len(quiet_ms), "batch_ms_p50_no_materialization": _r(p50),
-            "batch_ms_p99_no_materialization": _r(p99), "batch_ms_p50_first_measured": _r(m50),
-            "batch_ms_p99_first_measured": _r(m99), "batch_p50_vs_no_materialization": _ratio(m50, p50),
+    return {"batches_no_materialization": len(quiet_ms), "batch_ms_p50_no_materialization": rounded(p50),
+            "batch_ms_p99_no_materialization": rounded(p99), "batch_ms_p50_first_measured": rounded(m50),
+            "batch_ms_p99_first_measured": rounded(m99), "batch_p50_vs_no_materialization": _ratio(m50, p50),
             "batch_p99_vs_no_materialization": _ratio(m99, p99)}
 
 
-def _r(x: float | None) -> float | None:
+def rounded(x: float | None) -> float | None:
+    """A figure to two decimals (None stays None)."""
     return None if x is None else round(x, 2)
 
 
